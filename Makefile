@@ -10,6 +10,8 @@ OPS_SO    := mxrec_pipeline/ops/_mxrec_ops.so
 NATIVE_SRC := $(wildcard native/core/*.cc native/core/*.h native/ops/*.cc native/ops/*.h native/kernels/*.cc native/kernels/*.h)
 GTEST_BIN := native/build/key_index_test
 ROW_STORE_TEST := native/build/row_store_test
+TIER_STORE_TEST := native/build/tier_store_test
+DEVICE_CACHE_TEST := native/build/device_cache_test
 SANITIZE  := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all
 
 .PHONY: all system-deps venv native native-test test pytest demo bench clean
@@ -52,10 +54,26 @@ $(ROW_STORE_TEST): native/core/row_store.cc native/core/row_store.h native/core/
 	  native/core/row_store.cc native/core/key_index.cc native/tests/row_store_test.cc \
 	  -lgtest -lgtest_main -pthread -o $@
 
+$(TIER_STORE_TEST): native/core/tier_store.cc native/core/tier_store.h native/core/key_index.h \
+    native/tests/tier_store_test.cc | system-deps
+	mkdir -p native/build
+	g++ -std=c++20 -O1 -g -Wall -Wextra -Werror $(SANITIZE) \
+	  native/core/tier_store.cc native/tests/tier_store_test.cc \
+	  -lgtest -lgtest_main -pthread -o $@
+
+$(DEVICE_CACHE_TEST): native/core/device_cache.cc native/core/device_cache.h \
+    native/core/key_index.h native/tests/device_cache_test.cc | system-deps
+	mkdir -p native/build
+	g++ -std=c++20 -O1 -g -Wall -Wextra -Werror $(SANITIZE) \
+	  native/core/device_cache.cc native/tests/device_cache_test.cc \
+	  -lgtest -lgtest_main -pthread -o $@
+
 # GoogleTest unit tests of the TF-free core, under ASan and UBSan.
-native-test: $(GTEST_BIN) $(ROW_STORE_TEST)
+native-test: $(GTEST_BIN) $(ROW_STORE_TEST) $(TIER_STORE_TEST) $(DEVICE_CACHE_TEST)
 	$(GTEST_BIN)
 	$(ROW_STORE_TEST)
+	$(TIER_STORE_TEST)
+	$(DEVICE_CACHE_TEST)
 
 pytest: native
 	$(PY) -m pytest -q tests

@@ -143,6 +143,13 @@ class MovieLensModelConfig:
     id_dim: Embedding dim of user_id and item_id.
     attribute_dim: Embedding dim of the other id features.
     device_vocabulary_size: Rows of every table (distinct ids it can hold).
+    id_device_vocabulary_size: Device rows of the user_id and item_id tables
+      (their device cache when tiered); None: device_vocabulary_size.
+    host_vocabulary_size: Host-memory rows of the user_id and item_id tables;
+      > 0 makes them tiered (docs/tiers.md).
+    ssd_vocabulary_size: SSD rows of those tables (needs host rows).
+    ssd_data_path: Directories of their SSD files.
+    cache_policy: "lru" or "lfu": the device caches' policy.
     combiner: Combiner of genres and title tokens: mean, sum or sqrtn.
     dot_product: Add the user_id . item_id embedding dot product to the logit.
     id_l2: L2 penalty on the user_id and item_id embeddings, per occurrence:
@@ -155,6 +162,11 @@ class MovieLensModelConfig:
   id_dim: int = 16
   attribute_dim: int = 8
   device_vocabulary_size: int = 20_000
+  id_device_vocabulary_size: int | None = None
+  host_vocabulary_size: int = 0
+  ssd_vocabulary_size: int = 0
+  ssd_data_path: list[str] = dataclasses.field(default_factory=list)
+  cache_policy: str = "lru"
   combiner: str = "mean"
   dot_product: bool = True
   id_l2: float = 4.0
@@ -263,8 +275,13 @@ class MovieLensListwise(RankerBuilder):
         SparseFeature("genres", "genre", combiner=model.combiner),
         SparseFeature("title_tokens", "title_token", combiner=model.combiner),
     ]
+    id_tiers = dict(host_vocabulary_size=model.host_vocabulary_size,
+                    ssd_vocabulary_size=model.ssd_vocabulary_size,
+                    ssd_data_path=tuple(model.ssd_data_path), cache_policy=model.cache_policy)
+    id_rows = model.id_device_vocabulary_size or rows
     tables = [
-        TableSpec("user", model.id_dim, rows), TableSpec("item", model.id_dim, rows),
+        TableSpec("user", model.id_dim, id_rows, **id_tiers),
+        TableSpec("item", model.id_dim, id_rows, **id_tiers),
         TableSpec("user_attribute", model.attribute_dim, rows, key_dtype="string"),
         TableSpec("zip", model.attribute_dim, rows, key_dtype="string"),
         TableSpec("genre", model.attribute_dim, rows, key_dtype="string"),

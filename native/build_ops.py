@@ -15,6 +15,10 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 SOURCES = ["native/core/key_index.cc", "native/ops/key_index_ops.cc",
            "native/kernels/key_index_kernels.cc", "native/core/row_store.cc",
            "native/ops/row_store_ops.cc", "native/kernels/row_store_kernels.cc"]
+SOURCES += ["native/core/tier_store.cc", "native/ops/tier_store_ops.cc",
+            "native/kernels/tier_store_kernels.cc"]
+SOURCES += ["native/core/device_cache.cc", "native/ops/device_cache_ops.cc",
+            "native/kernels/device_cache_kernels.cc"]
 OUTPUT = ROOT / "mxrec_pipeline" / "ops" / "_mxrec_ops.so"
 
 

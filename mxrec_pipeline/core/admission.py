@@ -130,7 +130,9 @@ def table_stats(table) -> dict[str, tf.Tensor]:
 def evict(table, idle_s: int, optimizers=()) -> tf.Tensor:
   """Removes keys idle longer than `idle_s` and resets their rows and slots.
 
-  Freed rows get the table's initial values for those rows again (its
+  Tiered tables (core/tiers.py) drop the freed global rows from the device
+  cache and the host/SSD store instead. Flat tables' freed rows get the
+  table's initial values for those rows again (its
   emb_initializer is evaluated for the whole table and gathered, so this costs
   one initialization of the table per call), and each optimizer's slots of the
   table their initial values (`HashOptimizer.slot_initial_values`).
@@ -147,6 +149,12 @@ def evict(table, idle_s: int, optimizers=()) -> tf.Tensor:
   with tf.device(key_index_lib.HOST_DEVICE):
     freed = ops.load().mx_key_index_evict(table.key_index.resource_handle,
                                           tf.constant(idle_s, tf.int64))
+  if getattr(table, "tiers", None) is not None:
+    # Freed global rows leave every tier with the next plan; a key given one of
+    # them later starts from its initial row (core/tiers.py).
+    release = table.tiers.release(freed)
+    with tf.control_dependencies([] if release is None else [release]):
+      return tf.identity(freed)
   variable = table.variable
   initial = tf.gather(table.initial_rows(), freed)
   updates = [variable.scatter_update(tf.IndexedSlices(initial, freed))]

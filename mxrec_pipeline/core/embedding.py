@@ -28,7 +28,9 @@ import tensorflow as tf
 from mxrec_pipeline.core import admission
 from mxrec_pipeline.core import default_value as default_value_lib
 from mxrec_pipeline.core import expansion
+from mxrec_pipeline.core import initializers
 from mxrec_pipeline.core import key_index as key_index_lib
+from mxrec_pipeline.core import tiers
 from mxrec_pipeline.core.asc import feature_spec as fs
 from mxrec_pipeline.util import initialize
 
@@ -60,16 +62,33 @@ class SparseEmbedding(tf.Module):
 
   def __init__(self, *, table_name: str, dim: int, key_dtype: tf.DType, value_dtype: tf.DType,
                emb_initializer: Callable, device_vocabulary_size: int, init_param: float,
-               device: str | None, container: str):
+               device: str | None, container: str, tier_config: tiers.TierConfig | None = None,
+               optimizer_list=()):
     super().__init__(name=None)
     self.table_name = table_name
     self.dim = dim
     self.key_dtype = key_dtype
     self.device_vocabulary_size = device_vocabulary_size
-    self.key_index = key_index_lib.KeyIndex(container, table_name, device_vocabulary_size)
-    create_op = self.key_index.create_op
+    # Tiered: the index hands out global rows of the whole table; the cache maps
+    # them to device rows (core/tiers.py).
+    self.tiers = None
+    index_capacity = device_vocabulary_size
+    create_ops = []
+    if tier_config is not None:
+      row_init = initializers.row_initializer(emb_initializer, table_name)
+      if init_param != 1.0:
+        row_init = row_init.scaled(init_param)
+      self.tiers = tiers.TieredStorage(table_name, dim, tier_config, row_init, container)
+      index_capacity = tier_config.total_rows
+      create_ops += self.tiers.make_create_ops(
+          sum(len(o.slot_initial_values) for o in optimizer_list))
+    self.key_index = key_index_lib.KeyIndex(container, table_name, index_capacity)
+    create_ops = [op for op in [self.key_index.create_op, *create_ops] if op is not None]
 
     def initial_rows():
+      if self.tiers is not None:
+        # Device rows are a cache, filled per id from tiers.row_initializer.
+        return tf.zeros([device_vocabulary_size, dim], value_dtype)
       value = tf.convert_to_tensor(
           emb_initializer(shape=[device_vocabulary_size, dim], dtype=value_dtype), value_dtype)
       if init_param != 1.0:
@@ -80,8 +99,9 @@ class SparseEmbedding(tf.Module):
     self._initial_rows = initial_rows
 
     def initial_value():
-      # In a graph, initializing the rows also creates (or empties) the index.
-      deps = [] if create_op is None else [create_op]
+      # In a graph, initializing the rows also creates (or empties) the index
+      # (and a tiered table's cache and store).
+      deps = create_ops
       with tf.control_dependencies(deps):
         # An op made here carries the dependency even when the initializer gave a
         # NumPy array or a tensor built elsewhere.
@@ -94,21 +114,30 @@ class SparseEmbedding(tf.Module):
       self.variable = tf.compat.v1.Variable(
           initial_value, trainable=True, use_resource=True, name=f"{table_name}/embedding",
           dtype=value_dtype)
+    if self.tiers is not None:
+      self.tiers.attach_at_creation(optimizer_list, self.variable)
+      if not tf.executing_eagerly():
+        tf.compat.v1.add_to_collection(tf.compat.v1.GraphKeys.SAVEABLE_OBJECTS,
+                                       self.tiers.saveable())
 
   def initial_rows(self) -> tf.Tensor:
     """[device_vocabulary_size, dim] initial rows: emb_initializer's values x init_param."""
     return self._initial_rows()
 
   def __repr__(self):
+    tiers_repr = "" if self.tiers is None else (
+        f", host_vocabulary_size={self.tiers.config.host_vocabulary_size}, "
+        f"ssd_vocabulary_size={self.tiers.config.ssd_vocabulary_size}")
     return (f"SparseEmbedding(name={self.table_name!r}, dim={self.dim}, "
-            f"device_vocabulary_size={self.device_vocabulary_size})")
+            f"device_vocabulary_size={self.device_vocabulary_size}{tiers_repr})")
 
 
 def create_table(key_dtype: tf.DType, dim: int | tf.TensorShape, name: str,
                  emb_initializer: Callable, device_vocabulary_size: int = 1,
                  host_vocabulary_size: int = 0, ssd_vocabulary_size: int = 0,
-                 ssd_data_path=(), init_param: float = 1.0,
-                 value_dtype: tf.DType = tf.float32, device: str | None = None) -> SparseEmbedding:
+                 ssd_data_path=(), optimizer_list=None, init_param: float = 1.0,
+                 value_dtype: tf.DType = tf.float32, device: str | None = None,
+                 cache_policy: str = "lru") -> SparseEmbedding:
   """Creates a table of the sparse core (mx_rec.core.embedding.create_table).
 
   Args:
@@ -124,12 +153,24 @@ def create_table(key_dtype: tf.DType, dim: int | tf.TensorShape, name: str,
       can hold. Training fails with an error naming the table when exceeded.
       With init(use_dynamic_expansion=True): the initial rows, grown by as
       many whenever needed (see core/expansion.py).
-    host_vocabulary_size, ssd_vocabulary_size, ssd_data_path: Host-memory and
-      SSD tiers; not available yet (NotImplementedError when > 0).
+    host_vocabulary_size: Rows in host memory (mxRec's DDR mode). > 0 makes
+      the table tiered (core/tiers.py): the device rows become a cache of the
+      device + host + SSD rows, which together bound the distinct ids.
+    ssd_vocabulary_size: Rows on SSD (needs host_vocabulary_size > 0).
+    ssd_data_path: Directories of the SSD files (a list, or one path), used in
+      order as each disk fills; empty: the current directory. They must exist
+      and be writable.
+    optimizer_list: The hash optimizers that will train a tiered table (mxRec
+      requires them with host_vocabulary_size > 0): their slots move between
+      tiers with the rows. Needed in tf.compat.v1 graphs; eagerly an optimizer
+      may also be attached before the first step (`tiers.attach`), as the Keras
+      model's compile does.
     init_param: Factor applied to the initial values (mxRec's init_param).
     value_dtype: Floating dtype of the rows.
     device: Where the rows live; defaults to `/GPU:0` when present, else
       `/CPU:0`. Ignored under a tf.distribute strategy, which places them.
+    cache_policy: Tiered tables: "lru" or "lfu", how the device cache picks
+      the rows that make room (an addition beyond mxRec).
 
   Returns:
     The SparseEmbedding (an expansion.ExpansionTable with
@@ -138,8 +179,8 @@ def create_table(key_dtype: tf.DType, dim: int | tf.TensorShape, name: str,
   Raises:
     RuntimeError: init() was not called.
     ValueError: a bad argument, named with its value (dim <= 0, unsupported
-      key_dtype, duplicate name, ...).
-    NotImplementedError: host/SSD tiers.
+      key_dtype, duplicate name, a missing or unwritable SSD directory, an
+      initializer a tiered table cannot draw per row, ...).
   """
   run = initialize.get_config_initializer()
   if not isinstance(name, str) or not _TABLE_NAME.fullmatch(name):
@@ -172,16 +213,26 @@ def create_table(key_dtype: tf.DType, dim: int | tf.TensorShape, name: str,
   if not callable(emb_initializer):
     raise ValueError(f"create_table('{name}'): `emb_initializer` must be callable, "
                      f"got {emb_initializer!r}")
-  if host_vocabulary_size or ssd_vocabulary_size or ssd_data_path:
-    raise NotImplementedError(
-        f"create_table('{name}'): host_vocabulary_size={host_vocabulary_size}, "
-        f"ssd_vocabulary_size={ssd_vocabulary_size}: host-memory and SSD tiers are not "
-        "available yet; keep every row on the device (host_vocabulary_size=0)")
-  table_class = expansion.ExpansionTable if run.config.use_dynamic_expansion else SparseEmbedding
-  table = table_class(
-      table_name=name, dim=dim, key_dtype=key_dtype, value_dtype=value_dtype,
-      emb_initializer=emb_initializer, device_vocabulary_size=device_vocabulary_size,
-      init_param=float(init_param), device=device, container=run.container)
+  tier_config = tiers.check_tier_args(name, device_vocabulary_size, host_vocabulary_size,
+                                     ssd_vocabulary_size, ssd_data_path, cache_policy,
+                                     value_dtype)
+  optimizer_list = list(optimizer_list or [])
+  if tier_config is None:
+    table_class = (expansion.ExpansionTable if run.config.use_dynamic_expansion
+                   else SparseEmbedding)
+    table = table_class(
+        table_name=name, dim=dim, key_dtype=key_dtype, value_dtype=value_dtype,
+        emb_initializer=emb_initializer, device_vocabulary_size=device_vocabulary_size,
+        init_param=float(init_param), device=device, container=run.container)
+  else:
+    if run.config.use_dynamic_expansion:
+      raise ValueError(f"create_table('{name}'): host_vocabulary_size > 0 needs "
+                       "init(use_dynamic_expansion=False), as in mxRec")
+    table = SparseEmbedding(
+        table_name=name, dim=dim, key_dtype=key_dtype, value_dtype=value_dtype,
+        emb_initializer=emb_initializer, device_vocabulary_size=device_vocabulary_size,
+        init_param=float(init_param), device=device, container=run.container,
+        tier_config=tier_config, optimizer_list=optimizer_list)
   run.tables[name] = table
   return table
 
@@ -263,8 +314,14 @@ def sparse_lookup(hashtable: SparseEmbedding, ids, send_count: int | None = None
     raise ValueError(f"sparse_lookup('{table}'): init(use_dynamic=False) needs `send_count`")
   with tf.name_scope(name or f"{table}_lookup"):
     deps = []
+    token = None  # Tiered tables in training: the batch's plan (core/tiers.py).
     if isinstance(ids, fs.FeatureSpec):
       unique_rows, restore = _inserted_rows(hashtable, ids, batch)
+      if hashtable.tiers is not None and is_train:
+        token = _plan_token(hashtable, ids, batch)
+        deps.append(tf.debugging.assert_positive(
+            token, message=f"table '{table}': this batch was inserted with "
+            "is_training=False; look it up with is_train=False"))
       if is_train and not admits:
         # A batch mapped with is_training=False holds -1 rows for unseen ids.
         deps.append(tf.debugging.assert_non_negative(
@@ -273,6 +330,11 @@ def sparse_lookup(hashtable: SparseEmbedding, ids, send_count: int | None = None
     else:
       ids = tf.convert_to_tensor(ids)
       _check_key_dtype(hashtable, ids.dtype, "ids")
+      if modify_graph and hashtable.tiers is not None:
+        raise NotImplementedError(
+            f"sparse_lookup('{table}'): tiered tables (host_vocabulary_size > 0) are looked up "
+            "with FeatureSpecs and get_asc_insert_func, or with tensor ids in eager/tf.function "
+            "code; modify_graph=True does not plan their device cache yet")
       if modify_graph and not (tf.executing_eagerly() or tf.inside_function()):
         # Deferred: graph modification feeds the rows from the dataset.
         from mxrec_pipeline.graph import modifier  # pylint: disable=import-outside-toplevel
@@ -283,18 +345,47 @@ def sparse_lookup(hashtable: SparseEmbedding, ids, send_count: int | None = None
             run.container, table, keys, is_train,
             counts=tf.fill(tf.shape(keys, out_type=tf.int64),
                            tf.constant(faae_coefficient, tf.int64)))
+        if hashtable.tiers is not None and is_train:
+          unique_rows, token = tiers.plan(run.container, table, unique_rows)
     if send_count is not None:
       deps.append(tf.debugging.assert_less_equal(
           tf.size(unique_rows, out_type=tf.int64), tf.constant(send_count, tf.int64),
           message=f"table '{table}': more distinct ids in one batch than send_count={send_count}"))
     with tf.control_dependencies(deps):
-      if isinstance(hashtable, expansion.ExpansionTable):
+      if hashtable.tiers is not None:
+        out = _tiered_lookup(hashtable, unique_rows, restore, token, is_train,
+                             serving_default_value, admits and is_train)
+      elif isinstance(hashtable, expansion.ExpansionTable):
         out = expansion.lookup_rows(hashtable, unique_rows, restore, training=is_train,
                                     default_value=serving_default_value)
       else:
         out = lookup_rows(hashtable.variable, unique_rows, restore, training=is_train,
                           default_value=serving_default_value, admitting=admits and is_train)
     return out if is_grad else tf.stop_gradient(out)
+
+
+def _plan_token(table: SparseEmbedding, spec: fs.FeatureSpec, batch) -> tf.Tensor:
+  key = fs.plan_key(table.table_name)
+  if key not in batch:
+    raise ValueError(
+        f"sparse_lookup('{table.table_name}'): the batch has no device-cache plan of tiered table "
+        f"'{table.table_name}' (FeatureSpec '{spec.name}'); map the dataset with "
+        "get_asc_insert_func after create_table")
+  return batch[key]
+
+
+def _tiered_lookup(table: SparseEmbedding, unique_rows, restore, token, training: bool,
+                   default_value, admitting: bool) -> tf.Tensor:
+  """Lookup in a tiered table: apply the batch's plan, then gather; or read in place.
+
+  Training: unique_rows are device slots of the batch's plan; the plan's moves
+  run first. Otherwise unique_rows are global rows, read wherever they live.
+  """
+  if not training:
+    return tf.gather(table.tiers.read(table.variable, unique_rows, default_value), restore)
+  with tf.control_dependencies([table.tiers.apply_plan(table.variable, token)]):
+    return lookup_rows(table.variable, unique_rows, restore, training=True,
+                       default_value=default_value, admitting=admitting)
 
 
 def _configure_admission(table, ids, config: dict | None, modify_graph: bool) -> int:

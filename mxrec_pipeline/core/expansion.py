@@ -104,6 +104,8 @@ class ExpansionTable(tf.Module):
       (set by the first *_by_addr apply_gradients built); None before.
   """
 
+  tiers = None  # Expansion tables are never tiered (mxRec: DDR needs expansion off).
+
   def __init__(self, *, table_name: str, dim: int, key_dtype: tf.DType, value_dtype: tf.DType,
                emb_initializer: Callable, device_vocabulary_size: int, init_param: float,
                device: str | None, container: str):

@@ -18,10 +18,69 @@ def training_checkpoint(model) -> tf.train.Checkpoint:
   slots; table slots and step count) and the key index of every table of the
   run, so index, rows and slots are saved and restored together.
   """
-  key_indexes = {name: table.key_index
-                 for name, table in initialize.get_config_initializer().tables.items()}
+  tables = initialize.get_config_initializer().tables
+  key_indexes = {name: table.key_index for name, table in tables.items()}
+  # Tiered tables: the device cache's mapping and every host/SSD row.
+  tiers = {name: table.tiers for name, table in tables.items()
+           if getattr(table, "tiers", None) is not None}
   return tf.train.Checkpoint(model=model, optimizer=model.optimizer,
-                             sparse_optimizer=model.sparse_optimizer, key_indexes=key_indexes)
+                             sparse_optimizer=model.sparse_optimizer, key_indexes=key_indexes,
+                             **({"tiers": tiers} if tiers else {}))
+
+
+def table_stats(table) -> dict[str, float]:
+  """A table's statistics as Python numbers, for logs and TensorBoard.
+
+  Keys: size, capacity, admissions, evictions, pending (core/admission.py);
+  for tiered tables also the device cache's occupied rows, hits, misses,
+  hit_rate (hits / lookups since creation), swap_outs, swap_ins and the tiers'
+  host_rows_used, ssd_rows_used, host_bytes, ssd_bytes (core/tiers.py).
+  """
+  stats = {name: float(value) for name, value in admission.table_stats(table).items()}
+  if getattr(table, "tiers", None) is not None:
+    stats |= {name: float(value) for name, value in table.tiers.stats().items()}
+    lookups = stats["hits"] + stats["misses"]
+    stats["hit_rate"] = stats["hits"] / lookups if lookups else 0.0
+  return stats
+
+
+class TableStatsLogger(tf.keras.callbacks.Callback):
+  """Writes every table's statistics (`table_stats`) to TensorBoard.
+
+  Scalars `tables/<table>/<stat>` at the end of every epoch and, with
+  `every_n_batches`, every that many training batches (step = batches so far).
+
+  Args:
+    log_dir: TensorBoard directory (a `tables` subdirectory is written).
+    every_n_batches: Also log during epochs; None: per epoch only.
+  """
+
+  def __init__(self, log_dir: str, every_n_batches: int | None = None):
+    super().__init__()
+    self.log_dir = log_dir
+    self.every_n_batches = every_n_batches
+    self._writer = None
+    self._batches = 0
+    self.last = {}
+
+  def _log(self, step: int):
+    if self._writer is None:
+      self._writer = tf.summary.create_file_writer(f"{self.log_dir}/tables")
+    tables = initialize.get_config_initializer().tables
+    self.last = {name: table_stats(table) for name, table in tables.items()}
+    with self._writer.as_default(step=step):
+      for name, stats in self.last.items():
+        for stat, value in stats.items():
+          tf.summary.scalar(f"tables/{name}/{stat}", value)
+    self._writer.flush()
+
+  def on_train_batch_end(self, batch, logs=None):
+    self._batches += 1
+    if self.every_n_batches and self._batches % self.every_n_batches == 0:
+      self._log(self._batches)
+
+  def on_epoch_end(self, epoch, logs=None):
+    self._log(self._batches)
 
 
 class SparseCheckpoint(tf.keras.callbacks.Callback):

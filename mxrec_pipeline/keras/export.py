@@ -1,7 +1,9 @@
 """SavedModel export that serves raw ids with plain TensorFlow.
 
 Each table's native key index is turned, at export time, into a stock
-`tf.lookup.StaticHashTable` (key -> row, -1 when absent). The exported
+`tf.lookup.StaticHashTable` (key -> row, -1 when absent). A tiered table
+(core/tiers.py) is exported as a compact snapshot of its rows from every tier,
+[num_keys, dim], with a stock table key -> position in it. The exported
 functions map raw ids to (unique rows, restore indices) with `tf.unique` and
 those tables, through the same `insert_ids` layout the input pipeline uses, then
 run the trained Keras model with training=False, so ids never trained read the
@@ -55,8 +57,22 @@ class ServingModule(tf.Module):
     specs = [fs.FeatureSpec(f.name, table_name=f.table) for f in sparse_features]
     self._by_table = helper.group_by_table(specs)
     tables = initialize.get_config_initializer().tables
-    self.lookup_tables = {name: tables[name].key_index.to_stock_table()
-                          for name in self._by_table}
+    self.lookup_tables = {}
+    self.serving_rows = {}
+    for name in self._by_table:
+      table = tables[name]
+      if table.tiers is None:
+        self.lookup_tables[name] = table.key_index.to_stock_table()
+        continue
+      # A tiered table's rows live in three tiers: export a compact snapshot,
+      # key -> position in it, which plain TensorFlow serves.
+      keys, global_rows = table.key_index.export()
+      self.serving_rows[name] = tf.Variable(
+          table.tiers.read(table.variable, global_rows), trainable=False,
+          name=f"{name}_serving_rows")
+      self.lookup_tables[name] = tf.lookup.StaticHashTable(
+          tf.lookup.KeyValueTensorInitializer(keys, tf.range(tf.size(keys, out_type=tf.int64))),
+          default_value=-1, name=f"{name}_rows")
 
   def _stock_insert(self, table_name, keys):
     unique_keys, restore = tf.unique(keys, out_idx=tf.int32)
@@ -65,6 +81,8 @@ class ServingModule(tf.Module):
   def score(self, features: dict) -> dict:
     """Scores raw features (as tfr's ELWC parsing gives them): {"scores": [B, L]}."""
     inputs = helper.insert_ids(dict(features), self._by_table, self._stock_insert)
+    for name in self.serving_rows:  # Tiered tables' plan input: unused when serving.
+      inputs[fs.plan_key(name)] = tf.zeros([1], tf.int64)
     model_inputs = {name: inputs[name] for name in self.model.input_names}
     return {OUTPUT_KEY: self.model(model_inputs, training=False)}
 
@@ -105,14 +123,22 @@ def export_serving_model(model, export_dir: str, context_feature_spec, example_f
   """
   module = ServingModule(model, context_feature_spec, example_feature_spec, mask_feature_name,
                          sparse_features)
-  signatures = {"serving_default": tf.function(
-      module.serve_elwc,
-      input_signature=[tf.TensorSpec([None], tf.string, name=SERVING_INPUT)])}
-  raw = module.raw_input_signature()
-  if raw is not None:
-    signatures["predict"] = tf.function(
-        lambda **features: module.score(features)).get_concrete_function(**raw)
-  tf.io.gfile.makedirs(export_dir)
-  tf.saved_model.save(module, export_dir, signatures=signatures)
+  tiered_layers = [layer for layer in getattr(model, "_sparse_layers", [])
+                   if layer.feature.table in module.serving_rows]
+  try:
+    for layer in tiered_layers:  # The serving functions read the snapshots.
+      layer.serving_rows = module.serving_rows[layer.feature.table]
+    signatures = {"serving_default": tf.function(
+        module.serve_elwc,
+        input_signature=[tf.TensorSpec([None], tf.string, name=SERVING_INPUT)])}
+    raw = module.raw_input_signature()
+    if raw is not None:
+      signatures["predict"] = tf.function(
+          lambda **features: module.score(features)).get_concrete_function(**raw)
+    tf.io.gfile.makedirs(export_dir)
+    tf.saved_model.save(module, export_dir, signatures=signatures)
+  finally:
+    for layer in tiered_layers:
+      layer.serving_rows = None
   return export_dir
 

@@ -29,9 +29,15 @@ class TableSpec:
   Attributes:
     name: Table name, unique in a model.
     dim: Embedding dimension, > 0.
-    device_vocabulary_size: Rows on the device: the most distinct ids, > 0.
+    device_vocabulary_size: Rows on the device: the most distinct ids, > 0 (a
+      tiered table's device cache).
     key_dtype: "int64", "int32" or "string" (hashed to int64).
     initializer_stddev: Stddev of the truncated-normal initial rows, > 0.
+    host_vocabulary_size: Host-memory rows; > 0 makes the table tiered
+      (core/tiers.py): the device rows cache device + host + SSD rows.
+    ssd_vocabulary_size: SSD rows (needs host_vocabulary_size > 0).
+    ssd_data_path: Directories of the SSD files, used in order.
+    cache_policy: "lru" or "lfu": which device rows make room.
   """
 
   name: str
@@ -39,6 +45,15 @@ class TableSpec:
   device_vocabulary_size: int
   key_dtype: str = "int64"
   initializer_stddev: float = 0.05
+  host_vocabulary_size: int = 0
+  ssd_vocabulary_size: int = 0
+  ssd_data_path: tuple[str, ...] = ()
+  cache_policy: str = "lru"
+
+  @property
+  def tiered(self) -> bool:
+    """Whether the table has a host tier."""
+    return self.host_vocabulary_size > 0
 
   def __post_init__(self):
     if not self.name:
@@ -54,6 +69,8 @@ class TableSpec:
     if not self.initializer_stddev > 0:
       raise ValueError(f"TableSpec '{self.name}': `initializer_stddev` must be positive, "
                        f"got {self.initializer_stddev}")
+    # YAML gives lists; the spec is frozen and hashable.
+    object.__setattr__(self, "ssd_data_path", tuple(self.ssd_data_path or ()))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,13 +115,24 @@ def get_or_create_table(spec: TableSpec, seed: int | None = None) -> embedding.S
         key_dtype=tf.as_dtype(spec.key_dtype), dim=spec.dim, name=spec.name,
         emb_initializer=tf.keras.initializers.TruncatedNormal(
             stddev=spec.initializer_stddev, seed=table_seed),
-        device_vocabulary_size=spec.device_vocabulary_size)
+        device_vocabulary_size=spec.device_vocabulary_size,
+        host_vocabulary_size=spec.host_vocabulary_size,
+        ssd_vocabulary_size=spec.ssd_vocabulary_size, ssd_data_path=list(spec.ssd_data_path),
+        cache_policy=spec.cache_policy)
   if (table.dim, table.device_vocabulary_size) != (spec.dim, spec.device_vocabulary_size):
     raise ValueError(
         f"table '{spec.name}' exists with dim={table.dim}, "
         f"device_vocabulary_size={table.device_vocabulary_size}; the spec asks for "
         f"dim={spec.dim}, device_vocabulary_size={spec.device_vocabulary_size}")
   return table
+
+
+def _after(op, fn):
+  """`fn` whose ops run after `op`."""
+  def wrapped(*args, **kwargs):
+    with tf.control_dependencies([op]):
+      return fn(*args, **kwargs)
+  return wrapped
 
 
 def combine(embeddings, combiner: str | None) -> tf.Tensor:
@@ -141,9 +169,11 @@ class SparseLookup(tf.keras.layers.Layer):
 
   Call with `(restore, unique_rows)` from the batch that get_asc_insert_func
   filled: restore [batch_size, ..., num_ids] int32 (or ragged), unique_rows
-  [num_unique] int64. Returns [batch_size, ..., dim] float32 (combined over
-  num_ids), or [batch_size, ..., num_ids, dim] with combiner None. In training
-  every row exists; otherwise rows of -1 (ids never trained) read zeros.
+  [num_unique] int64; for a tiered table `(restore, unique_rows, plan)` with
+  the [1] int64 plan token (core/tiers.py), applied before the lookup in
+  training. Returns [batch_size, ..., dim] float32 (combined over num_ids), or
+  [batch_size, ..., num_ids, dim] with combiner None. In training every row
+  exists; otherwise rows of -1 (ids never trained) read zeros.
 
   The layer tracks the table's rows as its weight (so Keras checkpoints and
   SavedModels carry them) but not the table's native key index: a SavedModel of
@@ -164,6 +194,10 @@ class SparseLookup(tf.keras.layers.Layer):
                        f"'{self.feature.table}', got TableSpec '{self.table_spec.name}'")
     self.seed = seed
     self.embeddings = None
+    self.tiers = None
+    # Export of a tiered table (keras/export.py): a compact [num_keys, dim]
+    # snapshot of every tier, indexed by the stock serving table's positions.
+    self.serving_rows = None
 
   def build(self, input_shape):
     table = get_or_create_table(self.table_spec, self.seed)
@@ -172,10 +206,11 @@ class SparseLookup(tf.keras.layers.Layer):
           f"SparseLookup: table '{table.table_name}' uses dynamic expansion, which the Keras "
           "pipeline does not support; init() without use_dynamic_expansion")
     self.embeddings = table.variable
+    self.tiers = table.tiers
     super().build(input_shape)
 
   def call(self, inputs, training=None):
-    restore, unique_rows = inputs
+    restore, unique_rows, *plan = inputs
     training = bool(training) if training is not None else False
     # Tables with admission (FeatureSpec access_threshold) hold -1 rows in
     # training batches for ids not admitted yet; they read zeros.
@@ -183,6 +218,15 @@ class SparseLookup(tf.keras.layers.Layer):
     admitting = training and config is not None and config.admits
     lookup = functools.partial(embedding.lookup_rows, self.embeddings, unique_rows,
                                training=training, admitting=admitting)
+    if self.serving_rows is not None:
+      lookup = functools.partial(embedding.lookup_rows, self.serving_rows, unique_rows,
+                                 training=False)
+    elif self.tiers is not None and training:
+      apply = self.tiers.apply_plan(self.embeddings, plan[0])
+      lookup = _after(apply, lookup)
+    elif self.tiers is not None:
+      unique_emb = self.tiers.read(self.embeddings, unique_rows)
+      lookup = functools.partial(tf.gather, unique_emb)
     if isinstance(restore, tf.RaggedTensor):
       per_id = restore.with_flat_values(lookup(restore.flat_values))
     else:

@@ -68,10 +68,17 @@ class SparseRankingModel(tf.keras.Model):
     self.sparse_optimizer = None
 
   def compile(self, *args, sparse_optimizer=None, **kwargs):
-    """Keras compile, plus `sparse_optimizer` (a HashOptimizer) for the tables."""
+    """Keras compile, plus `sparse_optimizer` (a HashOptimizer) for the tables.
+
+    Tiered tables get the optimizer's slots now: they move between tiers with
+    the rows, so they must exist before the first step.
+    """
     super().compile(*args, **kwargs)
     self.sparse_optimizer = sparse_optimizer or factory.get_optimizer(
         "lazy_adam", learning_rate=0.001)
+    for layer in self._sparse_layers:
+      if layer.tiers is not None:
+        layer.tiers.attach(self.sparse_optimizer, layer.embeddings)
 
   @property
   def table_variables(self) -> list[tf.Variable]:
@@ -155,6 +162,7 @@ class ModelBuilder(tfr.keras.model.ModelBuilder):
     context_features, example_features = dict(context_inputs), dict(example_inputs)
     sparse_layers = []
     unique_rows_inputs = {}
+    plan_inputs = {}
     for feature in self.sparse_features:
       if feature.name not in all_inputs:
         raise ValueError(f"sparse feature '{feature.name}' is not among the inputs "
@@ -167,10 +175,16 @@ class ModelBuilder(tfr.keras.model.ModelBuilder):
         unique_rows_inputs[table] = tf.keras.Input(
             shape=(), dtype=tf.int64, name=fs.unique_rows_key(table))
         model_inputs[fs.unique_rows_key(table)] = unique_rows_inputs[table]
+        if self.tables[table].tiered:
+          # The device-cache plan of the batch, [1] int64 (core/tiers.py).
+          plan_inputs[table] = tf.keras.Input(shape=(), dtype=tf.int64,
+                                              name=fs.plan_key(table))
+          model_inputs[fs.plan_key(table)] = plan_inputs[table]
       layer = layers.SparseLookup(feature, self.tables[table], seed=self.seed,
                                   name=f"sparse_lookup_{feature.name}")
       sparse_layers.append(layer)
-      embedded = layer((restore, unique_rows_inputs[table]))
+      plan = (plan_inputs[table],) if table in plan_inputs else ()
+      embedded = layer((restore, unique_rows_inputs[table], *plan))
       target = context_features if feature.name in context_inputs else example_features
       target[feature.name] = embedded
     context_features, example_features = self.preprocess(

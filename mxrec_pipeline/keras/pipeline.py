@@ -271,11 +271,12 @@ class ModelFitPipeline(AbstractPipeline):
     self.model = None
 
   def build_callbacks(self, model) -> list[tf.keras.callbacks.Callback]:
-    """TensorBoard logs, checkpoints (tables included) and best-model export."""
+    """TensorBoard logs (table statistics too), checkpoints (tables included), best export."""
     hparams = self._hparams
     callbacks = [
         tf.keras.callbacks.TensorBoard(os.path.join(hparams.model_dir, "logs")),
         callbacks_lib.SparseCheckpoint(os.path.join(hparams.model_dir, "checkpoints")),
+        callbacks_lib.TableStatsLogger(os.path.join(hparams.model_dir, "logs")),
     ]
     if hparams.export_best_model:
       monitor = ("val_loss" if hparams.best_exporter_metric == "loss"

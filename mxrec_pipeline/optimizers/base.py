@@ -130,8 +130,14 @@ class HashOptimizer(tf.Module):
       grads = [_concat_replicas(strategy, grad) for grad in grads]
     for grad, var, table in zip(grads, variables, tables):
       slots = self._slots[table.table_name]
-      updates.append(strategy.extended.update(
-          var, self._apply_one, args=(grad, slots, step), group=True))
+      update = strategy.extended.update(var, self._apply_one, args=(grad, slots, step),
+                                        group=True)
+      updates.append(update)
+      if table.tiers is not None:
+        # The batch's rows are trained: its device-cache slots may make room.
+        finish = table.tiers.finish([] if update is None else [update])
+        if finish is not None:
+          updates.append(finish)
     with tf.control_dependencies(updates):
       increments = [strategy.extended.update(
           self.iterations, lambda v: v.assign_add(1), group=True)]
@@ -164,7 +170,14 @@ class HashOptimizer(tf.Module):
     """
     raise NotImplementedError
 
-  def _create_slots(self, var, table_name: str) -> None:
+  def _create_slots(self, var, table_name: str, tiered_attach: bool = False) -> None:
+    table = initialize.get_config_initializer().tables.get(table_name)
+    tiers = getattr(table, "tiers", None)
+    if tiers is not None and not tiered_attach and not tiers.has_optimizer(self):
+      # A tiered table moves its slots between tiers with the rows: they must
+      # exist (and size the host rows) before its first step.
+      tiers.attach(self, var)
+      return
     if table_name in self._slots:
       if self._slot_owners[table_name] is not var:
         raise ValueError(

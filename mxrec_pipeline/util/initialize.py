@@ -142,7 +142,7 @@ def init(**kwargs) -> ConfigInitializer:
 def terminate_config_initializer() -> None:
   """Ends the run started by init(): forgets its tables. Safe to call twice.
 
-  Key indexes created eagerly are freed here (nothing else would free them:
+  Key indexes (and tiered tables' caches and stores) created eagerly are freed here (nothing else would free them:
   they live in the process's resource manager, not in the table objects);
   those of tf.compat.v1 graphs are freed with their session.
   """
@@ -150,6 +150,8 @@ def terminate_config_initializer() -> None:
   if _initializer is not None:
     for table in _initializer.tables.values():
       table.key_index.release()
+      if getattr(table, "tiers", None) is not None:
+        table.tiers.release_resources()
   _initializer = None
 
 

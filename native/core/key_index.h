@@ -38,7 +38,7 @@ namespace mxrec {
 // Result of an operation that can fail; never thrown.
 class Status {
  public:
-  enum class Code { kOk, kInvalidArgument, kResourceExhausted, kFailedPrecondition };
+  enum class Code { kOk, kInvalidArgument, kResourceExhausted, kFailedPrecondition, kInternal };
 
   static Status Ok() { return Status(); }
   static Status InvalidArgument(std::string message) {
@@ -49,6 +49,10 @@ class Status {
   }
   static Status FailedPrecondition(std::string message) {
     return Status(Code::kFailedPrecondition, std::move(message));
+  }
+  // I/O errors (e.g. of the SSD tier, native/core/tier_store.h).
+  static Status Internal(std::string message) {
+    return Status(Code::kInternal, std::move(message));
   }
 
   bool ok() const { return code_ == Code::kOk; }

@@ -25,6 +25,8 @@ inline ::tensorflow::Status ToTf(const Status& status) {
       return errors::InvalidArgument(status.message());
     case Status::Code::kFailedPrecondition:
       return errors::FailedPrecondition(status.message());
+    case Status::Code::kInternal:
+      return errors::Internal(status.message());
   }
   return errors::Internal(status.message());
 }

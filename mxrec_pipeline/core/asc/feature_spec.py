@@ -16,6 +16,11 @@ def unique_rows_key(table_name: str) -> str:
   return f"{_PREFIX}{table_name}__unique_rows"
 
 
+def plan_key(table_name: str) -> str:
+  """Batch key of a tiered table's plan token: [1] int64 (0 when not training)."""
+  return f"{_PREFIX}{table_name}__plan"
+
+
 def restore_key(feature_name: str) -> str:
   """Batch key of a feature's restore indices: ids' shape, int32."""
   return f"{_PREFIX}{feature_name}__restore"

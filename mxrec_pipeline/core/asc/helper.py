@@ -16,6 +16,7 @@ import tensorflow as tf
 
 from mxrec_pipeline.core import admission
 from mxrec_pipeline.core import key_index
+from mxrec_pipeline.core import tiers
 from mxrec_pipeline.core.asc import feature_spec as fs
 from mxrec_pipeline.util import initialize
 
@@ -29,8 +30,9 @@ def get_asc_insert_func(tgt_key_specs: Sequence[fs.FeatureSpec], is_training: bo
   The function takes a batch dict (or a tuple whose first element is the
   feature dict, as Keras datasets give `(features, labels)`) and returns it with,
   per table, `unique_rows_key(table)`: [num_unique] int64 rows of the batch's
-  distinct ids (all features of the table together, first-occurrence order)
-  and, per feature, `restore_key(feature)`: int32 positions in those unique
+  distinct ids (all features of the table together, first-occurrence order;
+  for a tiered table in training, device slots of its device-cache plan, whose
+  token goes to `plan_key(table)`, [1] int64) and, per feature, `restore_key(feature)`: int32 positions in those unique
   rows, shaped like the ids (a dense tensor of any rank, or a tf.RaggedTensor
   with the ids' row partitions, for multi-valued features).
   sparse_lookup(table, spec, batch=batch) reads them.
@@ -78,10 +80,23 @@ def get_asc_insert_func(tgt_key_specs: Sequence[fs.FeatureSpec], is_training: bo
                          f"keys are {sorted(features)}")
       timestamp = admission.batch_timestamp(features[key])
 
+    tokens = {}
+
     def native_insert(table_name, keys, counts):
-      return admission.insert(container, table_name, keys, is_training, counts, timestamp)
+      rows, restore = admission.insert(container, table_name, keys, is_training, counts,
+                                       timestamp)
+      table = run.tables.get(table_name)
+      if getattr(table, "tiers", None) is not None:
+        # Tiered table: the key process plans the device cache (core/tiers.py).
+        if is_training:
+          rows, tokens[table_name] = tiers.plan(container, table_name, rows)
+        else:
+          tokens[table_name] = tf.zeros([1], tf.int64)
+      return rows, restore
 
     out = insert_ids(features, by_table, native_insert, with_counts=True)
+    for table_name, token in tokens.items():
+      out[fs.plan_key(table_name)] = token
     if dump_graph:
       _dump(tf.compat.v1.get_default_graph(), is_training)
     return (out, *rest) if rest else out

@@ -1,0 +1,447 @@
+"""Tiered tables: a device cache in front of host-memory and SSD tiers.
+
+mxRec's "DDR" and "SSD" modes (create_table's host_vocabulary_size,
+ssd_vocabulary_size, ssd_data_path): the table's rows, with their optimizer
+slots, live in three tiers,
+
+  device  the table variable, [device_vocabulary_size, dim]: a cache;
+  host    native TierStore rows in host memory (host_vocabulary_size);
+  SSD     TierStore records in files under ssd_data_path (ssd_vocabulary_size),
+          the oldest-written host rows spilling there when the host is full.
+
+Data flow (see docs/tiers.md):
+
+  key process (tf.data map, get_asc_insert_func):
+    ids -> KeyIndex -> global rows g in [0, device + host + ssd)
+        -> DeviceCache.Plan(g) -> device slots + plan token      [into the batch]
+  training step (sparse_lookup):
+    DeviceCache.Apply(token) -> swap-out / swap-in / erase moves
+    read swap-out rows (embedding | slots) from the device variables
+    TierStore.Swap: erase, take swap-in rows, put swap-out rows   [host, CPU]
+    write swap-in rows into their slots (fresh rows: RowInitializer(g))
+    gather(variable, slots) ...
+
+The planner runs ahead of training (prefetch): it never evicts a slot that the
+batch being trained or a batch planned but not yet trained uses, and Apply
+composes every pending plan up to the batch's, so batches dropped from the
+prefetch buffer lose nothing. A key's initial row depends only on its global
+row (core/initializers.py), so a tiered table trains exactly as an all-on-device
+table with the same RowInitializer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import tensorflow as tf
+# TF1 Savers take SaveableObjects; TensorFlow exposes the class only here.
+from tensorflow.python.training.saving import saveable_object  # pylint: disable=g-direct-tensorflow-import
+
+from mxrec_pipeline import ops
+from mxrec_pipeline.core import default_value as default_value_lib
+from mxrec_pipeline.core import initializers
+from mxrec_pipeline.core import key_index as key_index_lib
+
+HOST_DEVICE = key_index_lib.HOST_DEVICE
+CACHE_POLICIES = ("lru", "lfu")
+# How long the key process waits for in-flight batches to train when the device
+# cache has no evictable slot left, before failing (seconds).
+DEFAULT_WAIT_SECONDS = 60.0
+
+CACHE_STATE_NAMES = ("slots", "globals", "last_used", "frequency", "dropped", "counters")
+STORE_STATE_NAMES = ("store_globals", "store_values")
+STATS_NAMES = ("device_rows", "occupied", "hits", "misses", "swap_outs", "swap_ins",
+               "host_rows_used", "ssd_rows_used", "host_bytes", "ssd_bytes")
+
+
+@dataclasses.dataclass(frozen=True)
+class TierConfig:
+  """Sizes and places of a table's tiers (create_table's arguments).
+
+  Attributes:
+    device_vocabulary_size: Device cache rows.
+    host_vocabulary_size: Host-memory rows, > 0 for a tiered table.
+    ssd_vocabulary_size: SSD rows (0: no SSD tier).
+    ssd_data_path: Directories of the SSD files, used in order as each fills.
+    cache_policy: "lru" or "lfu": which device rows make room.
+    wait_seconds: See DEFAULT_WAIT_SECONDS.
+  """
+
+  device_vocabulary_size: int
+  host_vocabulary_size: int
+  ssd_vocabulary_size: int = 0
+  ssd_data_path: tuple[str, ...] = ()
+  cache_policy: str = "lru"
+  wait_seconds: float = DEFAULT_WAIT_SECONDS
+
+  @property
+  def total_rows(self) -> int:
+    """The most keys the table holds: device + host + SSD rows."""
+    return self.device_vocabulary_size + self.host_vocabulary_size + self.ssd_vocabulary_size
+
+
+def check_tier_args(table_name: str, device_vocabulary_size: int, host_vocabulary_size,
+                    ssd_vocabulary_size, ssd_data_path, cache_policy: str,
+                    value_dtype: tf.DType) -> TierConfig | None:
+  """Validates create_table's tier arguments; None for an all-on-device table.
+
+  As mxRec: ssd_vocabulary_size > 0 needs host_vocabulary_size > 0, and an
+  empty ssd_data_path means the current directory. Every SSD directory must
+  exist and be writable now.
+
+  Raises:
+    ValueError: naming the table and the argument or path.
+  """
+  where = f"create_table('{table_name}')"
+  for arg, value in (("host_vocabulary_size", host_vocabulary_size),
+                     ("ssd_vocabulary_size", ssd_vocabulary_size)):
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+      raise ValueError(f"{where}: `{arg}` must be an int >= 0, got {value!r}")
+  if isinstance(ssd_data_path, (str, bytes, os.PathLike)):
+    ssd_data_path = [ssd_data_path]
+  paths = tuple(os.fspath(p) for p in (ssd_data_path or ()))
+  if host_vocabulary_size == 0:
+    if ssd_vocabulary_size or paths:
+      raise ValueError(f"{where}: an SSD tier (ssd_vocabulary_size={ssd_vocabulary_size}, "
+                       f"ssd_data_path={list(paths)}) needs host_vocabulary_size > 0")
+    return None
+  if paths and not ssd_vocabulary_size:
+    raise ValueError(f"{where}: ssd_data_path={list(paths)} needs ssd_vocabulary_size > 0")
+  if cache_policy not in CACHE_POLICIES:
+    raise ValueError(f"{where}: `cache_policy` must be one of {CACHE_POLICIES}, "
+                     f"got {cache_policy!r}")
+  if value_dtype != tf.float32:
+    raise ValueError(f"{where}: a tiered table's value_dtype must be float32 (as mxRec's), "
+                     f"got {value_dtype.name}")
+  if ssd_vocabulary_size and not paths:
+    paths = (os.getcwd(),)
+  for path in paths:
+    if not os.path.isdir(path):
+      raise ValueError(f"{where}: SSD directory '{path}' does not exist or is not a directory")
+    if not os.access(path, os.W_OK | os.X_OK):
+      raise ValueError(f"{where}: SSD directory '{path}' is not writable")
+  return TierConfig(device_vocabulary_size, host_vocabulary_size, ssd_vocabulary_size, paths,
+                    cache_policy)
+
+
+def cache_handle(container: str, table_name: str) -> tf.Tensor:
+  """Handle of the table's device cache (does not create it)."""
+  with tf.device(HOST_DEVICE):
+    return ops.load().mx_device_cache_handle(container=container, shared_name=table_name)
+
+
+def store_handle(container: str, table_name: str) -> tf.Tensor:
+  """Handle of the table's host/SSD store (does not create it)."""
+  with tf.device(HOST_DEVICE):
+    return ops.load().mx_tier_store_handle(container=container, shared_name=table_name)
+
+
+def plan(container: str, table_name: str, global_rows: tf.Tensor):
+  """The key process's half: device slots for a batch's global rows.
+
+  Args:
+    container: The run's resource container.
+    table_name: A tiered table.
+    global_rows: [num_unique] int64 distinct global rows (-1: no row).
+
+  Returns:
+    (slots [num_unique] int64, -1 where global_rows is -1;
+     token [1] int64: what sparse_lookup hands to `TieredTables.apply_plan`).
+
+  Raises:
+    tf.errors.ResourceExhaustedError (at run time): the cache cannot hold the
+      batch and the batches in flight (names the table).
+  """
+  with tf.device(HOST_DEVICE):
+    slots, token = ops.load().mx_device_cache_plan(cache_handle(container, table_name),
+                                                    global_rows)
+  return slots, tf.reshape(token, [1])
+
+
+class TieredStorage(tf.Module):
+  """The native half of a tiered table: device cache planner and host/SSD store.
+
+  Owned by a SparseEmbedding with tiers (its `tiers` attribute). Checkpointed
+  with it: the cache's applied mapping and every host/SSD row (embedding and
+  optimizer slots), as int64/float32 tensors (CACHE_STATE_NAMES,
+  STORE_STATE_NAMES).
+
+  Args:
+    table: The owning table (its variable must exist before `attach`).
+    config: The TierConfig.
+    row_initializer: Initial rows by global row.
+    container: The run's resource container.
+  """
+
+  def __init__(self, table_name: str, dim: int, config: TierConfig,
+               row_initializer: initializers.RowInitializer, container: str):
+    super().__init__(name=None)
+    self._table_name = table_name
+    self._dim = dim
+    self.config = config
+    self.row_initializer = row_initializer
+    self._container = container
+    self._optimizers = []
+    self._slot_variables = []  # (variable, initial value) in attach order
+    self._applied_ops = {}     # token tensor ref -> the step's moves (one apply per batch)
+    self._last_token = None    # of the latest apply_plan: what `finish` reports done
+    self._frozen = False
+    self.cache_handle = cache_handle(container, table_name)
+    self.store_handle = store_handle(container, table_name)
+    self.create_ops = []
+
+  # -- creation ----------------------------------------------------------------
+
+  @property
+  def width(self) -> int:
+    """Floats per stored row: the embedding and one block per optimizer slot."""
+    return self._dim * (1 + len(self._slot_variables))
+
+  def _cache_attrs(self) -> dict:
+    return dict(device_rows=self.config.device_vocabulary_size,
+                total_rows=self.config.total_rows, policy=self.config.cache_policy,
+                table_name=self._table_name, wait_seconds=self.config.wait_seconds)
+
+  def _store_attrs(self) -> dict:
+    return dict(width=self.width, host_rows=self.config.host_vocabulary_size,
+                ssd_rows=self.config.ssd_vocabulary_size,
+                ssd_dirs=list(self.config.ssd_data_path), total_rows=self.config.total_rows,
+                table_name=self._table_name)
+
+  def make_create_ops(self, slot_count: int) -> list:
+    """Ops creating (or emptying) the cache and the store; eagerly, runs them.
+
+    `slot_count`: optimizer slots that will be attached (the store's row width).
+    """
+    width = self._dim * (1 + slot_count)
+    with tf.device(HOST_DEVICE):
+      cache_op = ops.load().mx_device_cache_create(self.cache_handle, **self._cache_attrs())
+      store_attrs = self._store_attrs() | {"width": width}
+      store_op = ops.load().mx_tier_store_create(self.store_handle, **store_attrs)
+    self.create_ops = [op for op in (cache_op, store_op) if op is not None]
+    return self.create_ops
+
+  def attach(self, optimizer, variable: tf.Variable) -> None:
+    """Adds an optimizer's slots of the table to what moves between tiers.
+
+    Creates the slots (HashOptimizer slot variables) now. Eagerly, before the
+    first training step, the store is re-created with the wider rows.
+
+    Raises:
+      ValueError: the table already trained (rows of the old width exist), or
+        a TF1 graph (pass optimizer_list to create_table there).
+    """
+    if any(o is optimizer for o in self._optimizers):
+      return
+    if self._frozen or not tf.executing_eagerly():
+      raise ValueError(
+          f"table '{self._table_name}': optimizer '{optimizer.optimizer_name}' must be given to "
+          "create_table(optimizer_list=[...]) (or attached before the first training step): "
+          "a tiered table moves the optimizer's slots with the rows")
+    self._add_slots(optimizer, variable)
+    with tf.device(HOST_DEVICE):
+      tf.raw_ops.DestroyResourceOp(resource=self.store_handle, ignore_lookup_error=True)
+      ops.load().mx_tier_store_create(self.store_handle, **self._store_attrs())
+
+  def _add_slots(self, optimizer, variable) -> None:
+    with tf.init_scope():
+      optimizer._create_slots(variable, self._table_name, tiered_attach=True)  # pylint: disable=protected-access
+    for name, initial in optimizer.slot_initial_values.items():
+      self._slot_variables.append((optimizer.get_slot(self._table_name, name), float(initial)))
+    self._optimizers.append(optimizer)
+
+  def attach_at_creation(self, optimizers, variable) -> None:
+    """create_table(optimizer_list=...): slots made with the table, store sized for them."""
+    for optimizer in optimizers:
+      if not any(o is optimizer for o in self._optimizers):
+        self._add_slots(optimizer, variable)
+
+  def has_optimizer(self, optimizer) -> bool:
+    return any(o is optimizer for o in self._optimizers)
+
+  # -- training ----------------------------------------------------------------
+
+  def _row_variables(self, variable):
+    return [_single_replica(v, self._table_name)
+            for v in [variable] + [v for v, _ in self._slot_variables]]
+
+  def fresh_rows(self, global_rows: tf.Tensor) -> tf.Tensor:
+    """[n, width] initial rows: RowInitializer(g) and the slots' initial values."""
+    embedding = self.row_initializer.rows(global_rows, self._dim, tf.float32)
+    blocks = [embedding] + [tf.fill([tf.size(global_rows), self._dim], initial)
+                            for _, initial in self._slot_variables]
+    return tf.concat(blocks, axis=1)
+
+  def apply_plan(self, variable: tf.Variable, token: tf.Tensor) -> tf.Operation:
+    """Makes the batch of `token` find its rows on the device.
+
+    Applies the cache's moves up to this batch's plan: swap-out rows (embedding
+    and optimizer slots) go to the host/SSD store, swap-in rows come from it or
+    start fresh. One op per batch in a graph: several lookups of one table share it.
+
+    Args:
+      variable: The table's device rows.
+      token: [1] or scalar int64 from the batch (see `plan`).
+
+    Returns:
+      The op (eagerly: after the moves are done) to run before the lookup.
+    """
+    key = token.ref() if not tf.executing_eagerly() else None
+    self._last_token = tf.reshape(token, [])
+    if key is not None and key in self._applied_ops:
+      return self._applied_ops[key]
+    self._frozen = True
+    variables = self._row_variables(variable)
+    dim = self._dim
+    with tf.name_scope(f"{self._table_name}_apply_plan"):
+      with tf.device(HOST_DEVICE):
+        (out_slots, out_globals, in_slots, in_globals, in_sources,
+         erase) = ops.load().mx_device_cache_apply(self.cache_handle, tf.reshape(token, []))
+      # Read everything that moves before writing anything.
+      out_rows = tf.concat([tf.gather(v, out_slots) for v in variables], axis=1)
+      from_device = in_sources >= 0
+      device_positions = tf.where(from_device)[:, 0]
+      store_positions = tf.where(tf.logical_not(from_device))[:, 0]
+      moved_rows = tf.concat([tf.gather(v, tf.gather(in_sources, device_positions))
+                              for v in variables], axis=1)
+      store_globals = tf.gather(in_globals, store_positions)
+      with tf.control_dependencies([out_rows, moved_rows]):
+        with tf.device(HOST_DEVICE):
+          taken, found = ops.load().mx_tier_store_swap(
+              self.store_handle, erase, store_globals, out_globals, out_rows)
+      store_rows = tf.where(found[:, None], taken, self.fresh_rows(store_globals))
+      in_rows = tf.dynamic_stitch(
+          [tf.cast(device_positions, tf.int32), tf.cast(store_positions, tf.int32)],
+          [moved_rows, store_rows])
+      in_rows = tf.reshape(in_rows, [-1, dim * len(variables)])
+      updates = [v.scatter_update(tf.IndexedSlices(in_rows[:, i * dim:(i + 1) * dim], in_slots))
+                 for i, v in enumerate(variables)]
+      applied = tf.group(updates)
+    if key is not None:
+      self._applied_ops[key] = applied
+    return applied
+
+  def finish(self, after) -> tf.Operation | None:
+    """Tells the cache the step of the latest applied plan is done (after `after`).
+
+    The hash optimizers call it once their update of the table ran: that
+    batch's device rows may then make room for the next batch at once, instead
+    of staying pinned until the next step applies its plan. Returns None when
+    no plan was applied in the current graph (or eagerly, none yet).
+    """
+    token = self._last_token
+    if token is None or (tf.is_symbolic_tensor(token)
+                         and token.graph is not tf.compat.v1.get_default_graph()):
+      return None
+    with tf.control_dependencies(after), tf.device(HOST_DEVICE):
+      return ops.load().mx_device_cache_finish(self.cache_handle, token)
+
+  def read(self, variable: tf.Variable, global_rows: tf.Tensor, default_value=None) -> tf.Tensor:
+    """Embeddings of global rows wherever they live, without moving them (evaluation).
+
+    Args:
+      variable: The table's device rows.
+      global_rows: [n] int64; -1 reads `default_value`.
+      default_value: Scalar or [dim] (zeros when None).
+
+    Returns:
+      [n, dim] float32.
+    """
+    variable = _single_replica(variable, self._table_name)
+    with tf.device(HOST_DEVICE):
+      slots = ops.load().mx_device_cache_locate(self.cache_handle, global_rows)
+      # -1 (no row) reads global row 0 here and the default below.
+      stored, found = ops.load().mx_tier_store_read(self.store_handle,
+                                                    tf.maximum(global_rows, 0))
+    on_device = tf.gather(variable, tf.maximum(slots, 0))
+    fresh = self.row_initializer.rows(tf.maximum(global_rows, 0), self._dim, variable.dtype)
+    off_device = tf.where((found & (slots == -1))[:, None], stored[:, :self._dim], fresh)
+    values = tf.where((slots >= 0)[:, None], on_device, off_device)
+    default = default_value_lib.default_embedding(default_value, self._dim, variable.dtype,
+                                                  self._table_name)
+    return tf.where((global_rows >= 0)[:, None], values, default)
+
+  def release(self, global_rows: tf.Tensor):
+    """Drops evicted keys' global rows from every tier (applied with the next plan)."""
+    with tf.device(HOST_DEVICE):
+      return ops.load().mx_device_cache_release(self.cache_handle, global_rows)
+
+  def stats(self) -> dict[str, tf.Tensor]:
+    """STATS_NAMES -> int64 scalars: cache occupancy, hits, misses, moves, tier usage."""
+    with tf.device(HOST_DEVICE):
+      cache = ops.load().mx_device_cache_stats(self.cache_handle)
+      store = ops.load().mx_tier_store_stats(self.store_handle)
+    return dict(zip(STATS_NAMES, list(cache) + list(store)))
+
+  # -- checkpoints ---------------------------------------------------------------
+
+  def export_state(self) -> dict[str, tf.Tensor]:
+    """The cache's applied state and every host/SSD row (keys of both NAMES tuples)."""
+    with tf.device(HOST_DEVICE):
+      cache = dict(zip(CACHE_STATE_NAMES,
+                       ops.load().mx_device_cache_export_state(self.cache_handle)))
+      globals_, values = ops.load().mx_tier_store_export(self.store_handle, cache["dropped"])
+    return cache | {"store_globals": globals_, "store_values": values}
+
+  def import_state(self, state: dict) -> tf.Operation:
+    """Replaces both with an `export_state()`; creates them if needed."""
+    with tf.device(HOST_DEVICE):
+      cache_op = ops.load().mx_device_cache_import_state(
+          self.cache_handle, *[state[n] for n in CACHE_STATE_NAMES], **self._cache_attrs())
+      store_op = ops.load().mx_tier_store_import(
+          self.store_handle, state["store_globals"], state["store_values"],
+          **self._store_attrs())
+    if tf.executing_eagerly():
+      return None
+    return tf.group(cache_op, store_op)
+
+  def _serialize_to_tensors(self):
+    return self.export_state()
+
+  def _restore_from_tensors(self, restored_tensors):
+    return self.import_state(restored_tensors)
+
+  def saveable(self) -> saveable_object.SaveableObject:
+    """The TF1 SaveableObject `<table>/tiers` (for tf.compat.v1.train.Saver)."""
+    return _TiersSaveable(self)
+
+  def release_resources(self) -> None:
+    """Frees eagerly created native resources (terminate_config_initializer)."""
+    if tf.executing_eagerly() and not tf.is_symbolic_tensor(self.cache_handle):
+      with tf.device(HOST_DEVICE):
+        for handle in (self.cache_handle, self.store_handle):
+          tf.raw_ops.DestroyResourceOp(resource=handle, ignore_lookup_error=True)
+
+
+def _single_replica(variable, table_name: str):
+  """The one component of a variable of a one-replica strategy (or the variable).
+
+  Raises:
+    NotImplementedError: more than one replica (each would need its own cache).
+  """
+  if isinstance(variable, tf.distribute.DistributedValues):
+    components = variable.values
+    if len(components) > 1:
+      raise NotImplementedError(
+          f"table '{table_name}': tiered tables train on one replica (one device); got "
+          f"{len(components)} replicas")
+    return components[0]
+  return variable
+
+
+class _TiersSaveable(saveable_object.SaveableObject):
+  """TieredStorage as a TF1 SaveableObject: `<table>/tiers-{slots,...,store_values}`."""
+
+  def __init__(self, tiers: TieredStorage):
+    name = f"{tiers._table_name}/tiers"  # pylint: disable=protected-access
+    state = tiers.export_state()
+    names = CACHE_STATE_NAMES + STORE_STATE_NAMES
+    specs = [saveable_object.SaveSpec(state[part], "", f"{name}-{part}") for part in names]
+    super().__init__(tiers.cache_handle, specs, name)
+    self._tiers = tiers
+
+  def restore(self, restored_tensors, restored_shapes):
+    del restored_shapes
+    names = CACHE_STATE_NAMES + STORE_STATE_NAMES
+    return self._tiers.import_state(dict(zip(names, restored_tensors)))
