@@ -275,10 +275,12 @@ class MovieLensListwise(RankerBuilder):
         SparseFeature("genres", "genre", combiner=model.combiner),
         SparseFeature("title_tokens", "title_token", combiner=model.combiner),
     ]
-    id_tiers = dict(host_vocabulary_size=model.host_vocabulary_size,
-                    ssd_vocabulary_size=model.ssd_vocabulary_size,
-                    ssd_data_path=tuple(model.ssd_data_path), cache_policy=model.cache_policy)
-    id_rows = model.id_device_vocabulary_size or rows
+    # Model configs without tier fields (e.g. movielens_dcn's) keep flat tables.
+    id_tiers = dict(host_vocabulary_size=getattr(model, "host_vocabulary_size", 0),
+                    ssd_vocabulary_size=getattr(model, "ssd_vocabulary_size", 0),
+                    ssd_data_path=tuple(getattr(model, "ssd_data_path", ())),
+                    cache_policy=getattr(model, "cache_policy", "lru"))
+    id_rows = getattr(model, "id_device_vocabulary_size", None) or rows
     tables = [
         TableSpec("user", model.id_dim, id_rows, **id_tiers),
         TableSpec("item", model.id_dim, id_rows, **id_tiers),

@@ -362,6 +362,62 @@ class TieredStorage(tf.Module):
                                                   self._table_name)
     return tf.where((global_rows >= 0)[:, None], values, default)
 
+  def read_rows(self, variable: tf.Variable, global_rows: tf.Tensor) -> tf.Tensor:
+    """Whole rows (embedding and every slot block) of global rows, wherever they live.
+
+    Args:
+      variable: The table's device rows.
+      global_rows: [n] int64 global rows (>= 0).
+
+    Returns:
+      [n, width] float32: device rows gathered from the variable and the slot
+      variables, stored ones from the host/SSD store, never-trained ones fresh.
+    """
+    variables = self._row_variables(variable)
+    with tf.device(HOST_DEVICE):
+      slots = ops.load().mx_device_cache_locate(self.cache_handle, global_rows)
+      stored, found = ops.load().mx_tier_store_read(self.store_handle, global_rows)
+    on_device = tf.concat([tf.gather(v, tf.maximum(slots, 0)) for v in variables], axis=1)
+    off_device = tf.where((found & (slots == -1))[:, None],
+                          tf.reshape(stored, [-1, self.width]), self.fresh_rows(global_rows))
+    return tf.where((slots >= 0)[:, None], on_device, off_device)
+
+  def import_rows(self, variable: tf.Variable, global_rows: tf.Tensor,
+                  rows: tf.Tensor) -> tf.Operation:
+    """Replaces the tiers' content with `rows` of `global_rows` (restores).
+
+    The first device_vocabulary_size rows go to device slots 0, 1, ... (as
+    recently used), the rest to the host/SSD store; pending plans are dropped
+    (batches planned before must be planned again).
+
+    Args:
+      variable: The table's device rows.
+      global_rows: [n] int64 distinct global rows.
+      rows: [n, width] float32 (`read_rows`' layout).
+
+    Returns:
+      The op (None eagerly, where it has run).
+    """
+    variables = self._row_variables(variable)
+    n = tf.size(global_rows, out_type=tf.int64)
+    on_device = tf.minimum(n, self.config.device_vocabulary_size)
+    slots = tf.range(on_device)
+    empty = tf.zeros([0], tf.int64)
+    cache_state = {"slots": slots, "globals": global_rows[:on_device],
+                   "last_used": tf.zeros_like(slots), "frequency": tf.ones_like(slots),
+                   "dropped": empty, "counters": tf.zeros([5], tf.int64)}
+    with tf.device(HOST_DEVICE):
+      cache_op = ops.load().mx_device_cache_import_state(
+          self.cache_handle, *[cache_state[k] for k in CACHE_STATE_NAMES], **self._cache_attrs())
+      store_op = ops.load().mx_tier_store_import(
+          self.store_handle, global_rows[on_device:], rows[on_device:], **self._store_attrs())
+    dim = self._dim
+    updates = [v.scatter_update(tf.IndexedSlices(rows[:on_device, i * dim:(i + 1) * dim], slots))
+               for i, v in enumerate(variables)]
+    if tf.executing_eagerly():
+      return None
+    return tf.group(cache_op, store_op, *updates)
+
   def release(self, global_rows: tf.Tensor):
     """Drops evicted keys' global rows from every tier (applied with the next plan)."""
     with tf.device(HOST_DEVICE):

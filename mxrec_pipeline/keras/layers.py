@@ -194,7 +194,6 @@ class SparseLookup(tf.keras.layers.Layer):
                        f"'{self.feature.table}', got TableSpec '{self.table_spec.name}'")
     self.seed = seed
     self.embeddings = None
-    self.tiers = None
     # Export of a tiered table (keras/export.py): a compact [num_keys, dim]
     # snapshot of every tier, indexed by the stock serving table's positions.
     self.serving_rows = None
@@ -206,8 +205,19 @@ class SparseLookup(tf.keras.layers.Layer):
           f"SparseLookup: table '{table.table_name}' uses dynamic expansion, which the Keras "
           "pipeline does not support; init() without use_dynamic_expansion")
     self.embeddings = table.variable
-    self.tiers = table.tiers
     super().build(input_shape)
+
+  @property
+  def tiers(self):
+    """The table's TieredStorage, or None (flat table).
+
+    Looked up in the run, not tracked: SavedModels of the model must not
+    carry the native cache and store (keras/export.py serves a snapshot).
+    """
+    if not initialize.is_initialized():
+      return None
+    return getattr(initialize.get_config_initializer().tables.get(self.table_spec.name),
+                   "tiers", None)
 
   def call(self, inputs, training=None):
     restore, unique_rows, *plan = inputs

@@ -139,12 +139,19 @@ def test_graph_initializer_creates_the_index_whatever_the_initializer_returns(ki
       np.testing.assert_array_equal(sess.run(lookup), 2.0 * rows[[0, 1, 0]])
 
 
-@pytest.mark.parametrize("tier", [dict(host_vocabulary_size=100), dict(ssd_vocabulary_size=10),
-                                  dict(ssd_data_path=("/tmp/ssd",))])
-def test_host_and_ssd_tiers_not_implemented(tier):
-  with pytest.raises(NotImplementedError, match=r"create_table\('t'\): host_vocabulary_size="
-                                                r".*tiers are not available yet"):
+@pytest.mark.parametrize("tier", [dict(ssd_vocabulary_size=10), dict(ssd_data_path=("/tmp",))])
+def test_ssd_tier_needs_a_host_tier(tier):
+  with pytest.raises(ValueError, match=r"create_table\('t'\): an SSD tier .* needs "
+                                       r"host_vocabulary_size > 0"):
     _create(**tier)
+
+
+def test_tiers_need_dynamic_expansion_off():
+  # Tiered tables themselves are tested in tests/core/test_core_tiers.py.
+  terminate_config_initializer()
+  init(use_dynamic_expansion=True)
+  with pytest.raises(ValueError, match=r"'t'.*use_dynamic_expansion=False"):
+    _create(host_vocabulary_size=100)
 
 
 def test_dynamic_expansion_creates_an_expansion_table():

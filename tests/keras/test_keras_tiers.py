@@ -1,0 +1,129 @@
+"""The Keras pipeline with a tiered table: trains, logs table stats, checkpoints and serves."""
+
+import glob
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import keras_testlib as lib
+from mxrec_pipeline.data import elwc
+from mxrec_pipeline.keras import model as model_lib
+from mxrec_pipeline.keras import pipeline as pipeline_lib
+from mxrec_pipeline.keras.layers import TableSpec
+from mxrec_pipeline.util import initialize
+
+# The item table caches 12 of the 20 training items on the device; the rest
+# live in host memory, then SSD.
+TABLES = [TableSpec("user", 4, 100),
+          TableSpec("item", 4, 12, host_vocabulary_size=4, ssd_vocabulary_size=100),
+          TableSpec("word", 4, 100, key_dtype="string")]
+
+_SERVE = r"""
+import json, sys
+import tensorflow as tf
+model = tf.saved_model.load(sys.argv[1])
+serialized = [bytes.fromhex(h) for h in json.loads(sys.argv[2])]
+scores = model.signatures["serving_default"](examples=tf.constant(serialized))["scores"]
+assert not [l for l in open("/proc/self/maps") if "_mxrec_ops" in l]
+print(json.dumps(scores.numpy().tolist()))
+"""
+
+
+@pytest.fixture(autouse=True)
+def _no_run_leaks():
+  """Overrides the suite's per-test run reset: these tests share one trained run."""
+  yield
+
+
+def _dataset_builder(train, valid):
+  hparams = pipeline_lib.DatasetHparams(
+      train_input_pattern=train, valid_input_pattern=valid, train_batch_size=2,
+      valid_batch_size=4)
+  return pipeline_lib.SimpleDatasetBuilder(lib.CONTEXT_SPEC, lib.EXAMPLE_SPEC, lib.MASK,
+                                           lib.LABEL_SPEC, hparams,
+                                           sparse_features=lib.SPARSE_FEATURES)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+  tmp = tmp_path_factory.mktemp("tiers")
+  ssd = tmp / "ssd"
+  ssd.mkdir()
+  tables = [TableSpec(**{**t.__dict__, "ssd_data_path": (str(ssd),)}) if t.tiered else t
+            for t in TABLES]
+  builder = model_lib.ModelBuilder(
+      input_creator=model_lib.FeatureSpecInputCreator(lib.CONTEXT_SPEC, lib.EXAMPLE_SPEC),
+      preprocessor={}, scorer=model_lib.DNNScorer(hidden_layer_dims=[8], output_units=1),
+      mask_feature_name=lib.MASK, sparse_features=lib.SPARSE_FEATURES, tables=tables, seed=1)
+  train, valid = lib.write_task(tmp)
+  hparams = pipeline_lib.PipelineHparams(model_dir=str(tmp / "model"), num_epochs=2,
+                                         learning_rate=0.05, seed=3)
+  initialize.terminate_config_initializer()
+  pipe = pipeline_lib.SimplePipeline(builder, _dataset_builder(train, valid), hparams)
+  metrics = pipe.train_and_validate()
+  run = initialize.get_config_initializer()
+  dataset = _dataset_builder(train, valid).build_valid_dataset(num_epochs=1)
+  in_process = [pipe.model(features, training=False).numpy() for features, _ in dataset]
+  longest = max(s.shape[1] for s in in_process)
+  yield {"tmp": tmp, "valid": valid, "metrics": metrics, "run": run,
+         "stats": {k: int(v) for k, v in run.tables["item"].tiers.stats().items()},
+         "in_process": np.concatenate(
+             [np.pad(s, ((0, 0), (0, longest - s.shape[1]))) for s in in_process])}
+  initialize.terminate_config_initializer()
+
+
+def test_trains_with_rows_moving_between_tiers(trained):
+  assert all(np.isfinite(v) for v in trained["metrics"].values())
+  stats = trained["stats"]
+  assert stats["occupied"] <= 12 and stats["swap_outs"] > 0 and stats["swap_ins"] > 0
+  assert stats["ssd_rows_used"] > 0  # 20 items: 12 on the device, 4 on the host, the rest SSD
+  assert trained["run"].tables["user"].tiers is None
+
+
+def test_table_stats_reach_tensorboard(trained):
+  files = glob.glob(str(trained["tmp"] / "model" / "logs" / "tables" / "events.*"))
+  tags = {v.tag for f in files for e in tf.compat.v1.train.summary_iterator(f)
+          for v in e.summary.value}
+  assert {"tables/item/hit_rate", "tables/item/host_rows_used", "tables/item/ssd_rows_used",
+          "tables/user/size", "tables/user/admissions"} <= tags
+
+
+def test_checkpoint_holds_the_tiers(trained):
+  checkpoint = tf.train.latest_checkpoint(str(trained["tmp"] / "model" / "checkpoints"))
+  names = [name for name, _ in tf.train.list_variables(checkpoint)]
+  assert any(name.startswith("tiers/item/") and "store_values" in name for name in names)
+
+
+def test_saved_model_serves_every_tier_without_the_op_library(trained):
+  serialized = [r.SerializeToString() for r in elwc.read_elwc_tfrecord(trained["valid"])]
+  export_dir = str(trained["tmp"] / "model" / "export" / "latest_model")
+  out = subprocess.run(
+      [sys.executable, "-c", _SERVE, export_dir, json.dumps([s.hex() for s in serialized])],
+      capture_output=True, text=True, check=True, cwd=str(trained["tmp"]),
+      env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+  served = np.array(json.loads(out.stdout.strip().splitlines()[-1]))
+  expected = trained["in_process"]
+  assert len(served) == len(expected)
+  unmatched = list(range(len(expected)))
+  for row, lst in enumerate(elwc.read_elwc_tfrecord(trained["valid"])):
+    n = len(lst.examples)
+    match = [j for j in unmatched
+             if np.allclose(served[row, :n], expected[j, :n], rtol=1e-5, atol=1e-5)]
+    assert match, f"served list {row} {served[row, :n]} matches no in-process list"
+    unmatched.remove(match[0])
+
+
+def test_bad_table_spec_tiers_name_the_table(tmp_path):
+  initialize.terminate_config_initializer()
+  initialize.init()
+  from mxrec_pipeline.keras import layers  # pylint: disable=import-outside-toplevel
+  spec = TableSpec("item", 4, 12, host_vocabulary_size=4, ssd_vocabulary_size=10,
+                   ssd_data_path=(str(tmp_path / "missing"),))
+  with pytest.raises(ValueError, match=r"'item'.*SSD directory .*missing' does not exist"):
+    layers.get_or_create_table(spec)
+  initialize.terminate_config_initializer()
