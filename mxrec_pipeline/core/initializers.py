@@ -10,8 +10,8 @@ RowInitializer (tests/core/test_core_tiers.py checks this).
 The values are counter-based: element (g, j) of a table with seed s is drawn from
 SplitMix64(s, g * dim + j) (Steele, Lea, Flood, "Fast splittable pseudorandom
 number generators", OOPSLA 2014) mapped to a uniform in (0, 1) and through the
-inverse normal CDF (`tf.math.ndtri`) for normal and truncated-normal rows, so
-truncation is exact rather than by resampling.
+inverse normal CDF (`tf.math.ndtri`, in float32) for normal and truncated-normal
+rows, so truncation is exact rather than by resampling.
 
 `row_initializer(emb_initializer)` converts the usual initializers
 (tf.keras.initializers TruncatedNormal, RandomNormal, RandomUniform, Constant,
@@ -96,7 +96,8 @@ class RowInitializer:
       if self.kind == "truncated_normal":
         low, high = _normal_cdf(-2.0), _normal_cdf(2.0)
         u = low + u * (high - low)
-      values = self.mean + self.stddev * tf.math.ndtri(u)
+      # float32 is ample for initial values and ndtri is ~5x faster in it.
+      values = self.mean + self.stddev * tf.math.ndtri(tf.cast(u, tf.float32))
     return tf.cast(values * self.scale, dtype)
 
   def __call__(self, shape, dtype=tf.float32, **kwargs):

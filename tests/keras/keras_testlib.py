@@ -5,6 +5,11 @@ item_id int64, tags ragged strings, price float); label in {0, 1, 2}. Items
 < 20 appear in training; validation also holds unseen items >= 1000.
 """
 
+import json
+import os
+import subprocess
+import sys
+
 import numpy as np
 import tensorflow as tf
 
@@ -62,3 +67,44 @@ def dataset_builder(train: str, valid: str) -> pipeline_lib.SimpleDatasetBuilder
       valid_batch_size=4)
   return pipeline_lib.SimpleDatasetBuilder(CONTEXT_SPEC, EXAMPLE_SPEC, MASK, LABEL_SPEC,
                                            hparams, sparse_features=SPARSE_FEATURES)
+
+
+# Scores a SavedModel in a fresh interpreter where only tensorflow may be
+# imported and the op library must not be mapped.
+SERVE_SCRIPT = r"""
+import json, sys
+import tensorflow as tf
+model = tf.saved_model.load(sys.argv[1])
+serialized = [bytes.fromhex(h) for h in json.loads(sys.argv[2])]
+scores = model.signatures["serving_default"](examples=tf.constant(serialized))["scores"]
+assert not any(m.startswith("mxrec_pipeline") or m.startswith("builders") for m in sys.modules)
+loaded = [l for l in open("/proc/self/maps") if "_mxrec_ops" in l]
+assert not loaded, loaded
+print(json.dumps(scores.numpy().tolist()))
+"""
+
+
+def serve_in_fresh_process(export_dir: str, valid_path: str, cwd: str) -> np.ndarray:
+  """[num_lists, list_size] scores of the ELWC lists in `valid_path` by the SavedModel."""
+  serialized = [r.SerializeToString() for r in elwc.read_elwc_tfrecord(valid_path)]
+  out = subprocess.run(
+      [sys.executable, "-c", SERVE_SCRIPT, export_dir, json.dumps([s.hex() for s in serialized])],
+      capture_output=True, text=True, check=True, cwd=cwd,
+      env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+  return np.array(json.loads(out.stdout.strip().splitlines()[-1]))
+
+
+def assert_served_match(served: np.ndarray, expected: np.ndarray, valid_path: str) -> None:
+  """Each served list's scores equal those of one list scored in process.
+
+  tfr's datasets read with sloppy ordering, so lists are matched one to one
+  (every list has distinct item ids, so scores differ).
+  """
+  assert len(served) == len(expected)
+  unmatched = list(range(len(expected)))
+  for row, lst in enumerate(elwc.read_elwc_tfrecord(valid_path)):
+    n = len(lst.examples)
+    match = [j for j in unmatched
+             if np.allclose(served[row, :n], expected[j, :n], rtol=1e-5, atol=1e-5)]
+    assert match, f"served list {row} {served[row, :n]} matches no in-process list"
+    unmatched.remove(match[0])

@@ -1,9 +1,5 @@
 """End to end: train a tiny task with SimplePipeline, export, serve in a fresh process."""
 
-import json
-import os
-import subprocess
-import sys
 import zlib
 
 import numpy as np
@@ -14,19 +10,6 @@ import keras_testlib as lib
 from mxrec_pipeline.data import elwc
 from mxrec_pipeline.keras import pipeline as pipeline_lib
 from mxrec_pipeline.util import initialize
-
-# Runs in a fresh interpreter: only tensorflow may be imported.
-_SERVE = r"""
-import json, sys
-import tensorflow as tf
-model = tf.saved_model.load(sys.argv[1])
-serialized = [bytes.fromhex(h) for h in json.loads(sys.argv[2])]
-scores = model.signatures["serving_default"](examples=tf.constant(serialized))["scores"]
-assert not any(m.startswith("mxrec_pipeline") or m.startswith("builders") for m in sys.modules)
-loaded = [l for l in open("/proc/self/maps") if "_mxrec_ops" in l]
-assert not loaded, loaded
-print(json.dumps(scores.numpy().tolist()))
-"""
 
 
 @pytest.fixture(autouse=True)
@@ -91,24 +74,9 @@ def test_training_updates_only_touched_table_rows(trained):
 
 
 def test_saved_model_serves_raw_ids_in_fresh_tensorflow_process(trained):
-  serialized = [r.SerializeToString() for r in elwc.read_elwc_tfrecord(trained["valid"])]
   export_dir = str(trained["tmp"] / "model" / "export" / "latest_model")
-  out = subprocess.run(
-      [sys.executable, "-c", _SERVE, export_dir, json.dumps([s.hex() for s in serialized])],
-      capture_output=True, text=True, check=True, cwd=str(trained["tmp"]),
-      env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
-  served = np.array(json.loads(out.stdout.strip().splitlines()[-1]))
-  expected = trained["in_process"]
-  # tfr's datasets read with sloppy ordering: match each served list to one
-  # scored in process (every list has distinct item ids, so scores differ).
-  assert len(served) == len(expected)
-  unmatched = list(range(len(expected)))
-  for row, lst in enumerate(elwc.read_elwc_tfrecord(trained["valid"])):
-    n = len(lst.examples)
-    match = [j for j in unmatched
-             if np.allclose(served[row, :n], expected[j, :n], rtol=1e-5, atol=1e-5)]
-    assert match, f"served list {row} {served[row, :n]} matches no in-process list"
-    unmatched.remove(match[0])
+  served = lib.serve_in_fresh_process(export_dir, trained["valid"], str(trained["tmp"]))
+  lib.assert_served_match(served, trained["in_process"], trained["valid"])
 
 
 def test_unseen_ids_score_with_default_embedding(trained):

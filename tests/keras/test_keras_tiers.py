@@ -1,17 +1,12 @@
 """The Keras pipeline with a tiered table: trains, logs table stats, checkpoints and serves."""
 
 import glob
-import json
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
 import keras_testlib as lib
-from mxrec_pipeline.data import elwc
 from mxrec_pipeline.keras import model as model_lib
 from mxrec_pipeline.keras import pipeline as pipeline_lib
 from mxrec_pipeline.keras.layers import TableSpec
@@ -22,16 +17,6 @@ from mxrec_pipeline.util import initialize
 TABLES = [TableSpec("user", 4, 100),
           TableSpec("item", 4, 12, host_vocabulary_size=4, ssd_vocabulary_size=100),
           TableSpec("word", 4, 100, key_dtype="string")]
-
-_SERVE = r"""
-import json, sys
-import tensorflow as tf
-model = tf.saved_model.load(sys.argv[1])
-serialized = [bytes.fromhex(h) for h in json.loads(sys.argv[2])]
-scores = model.signatures["serving_default"](examples=tf.constant(serialized))["scores"]
-assert not [l for l in open("/proc/self/maps") if "_mxrec_ops" in l]
-print(json.dumps(scores.numpy().tolist()))
-"""
 
 
 @pytest.fixture(autouse=True)
@@ -100,22 +85,9 @@ def test_checkpoint_holds_the_tiers(trained):
 
 
 def test_saved_model_serves_every_tier_without_the_op_library(trained):
-  serialized = [r.SerializeToString() for r in elwc.read_elwc_tfrecord(trained["valid"])]
   export_dir = str(trained["tmp"] / "model" / "export" / "latest_model")
-  out = subprocess.run(
-      [sys.executable, "-c", _SERVE, export_dir, json.dumps([s.hex() for s in serialized])],
-      capture_output=True, text=True, check=True, cwd=str(trained["tmp"]),
-      env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
-  served = np.array(json.loads(out.stdout.strip().splitlines()[-1]))
-  expected = trained["in_process"]
-  assert len(served) == len(expected)
-  unmatched = list(range(len(expected)))
-  for row, lst in enumerate(elwc.read_elwc_tfrecord(trained["valid"])):
-    n = len(lst.examples)
-    match = [j for j in unmatched
-             if np.allclose(served[row, :n], expected[j, :n], rtol=1e-5, atol=1e-5)]
-    assert match, f"served list {row} {served[row, :n]} matches no in-process list"
-    unmatched.remove(match[0])
+  served = lib.serve_in_fresh_process(export_dir, trained["valid"], str(trained["tmp"]))
+  lib.assert_served_match(served, trained["in_process"], trained["valid"])
 
 
 def test_bad_table_spec_tiers_name_the_table(tmp_path):
