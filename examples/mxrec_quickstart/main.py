@@ -11,6 +11,29 @@ Modes, as in mxRec (environment variables, 0 or 1):
     modification; 0: FeatureSpecs + get_asc_insert_func + start_asc_pipeline.
   USE_DYNAMIC_EXPANSION=1: tables grow past device_vocabulary_size.
 
+Tiers, mxRec's DDR and SSD modes (environment variables; see core/tiers.py):
+  HOST_VOCABULARY_SIZE=N (default 0): N > 0 makes both tables tiered: their
+    device rows become a cache in front of N host-memory rows (DDR mode). The
+    sparse optimizer is then created before the tables and given to
+    create_table(optimizer_list=[...]): its slots move with the rows.
+  SSD_VOCABULARY_SIZE=N (default 0): N more rows on SSD (needs
+    HOST_VOCABULARY_SIZE > 0).
+  SSD_DATA_PATH=DIR[:DIR...] (os.pathsep-separated; default empty = the current
+    directory, as mxRec): the SSD files' directories, which must exist.
+  DEVICE_VOCABULARY_SIZE=N (default: 2000 users, 4000 items): overrides both
+    tables' device rows, e.g. 600 to make the cache smaller than the 943 users
+    and 1682 items. A training batch has up to 256 distinct ids per table and
+    batches are planned ahead (prefetch): the cache should hold about two
+    batches' ids (training fails naming the table if one batch does not fit).
+  CACHE_POLICY=lru|lfu (default lru): which device rows make room.
+  Tiers work in FeatureSpec mode without dynamic expansion: USE_MODIFY_GRAPH=1
+  or USE_DYNAMIC_EXPANSION=1 with HOST_VOCABULARY_SIZE > 0 exits with an error.
+  Evaluation reads rows wherever they live; the final result includes each
+  table's tier statistics (`tiers`: hits, misses, swaps, host/SSD rows used).
+
+Example: HOST_VOCABULARY_SIZE=600 SSD_VOCABULARY_SIZE=1000 DEVICE_VOCABULARY_SIZE=600 \
+  python examples/mxrec_quickstart/main.py --steps 200
+
 Run: python examples/mxrec_quickstart/main.py [--steps 200] [--model-dir DIR]
 """
 
@@ -43,8 +66,13 @@ USER_VOCAB, ITEM_VOCAB = 2000, 4000
 DIM = 16
 
 
-def make_batch_and_iterator(is_training, feature_spec_list, modify_graph, dump_graph=False):
+def make_batch_and_iterator(is_training, feature_spec_list, modify_graph, dump_graph=False,
+                            num_batches=None):
   dataset = dataset_lib.generate_dataset(is_training, BATCH_SIZE)
+  if num_batches is not None:
+    # Tiered tables: insertion plans no batch past the last step, so no plan
+    # is left waiting for device-cache room that only training would free.
+    dataset = dataset.take(num_batches)
   if not modify_graph:
     insert_fn = get_asc_insert_func(tgt_key_specs=feature_spec_list, is_training=is_training,
                                     dump_graph=dump_graph)
@@ -54,8 +82,9 @@ def make_batch_and_iterator(is_training, feature_spec_list, modify_graph, dump_g
   return iterator.get_next(), iterator
 
 
-def build_graph(tables, is_train, feature_spec_list, modify_graph):
-  batch, iterator = make_batch_and_iterator(is_train, feature_spec_list, modify_graph)
+def build_graph(tables, is_train, feature_spec_list, modify_graph, num_batches=None):
+  batch, iterator = make_batch_and_iterator(is_train, feature_spec_list, modify_graph,
+                                            num_batches=num_batches)
   ids = [batch["user_ids"], batch["item_ids"]] if modify_graph else feature_spec_list
   user_emb, item_emb = [
       sparse_lookup(table, feature, send_count=BATCH_SIZE, is_train=is_train,
@@ -67,8 +96,46 @@ def build_graph(tables, is_train, feature_spec_list, modify_graph):
   return iterator, loss, (batch["label_0"], pred_0)
 
 
+def _env_int(name: str, default: int) -> int:
+  value = os.getenv(name, "").strip()
+  if not value:
+    return default
+  try:
+    return int(value)
+  except ValueError:
+    raise SystemExit(f"mxrec_quickstart: environment variable {name} must be an integer, "
+                     f"got {value!r}") from None
+
+
+def tier_settings() -> dict:
+  """The tier environment variables (module docstring) as create_table arguments.
+
+  Returns:
+    {"device_vocabulary_size": int or None (no override)} plus, when
+    HOST_VOCABULARY_SIZE > 0, host_vocabulary_size, ssd_vocabulary_size,
+    ssd_data_path (list of str; empty: the current directory) and cache_policy.
+  """
+  settings = {"device_vocabulary_size": _env_int("DEVICE_VOCABULARY_SIZE", 0) or None}
+  host = _env_int("HOST_VOCABULARY_SIZE", 0)
+  ssd = _env_int("SSD_VOCABULARY_SIZE", 0)
+  if host or ssd:  # An SSD tier alone, or negative sizes: create_table says what is wrong.
+    settings.update(
+        host_vocabulary_size=host, ssd_vocabulary_size=ssd,
+        ssd_data_path=[p for p in os.getenv("SSD_DATA_PATH", "").split(os.pathsep) if p],
+        cache_policy=os.getenv("CACHE_POLICY", "lru").strip() or "lru")
+  return settings
+
+
 def main(argv=None) -> dict:
-  """Runs the quick start; returns the last evaluation (step, losses, AUC)."""
+  """Runs the quick start; returns the last evaluation (step, losses, AUC).
+
+  With tiers on (HOST_VOCABULARY_SIZE > 0), the result also holds `tiers`:
+  per table the tier statistics at the end (core/tiers.py STATS_NAMES).
+
+  Raises:
+    SystemExit: tiers with USE_MODIFY_GRAPH=1 or USE_DYNAMIC_EXPANSION=1, or a
+      tier environment variable that is not an integer.
+  """
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--steps", type=int, default=200, help="TRAIN_STEPS")
   parser.add_argument("--train-interval", type=int, default=100, help="evaluate every N steps")
@@ -77,6 +144,16 @@ def main(argv=None) -> dict:
   args = parser.parse_args(argv)
   modify_graph = bool(int(os.getenv("USE_MODIFY_GRAPH", "0")))
   use_dynamic_expansion = bool(int(os.getenv("USE_DYNAMIC_EXPANSION", "0")))
+  tier_args = tier_settings()
+  device_vocabulary_size = tier_args.pop("device_vocabulary_size")
+  tiered = bool(tier_args)
+  if tiered and (modify_graph or use_dynamic_expansion):
+    raise SystemExit(
+        "mxrec_quickstart: HOST_VOCABULARY_SIZE/SSD_VOCABULARY_SIZE > 0 (tiered tables) is not "
+        "supported with " + " or ".join(
+            name for name, on in (("USE_MODIFY_GRAPH=1", modify_graph),
+                                  ("USE_DYNAMIC_EXPANSION=1", use_dynamic_expansion)) if on)
+        + "; run tiers in FeatureSpec mode (USE_MODIFY_GRAPH=0, USE_DYNAMIC_EXPANSION=0)")
 
   tf.compat.v1.disable_eager_execution()
   tf.compat.v1.set_random_seed(model_lib.SEED)
@@ -85,13 +162,20 @@ def main(argv=None) -> dict:
                  FeatureSpec("item_ids", table_name="item_table", feat_count=1)]
   eval_specs = [FeatureSpec("user_ids", table_name="user_table", feat_count=1),
                 FeatureSpec("item_ids", table_name="item_table", feat_count=1)]
+  sparse_optimizer = None
+  if tiered:
+    # mxRec's DDR/SSD modes: the optimizer is known when the tables are
+    # created, its slots moving between the tiers with the rows.
+    sparse_optimizer = lazy_adam.create_hash_optimizer(learning_rate=0.001)
+    tier_args["optimizer_list"] = [sparse_optimizer]
   tables = [create_table(key_dtype=tf.int64, dim=tf.TensorShape([DIM]), name=name,
                          emb_initializer=tf.compat.v1.truncated_normal_initializer(
                              stddev=0.05, seed=model_lib.SEED + i),
-                         device_vocabulary_size=vocab)
+                         device_vocabulary_size=device_vocabulary_size or vocab, **tier_args)
             for i, (name, vocab) in enumerate((("user_table", USER_VOCAB),
                                                ("item_table", ITEM_VOCAB)))]
-  train_iterator, train_loss, _ = build_graph(tables, True, train_specs, modify_graph)
+  train_iterator, train_loss, _ = build_graph(tables, True, train_specs, modify_graph,
+                                              num_batches=args.steps if tiered else None)
   eval_iterator, eval_loss, (eval_label, eval_pred) = build_graph(tables, False, eval_specs,
                                                                   modify_graph)
   dense_variables, sparse_variables = get_dense_and_sparse_variable()
@@ -108,13 +192,15 @@ def main(argv=None) -> dict:
     sparse_op = sparse_optimizer.apply_gradients(
         zip(tf.gradients(train_loss, local_embeddings), addresses), global_step=global_step)
   else:
-    sparse_optimizer = lazy_adam.create_hash_optimizer(learning_rate=0.001)
+    if sparse_optimizer is None:
+      sparse_optimizer = lazy_adam.create_hash_optimizer(learning_rate=0.001)
     sparse_op = sparse_optimizer.apply_gradients(
         zip(tf.gradients(train_loss, sparse_variables), sparse_variables),
         global_step=global_step)
   train_op = tf.group(dense_op, sparse_op)
   auc, auc_update = tf.compat.v1.metrics.auc(eval_label, eval_pred)
   saver = Saver()  # Dense checkpoint plus sparse-model-0-<step>/ beside it.
+  tier_stats = {t.table_name: t.tiers.stats() for t in tables if t.tiers is not None}
 
   if modify_graph:
     modify_graph_and_start_emb_cache(dump_graph=True)
@@ -148,6 +234,11 @@ def main(argv=None) -> dict:
               f"eval auc {result['eval_auc']:.4f}", flush=True)
       if step % args.saving_interval == 0:
         saver.save(sess, save_path, global_step=step)
+    if tier_stats:
+      result["tiers"] = {name: {k: int(v) for k, v in stats.items()}
+                         for name, stats in sess.run(tier_stats).items()}
+      for name, stats in result["tiers"].items():
+        print(f"{name} tiers: " + ", ".join(f"{k} {v}" for k, v in stats.items()), flush=True)
   terminate_config_initializer()
   return result
 

@@ -384,6 +384,10 @@ def _tiered_lookup(table: SparseEmbedding, unique_rows, restore, token, training
   if not training:
     return tf.gather(table.tiers.read(table.variable, unique_rows, default_value), restore)
   with tf.control_dependencies([table.tiers.apply_plan(table.variable, token)]):
+    # The rows (hence the gradient's indices, hence the optimizer's reads of
+    # its slots) depend on the moves: in a tf.compat.v1 graph nothing else
+    # orders them.
+    unique_rows = tf.identity(unique_rows)
     return lookup_rows(table.variable, unique_rows, restore, training=True,
                        default_value=default_value, admitting=admitting)
 

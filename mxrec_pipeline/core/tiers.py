@@ -356,7 +356,7 @@ class TieredStorage(tf.Module):
                                                     tf.maximum(global_rows, 0))
     on_device = tf.gather(variable, tf.maximum(slots, 0))
     fresh = self.row_initializer.rows(tf.maximum(global_rows, 0), self._dim, variable.dtype)
-    off_device = tf.where((found & (slots == -1))[:, None], stored[:, :self._dim], fresh)
+    off_device = tf.where((found & tf.equal(slots, -1))[:, None], stored[:, :self._dim], fresh)
     values = tf.where((slots >= 0)[:, None], on_device, off_device)
     default = default_value_lib.default_embedding(default_value, self._dim, variable.dtype,
                                                   self._table_name)
@@ -378,7 +378,7 @@ class TieredStorage(tf.Module):
       slots = ops.load().mx_device_cache_locate(self.cache_handle, global_rows)
       stored, found = ops.load().mx_tier_store_read(self.store_handle, global_rows)
     on_device = tf.concat([tf.gather(v, tf.maximum(slots, 0)) for v in variables], axis=1)
-    off_device = tf.where((found & (slots == -1))[:, None],
+    off_device = tf.where((found & tf.equal(slots, -1))[:, None],
                           tf.reshape(stored, [-1, self.width]), self.fresh_rows(global_rows))
     return tf.where((slots >= 0)[:, None], on_device, off_device)
 

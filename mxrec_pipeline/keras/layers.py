@@ -127,14 +127,6 @@ def get_or_create_table(spec: TableSpec, seed: int | None = None) -> embedding.S
   return table
 
 
-def _after(op, fn):
-  """`fn` whose ops run after `op`."""
-  def wrapped(*args, **kwargs):
-    with tf.control_dependencies([op]):
-      return fn(*args, **kwargs)
-  return wrapped
-
-
 def combine(embeddings, combiner: str | None) -> tf.Tensor:
   """Reduces per-id embeddings over the ids axis.
 
@@ -233,7 +225,10 @@ class SparseLookup(tf.keras.layers.Layer):
                                  training=False)
     elif self.tiers is not None and training:
       apply = self.tiers.apply_plan(self.embeddings, plan[0])
-      lookup = _after(apply, lookup)
+      with tf.control_dependencies([apply]):  # the gradient's rows follow the moves
+        unique_rows = tf.identity(unique_rows)
+      lookup = functools.partial(embedding.lookup_rows, self.embeddings, unique_rows,
+                                 training=training, admitting=admitting)
     elif self.tiers is not None:
       unique_emb = self.tiers.read(self.embeddings, unique_rows)
       lookup = functools.partial(tf.gather, unique_emb)

@@ -8,8 +8,10 @@ Estimator's Scaffold). `save(sess, save_path, global_step=i)` writes
   <dir>/sparse-<name>-<i>/                sparse part, per table:
       meta.json                           format, and per table its kind, dim,
                                           capacity, slot names and initial values
+                                          (tiered tables: also host/SSD sizes)
       table-<quoted name>/keys.npy        [n] int64, ascending
-      table-<quoted name>/rows.npy        [n] int64, the row of each key
+      table-<quoted name>/rows.npy        [n] int64, the row of each key (tiered
+                                          tables: its global row)
       table-<quoted name>/embeddings.npy  [n, dim], the rows of those keys
       table-<quoted name>/slot-<i>.npy    [n, dim], slot i's rows (named in meta)
 
@@ -41,6 +43,26 @@ Optimizer slots of plain tables are found by their variable names,
 `<table>/<optimizer>/<slot>`, as the hash optimizers create them: build the
 Saver after the training op, as tf.compat.v1.train.Saver requires for its
 variables anyway.
+
+Tiered tables (create_table's host_vocabulary_size > 0, core/tiers.py; meta
+kind "tiered"): rows are the keys' global rows in [0, device + host + SSD
+rows), and the embeddings and slots (those of create_table's optimizer_list,
+named `<optimizer>/<slot>` as for plain tables) are read wherever each row lives
+(device cache, host memory or SSD; rows created by read-ahead but never trained
+read their initial values). Restore empties the cache and the host/SSD store,
+imports the keys at their saved global rows, puts the first
+device_vocabulary_size rows (in key order) in the device cache and the others in
+the host/SSD store. A restoring table with fewer total rows than the saved
+global rows need gets its keys compacted as above; with fewer total rows than
+saved keys, restore fails. Batches planned for the device cache before a
+restore (an iterator's read-ahead) must be planned again: initialize the
+training iterator after restoring. The tables' device rows, slots, key indexes
+and the tiers' own SaveableObjects (`<table>/tiers`) are all left out of the
+dense part.
+
+A plain table's checkpoint restores into a tiered table of the same dim and
+slots, and the other way round (switching a model to DDR/SSD mode and back):
+both hold keys, rows, embeddings and slots by name.
 """
 
 from __future__ import annotations
@@ -60,6 +82,9 @@ from mxrec_pipeline.util import initialize
 SPARSE_PREFIX = "sparse-"
 META_FILE = "meta.json"
 FORMAT_VERSION = 1
+# Kinds whose sparse parts restore into each other: plain and tiered tables
+# both save keys, rows, embeddings and slots by name.
+_KIND_FAMILY = {"table": "rows", "tiered": "rows", "expansion": "expansion"}
 
 
 def sparse_dir(checkpoint_path: str) -> str:
@@ -135,6 +160,79 @@ class _PlainTableIO:
     return feed
 
 
+class _TieredTableIO:
+  """Export and restore ops of a tiered table (device cache, host and SSD rows).
+
+  Rows are read and written through `table.tiers` (core/tiers.py): `read_rows`
+  gives [n, width] float32 rows, the embedding block then one dim-wide block
+  per optimizer slot, in the order the slots were attached.
+  """
+
+  kind = "tiered"
+
+  def __init__(self, table):
+    self.table = table
+    tiers = table.tiers
+    self.slots = _tiered_slots(table)  # (slot name "<optimizer>/<slot>", variable, initial)
+    keys, rows = table.key_index.export()
+    self.export_fetches = {"keys": keys, "rows": rows,
+                           "values": tiers.read_rows(table.variable, rows)}
+    self.keys = tf.compat.v1.placeholder(tf.int64, [None], name="keys")
+    self.rows = tf.compat.v1.placeholder(tf.int64, [None], name="rows")
+    self.values = tf.compat.v1.placeholder(tf.float32, [None, tiers.width], name="values")
+    # Initializing the rows also empties the key index, the cache and the store.
+    initializers = [table.variable.initializer] + [v.initializer for _, v, _ in self.slots]
+    with tf.control_dependencies(initializers):
+      imported = table.key_index.import_(self.keys, self.rows)
+      moved = tiers.import_rows(table.variable, self.rows, self.values)
+    self.restore_op = tf.group(imported, moved)
+
+  def sparse_ids(self) -> set[int]:
+    return {id(self.table.variable)} | {id(v) for _, v, _ in self.slots}
+
+  def handles(self) -> list[tf.Tensor]:
+    # The `<table>/tiers` SaveableObject's op is the cache handle.
+    return [self.table.key_index.resource_handle, self.table.tiers.cache_handle]
+
+  def to_arrays(self, fetched) -> tuple[dict, dict]:
+    dim = self.table.dim
+    order = np.argsort(fetched["keys"], kind="stable")
+    values = fetched["values"][order]
+    arrays = {"keys": fetched["keys"][order], "rows": fetched["rows"][order],
+              "embeddings": values[:, :dim]}
+    for i in range(len(self.slots)):
+      arrays[f"slot-{i}"] = values[:, dim * (i + 1):dim * (i + 2)]
+    config = self.table.tiers.config
+    meta = {"kind": self.kind, "dim": dim, "capacity": self.table.device_vocabulary_size,
+            "host_vocabulary_size": config.host_vocabulary_size,
+            "ssd_vocabulary_size": config.ssd_vocabulary_size,
+            "slots": [name for name, _, _ in self.slots],
+            "slot_initial_values": [initial for _, _, initial in self.slots]}
+    return arrays, meta
+
+  def feed(self, arrays: dict, meta: dict, where: str) -> dict:
+    name = self.table.table_name
+    config = self.table.tiers.config
+    rows = arrays["rows"]
+    total = config.total_rows
+    if len(rows) > total:
+      raise ValueError(
+          f"{where}: {len(rows)} keys of table '{name}', more than its {total} rows "
+          f"(device_vocabulary_size={config.device_vocabulary_size} + host_vocabulary_size="
+          f"{config.host_vocabulary_size} + ssd_vocabulary_size={config.ssd_vocabulary_size})")
+    if len(rows) and rows.max() >= total:
+      rows = np.arange(len(rows), dtype=np.int64)  # Compacted, in key order.
+    saved = {slot: i for i, slot in enumerate(meta["slots"])}
+    blocks = [arrays["embeddings"]]
+    for slot, _, _ in self.slots:
+      if slot not in saved:
+        raise ValueError(f"{where}: table '{name}' has no saved slot '{slot}' "
+                         f"(saved: {meta['slots']})")
+      blocks.append(arrays[f"slot-{saved[slot]}"])
+    values = np.concatenate(blocks, axis=1).astype(np.float32, copy=False)
+    return {self.keys: arrays["keys"], self.rows: rows, self.values: values}
+
+
 class _ExpansionTableIO:
   """Export and restore ops of a dynamic-expansion table (rows in a row store)."""
 
@@ -205,18 +303,50 @@ def _done_after(op) -> tf.Tensor:
     return tf.constant(True)
 
 
-def _plain_slots(table, variables) -> list[tuple[str, tf.Variable]]:
-  """Slot variables `<table>/<optimizer>/<slot>` shaped like the table's rows."""
+def _plain_slots(table, variables, claimed: set[int]) -> list[tuple[str, tf.Variable]]:
+  """Slot variables `<table>/<optimizer>/<slot>` shaped like the table's rows.
+
+  Args:
+    table: A plain table.
+    variables: The graph's global variables.
+    claimed: Ids of variables that are no plain table's slots: every table's
+      rows and every tiered table's slots (the rows `a/b/embedding` of a table
+      named 'a/b' match the pattern of a table named 'a').
+
+  Returns:
+    (slot name "<optimizer>/<slot>", variable) pairs.
+  """
   prefix = table.table_name + "/"
   slots = []
   for variable in variables:
     name = variable.op.name
-    if variable is table.variable or not name.startswith(prefix):
+    if id(variable) in claimed or not name.startswith(prefix):
       continue
     parts = name[len(prefix):].split("/")
     if len(parts) == 2 and variable.shape == table.variable.shape:
       slots.append(("/".join(parts), variable))
   return slots
+
+
+def _tiered_slots(table) -> list[tuple[str, tf.Variable, float]]:
+  """A tiered table's slots in its stored rows' order: ("<optimizer>/<slot>", variable, initial).
+
+  The tiers attach each optimizer's slots (create_table's optimizer_list) in
+  the order of its slot_initial_values (core/tiers.py `_add_slots`).
+  """
+  tiers = table.tiers
+  names = [f"{optimizer.optimizer_name}/{slot}"
+           for optimizer in tiers._optimizers  # pylint: disable=protected-access
+           for slot in optimizer.slot_initial_values]
+  variables = tiers._slot_variables  # pylint: disable=protected-access
+  if len(names) != len(variables):  # Only if core/tiers.py changed its bookkeeping.
+    names = [v.op.name[len(table.table_name) + 1:] for v, _ in variables]
+  return [(name, variable, float(initial))
+          for name, (variable, initial) in zip(names, variables)]
+
+
+def _is_tiered(table) -> bool:
+  return getattr(table, "tiers", None) is not None
 
 
 class Saver(tf.compat.v1.train.Saver):
@@ -227,8 +357,8 @@ class Saver(tf.compat.v1.train.Saver):
 
   Args:
     var_list: As tf.compat.v1.train.Saver's (None: all saveable objects); table
-      rows, their slots and the tables' key indexes (and row stores) are taken
-      out of it and go to the sparse part.
+      rows, their slots and the tables' key indexes (and row stores, and tiered
+      tables' `<table>/tiers`) are taken out of it and go to the sparse part.
     **kwargs: tf.compat.v1.train.Saver's other arguments (max_to_keep,
       sharded, ...). Old sparse parts are deleted with their dense checkpoints.
 
@@ -245,14 +375,18 @@ class Saver(tf.compat.v1.train.Saver):
     graph = tf.compat.v1.get_default_graph()
     variables = tf.compat.v1.global_variables()
     tables = [t for t in run.tables.values() if getattr(t.variable, "graph", None) is graph]
+    claimed = {id(t.variable) for t in tables} | {
+        id(v) for t in tables if _is_tiered(t) for _, v, _ in _tiered_slots(t)}
     with tf.name_scope("sparse_saver"):
       self._tables = []
       for table in tables:
         with tf.name_scope(table.table_name.replace("/", "_")):
           if isinstance(table, expansion.ExpansionTable):
             self._tables.append(_ExpansionTableIO(table))
+          elif _is_tiered(table):
+            self._tables.append(_TieredTableIO(table))
           else:
-            self._tables.append(_PlainTableIO(table, _plain_slots(table, variables)))
+            self._tables.append(_PlainTableIO(table, _plain_slots(table, variables, claimed)))
     sparse_ids = set().union(*(io.sparse_ids() for io in self._tables))
     handles = {id(h) for io in self._tables for h in io.handles()}
 
@@ -310,8 +444,10 @@ class Saver(tf.compat.v1.train.Saver):
 
     Raises:
       FileNotFoundError: the sparse part, or a file of it, is missing (named).
-      ValueError: the sparse part is corrupt or lacks a table or slot of this
-        graph (the path named); nothing was restored then.
+      ValueError: the sparse part is corrupt, lacks a table or slot of this
+        graph, holds a table of another dim or kind, or more keys than a
+        table of this graph has rows (table and path named); nothing was
+        restored then.
       Errors of tf.compat.v1.train.Saver.restore for the dense part.
     """
     feeds = {}
@@ -373,7 +509,8 @@ class Saver(tf.compat.v1.train.Saver):
       if name not in tables:
         raise ValueError(f"{where} has no table '{name}' (it has {sorted(tables)})")
       table_meta = tables[name]
-      if table_meta.get("kind") != io.kind or table_meta.get("dim") != io.table.dim:
+      if (_KIND_FAMILY.get(table_meta.get("kind")) != _KIND_FAMILY[io.kind]
+          or table_meta.get("dim") != io.table.dim):
         raise ValueError(f"{where}: table '{name}' was saved as a {table_meta.get('kind')} "
                          f"of dim {table_meta.get('dim')}, this graph has a {io.kind} of dim "
                          f"{io.table.dim}")
