@@ -1,7 +1,9 @@
 #include "device_cache.h"
 
 #include <algorithm>
+#include <cassert>
 #include <chrono>
+#include <cstring>
 #include <functional>
 #include <sstream>
 #include <utility>
@@ -33,12 +35,17 @@ DeviceCache::DeviceCache(int64_t device_rows, int64_t total_rows, Policy policy,
       planned_global_(device_rows, -1),
       last_used_(device_rows, 0),
       frequency_(device_rows, 0),
-      heap_pos_(device_rows, -1),
       applied_slot_of_(total_rows, -1),
       applied_global_(device_rows, -1),
       applied_last_used_(device_rows, 0),
       applied_frequency_(device_rows, 0) {
-  heap_.reserve(device_rows);
+  if (policy_ == Policy::kLfu) {
+    heap_.reserve(device_rows);
+    heap_pos_.assign(device_rows, -1);
+  } else {
+    lru_prev_.assign(device_rows, -1);
+    lru_next_.assign(device_rows, -1);
+  }
 }
 
 // ---------------------------------------------------------------------------
@@ -106,6 +113,70 @@ int64_t DeviceCache::HeapPop() {
 }
 
 // ---------------------------------------------------------------------------
+// Recency list of occupied planned slots (LRU).
+
+void DeviceCache::ListAppend(int64_t slot) {
+  lru_prev_[slot] = lru_tail_;
+  lru_next_[slot] = -1;
+  if (lru_tail_ >= 0) {
+    lru_next_[lru_tail_] = static_cast<int32_t>(slot);
+  } else {
+    lru_head_ = static_cast<int32_t>(slot);
+  }
+  lru_tail_ = static_cast<int32_t>(slot);
+}
+
+void DeviceCache::ListUnlink(int64_t slot) {
+  const int32_t prev = lru_prev_[slot], next = lru_next_[slot];
+  if (prev >= 0) {
+    lru_next_[prev] = next;
+  } else {
+    lru_head_ = next;
+  }
+  if (next >= 0) {
+    lru_prev_[next] = prev;
+  } else {
+    lru_tail_ = prev;
+  }
+  lru_prev_[slot] = lru_next_[slot] = -1;
+}
+
+void DeviceCache::SortPlanSlots() {
+  const size_t size = lru_plan_.size();
+  if (size < 64) {
+    std::sort(lru_plan_.begin(), lru_plan_.end());
+    return;
+  }
+  // LSD radix sort over the bits of device_rows_ - 1, in passes of at most 11
+  // bits (two passes up to 4M slots, three beyond).
+  int bits = 0;
+  while (bits < 31 && (device_rows_ - 1) >> bits) ++bits;
+  const int passes = (bits + 10) / 11;
+  const int digit_bits = passes == 0 ? 0 : (bits + passes - 1) / passes;
+  const uint32_t mask = (uint32_t{1} << digit_bits) - 1;
+  uint32_t count[uint32_t{1} << 11];
+  int32_t* in = lru_plan_.data();
+  int32_t* out = lru_scratch_.data();
+  for (int pass = 0; pass < passes; ++pass) {
+    const int shift = pass * digit_bits;
+    std::memset(count, 0, (mask + 1) * sizeof(uint32_t));
+    for (size_t i = 0; i < size; ++i) ++count[(static_cast<uint32_t>(in[i]) >> shift) & mask];
+    uint32_t offset = 0;
+    for (uint32_t d = 0; d <= mask; ++d) {
+      const uint32_t c = count[d];
+      count[d] = offset;
+      offset += c;
+    }
+    for (size_t i = 0; i < size; ++i) {
+      out[count[(static_cast<uint32_t>(in[i]) >> shift) & mask]++] = in[i];
+    }
+    std::swap(in, out);
+  }
+  // Odd passes: the sorted slots are in the scratch buffer (of the same size).
+  if (in != lru_plan_.data()) lru_plan_.swap(lru_scratch_);
+}
+
+// ---------------------------------------------------------------------------
 // Pinning, free slots, records.
 
 int64_t DeviceCache::PinnedLocked() const {
@@ -159,6 +230,9 @@ void DeviceCache::ResetLocked() {
   std::fill(applied_frequency_.begin(), applied_frequency_.end(), 0);
   std::fill(heap_pos_.begin(), heap_pos_.end(), -1);
   heap_.clear();
+  std::fill(lru_prev_.begin(), lru_prev_.end(), -1);
+  std::fill(lru_next_.begin(), lru_next_.end(), -1);
+  lru_head_ = lru_tail_ = -1;
   free_slots_.clear();
   next_free_ = 0;
   uses_.clear();
@@ -177,7 +251,8 @@ Status DeviceCache::OutOfRange(int64_t global, int64_t position, const char* wha
 // ---------------------------------------------------------------------------
 // Plan.
 
-Status DeviceCache::Plan(const int64_t* globals, int64_t n, int64_t* slots, int64_t* token) {
+Status DeviceCache::Plan(const int64_t* globals, int64_t n, int64_t* slots, int64_t* token,
+                         const std::function<bool()>& cancelled) {
   std::lock_guard<std::mutex> plan_lock(plan_mu_);
   std::unique_lock<std::mutex> lock(mu_);
 
@@ -237,11 +312,17 @@ Status DeviceCache::Plan(const int64_t* globals, int64_t n, int64_t* slots, int6
       for (int64_t i = 0; i < n; ++i) {
         if (slots[i] >= 0 && last_used_[slots[i]] < PinFloorLocked()) ++unpinned_hits;
       }
-      const int64_t evictable = static_cast<int64_t>(heap_.size()) - pinned - unpinned_hits;
+      const int64_t evictable = OccupiedLocked() - pinned - unpinned_hits;
       if (misses <= free + evictable) break;
-      if (std::chrono::steady_clock::now() >= deadline) {
+      const bool stop = cancelled && cancelled();
+      if (stop || std::chrono::steady_clock::now() >= deadline) {
         for (int64_t i = 0; i < n; ++i) {
           if (slots[i] == kMissMark) slots[i] = -1;
+        }
+        if (stop) {
+          return Status::Cancelled("table '" + name_ +
+                                   "': planning the device cache was cancelled (the input "
+                                   "pipeline stopped) while waiting for room");
         }
         std::ostringstream msg;
         msg << "table '" << name_ << "': the device cache (device_vocabulary_size=" << device_rows_
@@ -250,7 +331,9 @@ Status DeviceCache::Plan(const int64_t* globals, int64_t n, int64_t* slots, int6
                "device_vocabulary_size or lower the prefetch depth";
         return Status::ResourceExhausted(msg.str());
       }
-      applied_cv_.wait_until(lock, deadline);
+      // Wake at least every 100 ms to poll `cancelled`.
+      applied_cv_.wait_until(
+          lock, std::min(deadline, std::chrono::steady_clock::now() + std::chrono::milliseconds(100)));
     }
   }
 
@@ -258,9 +341,17 @@ Status DeviceCache::Plan(const int64_t* globals, int64_t n, int64_t* slots, int6
   const int64_t seq = planned_seq_ + 1;
   Record* record = RecordFor(seq);
   record->events.reserve(record->events.size() + hits + 2 * misses);
-  uses_.emplace(seq, 0);
+  // Every other entry counts a seq below this one, so CountUse(., -1) below
+  // never erases this entry and the iterator stays valid.
+  const auto seq_uses = uses_.emplace(seq, 0).first;
+  const bool lru = policy_ == Policy::kLru;
   std::vector<int32_t> aside;  // LFU: pinned slots popped while looking for victims
-  if (misses > free) aside.reserve(PinnedLocked() + hits + misses);
+  if (!lru && misses > free) aside.reserve(PinnedLocked() + hits + misses);
+  if (lru) {
+    lru_plan_.clear();
+    lru_plan_.reserve(hits + misses);
+    lru_scratch_.resize(hits + misses);  // the size of lru_plan_ once filled
+  }
 
   for (int64_t i = 0; i < n; ++i) {  // hits
     const int64_t s = slots[i];
@@ -268,8 +359,13 @@ Status DeviceCache::Plan(const int64_t* globals, int64_t n, int64_t* slots, int6
     CountUse(last_used_[s], -1);
     last_used_[s] = seq;
     ++frequency_[s];
-    CountUse(seq, 1);
-    SiftDown(heap_pos_[s]);
+    ++seq_uses->second;
+    if (lru) {
+      ListUnlink(s);  // linked again at the tail below
+      lru_plan_.push_back(static_cast<int32_t>(s));
+    } else {
+      SiftDown(heap_pos_[s]);
+    }
     record->events.push_back(Event{EventKind::kHit, s, -1});
   }
   for (int64_t i = 0; i < n; ++i) {  // misses
@@ -277,10 +373,17 @@ Status DeviceCache::Plan(const int64_t* globals, int64_t n, int64_t* slots, int6
     const int64_t g = globals[i];
     int64_t s = TakeFreeSlot();
     if (s < 0) {
-      // Room was checked: an unpinned slot exists. LRU: the pinned slots
-      // (last_used >= applied_seq) sort after it, so the top is a victim.
-      while (last_used_[heap_[0]] >= PinFloorLocked()) aside.push_back(HeapPop());
-      s = HeapPop();
+      // Room was checked: an unpinned slot exists (not one of this plan's,
+      // which are pinned). LRU: the list is sorted by last_used, so the head
+      // is unpinned. LFU: pinned slots may come first; set them aside.
+      if (lru) {
+        s = lru_head_;
+        assert(s >= 0 && last_used_[s] < PinFloorLocked());
+        ListUnlink(s);
+      } else {
+        while (last_used_[heap_[0]] >= PinFloorLocked()) aside.push_back(HeapPop());
+        s = HeapPop();
+      }
       const int64_t victim = planned_global_[s];
       record->events.push_back(Event{EventKind::kSwapOut, s, victim});
       planned_slot_of_[victim] = -1;
@@ -290,13 +393,23 @@ Status DeviceCache::Plan(const int64_t* globals, int64_t n, int64_t* slots, int6
     planned_slot_of_[g] = static_cast<int32_t>(s);
     last_used_[s] = seq;
     frequency_[s] = 1;
-    CountUse(seq, 1);
-    HeapPush(s);
+    ++seq_uses->second;
+    if (lru) {
+      lru_plan_.push_back(static_cast<int32_t>(s));
+    } else {
+      HeapPush(s);
+    }
     record->events.push_back(Event{EventKind::kSwapIn, s, g});
     slots[i] = s;
   }
+  if (lru) {
+    // This plan's slots share the highest last_used: they go to the tail, in
+    // ascending slot order, the tie order of (last_used, slot).
+    SortPlanSlots();
+    for (const int32_t s : lru_plan_) ListAppend(s);
+  }
   for (const int32_t s : aside) HeapPush(s);
-  if (uses_.count(seq) && uses_[seq] == 0) uses_.erase(seq);
+  if (seq_uses->second == 0) uses_.erase(seq_uses);
 
   planned_seq_ = seq;
   hits_ += hits;
@@ -458,7 +571,11 @@ Status DeviceCache::Release(const int64_t* globals, int64_t n) {
     ++pending_drops_[g];
     const int64_t s = planned_slot_of_[g];
     if (s >= 0) {
-      HeapRemove(s);
+      if (policy_ == Policy::kLru) {
+        ListUnlink(s);
+      } else {
+        HeapRemove(s);
+      }
       CountUse(last_used_[s], -1);
       planned_global_[s] = -1;
       planned_slot_of_[g] = -1;
@@ -580,6 +697,17 @@ Status DeviceCache::ImportState(const State& state) {
     }
   }
   std::make_heap(free_slots.begin(), free_slots.end(), std::greater<int64_t>());
+  // LRU: the recency list in (last_used, slot) order.
+  std::vector<int32_t> lru_order;
+  if (policy_ == Policy::kLru) {
+    std::vector<std::pair<int64_t, int32_t>> keyed(n);
+    for (size_t i = 0; i < n; ++i) {
+      keyed[i] = {state.last_used[i], static_cast<int32_t>(state.slots[i])};
+    }
+    std::sort(keyed.begin(), keyed.end());
+    lru_order.reserve(n);
+    for (const auto& key : keyed) lru_order.push_back(key.second);
+  }
   std::deque<Record> pending;
   std::unordered_map<int64_t, int64_t> pending_drops;
   if (!state.dropped.empty()) {
@@ -599,8 +727,9 @@ Status DeviceCache::ImportState(const State& state) {
     planned_slot_of_[g] = applied_slot_of_[g] = static_cast<int32_t>(s);
     last_used_[s] = applied_last_used_[s] = state.last_used[i];
     frequency_[s] = applied_frequency_[s] = state.frequency[i];
-    HeapPush(s);
+    if (policy_ == Policy::kLfu) HeapPush(s);
   }
+  for (const int32_t s : lru_order) ListAppend(s);  // empty for LFU
   uses_.swap(uses);
   free_slots_.swap(free_slots);
   next_free_ = next_free;
@@ -631,7 +760,7 @@ DeviceCache::Stats DeviceCache::stats() const {
   std::lock_guard<std::mutex> lock(mu_);
   Stats stats;
   stats.device_rows = device_rows_;
-  stats.occupied = static_cast<int64_t>(heap_.size());
+  stats.occupied = OccupiedLocked();
   stats.hits = hits_;
   stats.misses = misses_;
   stats.swap_outs = swap_outs_;
@@ -644,9 +773,13 @@ int64_t DeviceCache::MemoryBytes() const {
   std::lock_guard<std::mutex> lock(mu_);
   int64_t bytes = 2 * total_rows_ * static_cast<int64_t>(sizeof(int32_t));
   // Per slot: planned/applied global, last_used, frequency (8 x int64 in all),
-  // heap and heap position (2 x int32).
-  bytes += device_rows_ * (8 * static_cast<int64_t>(sizeof(int64_t)) +
-                           2 * static_cast<int64_t>(sizeof(int32_t)));
+  // and either the LFU heap and heap position or the LRU prev and next links
+  // (2 x int32).
+  bytes += device_rows_ * 8 * static_cast<int64_t>(sizeof(int64_t));
+  bytes += static_cast<int64_t>((heap_.capacity() + heap_pos_.capacity() + lru_prev_.capacity() +
+                                 lru_next_.capacity() + lru_plan_.capacity() +
+                                 lru_scratch_.capacity()) *
+                                sizeof(int32_t));
   bytes += static_cast<int64_t>(free_slots_.capacity() * sizeof(int64_t));
   for (const Record& record : pending_) {
     bytes += static_cast<int64_t>(sizeof(Record) + record.events.capacity() * sizeof(Event));

@@ -22,11 +22,24 @@
 // made. When a plan needs more victims than there are unpinned slots, it waits
 // for the training steps to catch up (Apply), then fails.
 //
+// Victims: the occupied slots are kept in eviction order, (last_used, slot)
+// ascending for LRU and (frequency, last_used, slot) for LFU, and a victim is
+// the first unpinned slot in that order.
+//  - LRU: an intrusive doubly linked recency list over the slots (prev/next
+//    int32 arrays), least recently used at the head. A plan unlinks its hits,
+//    takes its victims from the head, then appends every slot it used (all with
+//    last_used = its seq, above every other) at the tail in ascending slot
+//    order, so the list stays sorted by (last_used, slot): O(1) per hit and per
+//    victim, plus an O(n) radix sort of the plan's slots. Pinned slots have the
+//    highest last_used, so they sit at the tail: when the head is pinned,
+//    nothing is evictable (the room check rules that out before).
+//  - LFU: an indexed binary min-heap (O(log n) per touch); pinned slots popped
+//    while looking for a victim are pushed back after the plan.
+//
 // Storage: two int32 slot-of-global arrays over total_rows (planned and applied,
-// 8 bytes per global) and per-slot arrays (globals, last use, frequency, heap
-// position; about 70 bytes per slot). Victims come from an indexed binary
-// min-heap over the occupied slots, ordered by (last_used, slot) for LRU and
-// (frequency, last_used, slot) for LFU.
+// 8 bytes per global) and per-slot arrays (globals, last use, frequency, list
+// links or heap and heap position; about 72 bytes per slot), plus the LRU sort
+// buffers of the largest plan so far (up to 8 bytes per slot).
 //
 // Thread safety: every public method is thread-safe. Plan, Release, ImportState
 // and Clear are serialized by a plan mutex held for the whole call; the state
@@ -39,6 +52,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <string>
@@ -78,11 +92,14 @@ class DeviceCache {
   // Errors (nothing changes): InvalidArgument for globals outside
   // [-1, total_rows), duplicates, or more distinct globals than device_rows;
   // ResourceExhausted when, after waiting up to wait_seconds for Apply, the
-  // misses still exceed the free and unpinned slots.
+  // misses still exceed the free and unpinned slots; Cancelled when
+  // `cancelled` (polled every 100 ms while waiting) returns true, e.g. the
+  // input pipeline was stopped.
   Status Plan(const int64_t* globals,  // (n)
               int64_t n,
               int64_t* slots,  // out: (n)
-              int64_t* token);
+              int64_t* token,
+              const std::function<bool()>& cancelled = nullptr);
 
   // The moves the step applying plan `token` makes, composed over every pending
   // record with seq <= the token's seq. The step does, in this order: read the
@@ -150,7 +167,7 @@ class DeviceCache {
   };
   Stats stats() const;
 
-  // Bytes of the arrays and of the pending records.
+  // Bytes of the arrays, of the LRU sort buffers and of the pending records.
   int64_t MemoryBytes() const;
   const std::string& name() const { return name_; }
   int64_t device_rows() const { return device_rows_; }
@@ -169,6 +186,7 @@ class DeviceCache {
     std::vector<Event> events;
   };
 
+  // LFU: indexed heap of the occupied planned slots.
   // Heap order of occupied slots: true when slot a is evicted before b.
   bool Before(int64_t a, int64_t b) const;
   void HeapSwap(int64_t i, int64_t j);
@@ -177,6 +195,13 @@ class DeviceCache {
   void HeapPush(int64_t slot);
   void HeapRemove(int64_t slot);
   int64_t HeapPop();
+
+  // LRU: recency list of the occupied planned slots.
+  void ListAppend(int64_t slot);  // at the tail (most recently used)
+  void ListUnlink(int64_t slot);
+  // Sorts lru_plan_ ascending (values in [0, device_rows_)); lru_scratch_ must
+  // have its size. Radix sort, O(size) for any device_rows; no allocation.
+  void SortPlanSlots();
 
   // Plans with seq >= this one are in flight (their slots are pinned):
   // max(applied_seq_, finished_seq_ + 1).
@@ -187,9 +212,12 @@ class DeviceCache {
   // Lowest free slot, or -1.
   int64_t TakeFreeSlot();
   int64_t FreeCountLocked() const;
+  // Slots holding a global in the planned mapping.
+  int64_t OccupiedLocked() const { return device_rows_ - FreeCountLocked(); }
   // The pending record of `seq` (appended if the last one is older).
   Record* RecordFor(int64_t seq);
-  // Empties both mappings, the free list, the heap and the pending records.
+  // Empties both mappings, the free list, the heap or list and the pending
+  // records.
   void ResetLocked();
   Status OutOfRange(int64_t global, int64_t position, const char* what) const;
 
@@ -208,8 +236,17 @@ class DeviceCache {
   std::vector<int64_t> planned_global_;   // slot -> global, -1 free
   std::vector<int64_t> last_used_;        // slot -> seq of its latest plan
   std::vector<int64_t> frequency_;        // slot -> plans using it since it came in
-  std::vector<int32_t> heap_;             // occupied slots, min-heap by Before
-  std::vector<int32_t> heap_pos_;         // slot -> position in heap_, -1 none
+  // LFU only (empty for LRU).
+  std::vector<int32_t> heap_;      // occupied slots, min-heap by Before
+  std::vector<int32_t> heap_pos_;  // slot -> position in heap_, -1 none
+  // LRU only (empty for LFU): occupied slots by (last_used, slot); unlinked
+  // slots have -1 links (so have the ends).
+  std::vector<int32_t> lru_prev_, lru_next_;  // slot -> neighbour slot, -1 none
+  int32_t lru_head_ = -1;                     // least recently used, -1 when empty
+  int32_t lru_tail_ = -1;
+  // Plan scratch (LRU): the slots used by the plan being made, and the radix
+  // sort's second buffer. Kept between plans to reuse their capacity.
+  std::vector<int32_t> lru_plan_, lru_scratch_;
   std::vector<int64_t> free_slots_;       // freed slots < next_free_, min-heap
   int64_t next_free_ = 0;                 // slots >= next_free_ are free
   std::map<int64_t, int64_t> uses_;       // last_used -> occupied slots with it

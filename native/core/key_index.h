@@ -38,7 +38,9 @@ namespace mxrec {
 // Result of an operation that can fail; never thrown.
 class Status {
  public:
-  enum class Code { kOk, kInvalidArgument, kResourceExhausted, kFailedPrecondition, kInternal };
+  enum class Code {
+    kOk, kInvalidArgument, kResourceExhausted, kFailedPrecondition, kInternal, kCancelled
+  };
 
   static Status Ok() { return Status(); }
   static Status InvalidArgument(std::string message) {
@@ -53,6 +55,9 @@ class Status {
   // I/O errors (e.g. of the SSD tier, native/core/tier_store.h).
   static Status Internal(std::string message) {
     return Status(Code::kInternal, std::move(message));
+  }
+  static Status Cancelled(std::string message) {
+    return Status(Code::kCancelled, std::move(message));
   }
 
   bool ok() const { return code_ == Code::kOk; }

@@ -19,12 +19,17 @@ using ::tensorflow::OpKernelConstruction;
 using ::tensorflow::OpKernelContext;
 using ::tensorflow::Tensor;
 using ::tensorflow::TensorShape;
+using ::tensorflow::core::RefCountPtr;
 namespace errors = ::tensorflow::errors;
 
 // The device cache of one tiered table as a TensorFlow resource. Thread-safe:
 // DeviceCache locks internally.
 class DeviceCacheResource : public ::tensorflow::ResourceBase {
  public:
+  // How a failed lookup names the cache (see LookupOrFail).
+  static constexpr char kKind[] = "the device cache of table";
+  static constexpr char kFirstUse[] = "lookup";
+
   DeviceCacheResource(int64_t device_rows, int64_t total_rows, DeviceCache::Policy policy,
                       const std::string& table_name, double wait_seconds)
       : cache_(device_rows, total_rows, policy, table_name, wait_seconds) {}
@@ -93,14 +98,9 @@ struct CacheAttrs {
   }
 };
 
-// Looks up the cache behind input 0; the caller owns one reference on success.
-::tensorflow::Status LookupCache(OpKernelContext* ctx, DeviceCacheResource** resource) {
-  return LookupOrFail(ctx, "the device cache of table", "lookup", resource);
-}
-
 // LookupOrCreate with `attrs`; an existing cache must have their sizes and policy.
 ::tensorflow::Status LookupOrCreateCache(OpKernelContext* ctx, const CacheAttrs& attrs,
-                                         DeviceCacheResource** resource) {
+                                         RefCountPtr<DeviceCacheResource>* resource) {
   return LookupOrCreateChecked(
       ctx, attrs.table_name,
       "the device cache of device_vocabulary_size=" + std::to_string(attrs.device_rows) +
@@ -126,20 +126,10 @@ struct CacheAttrs {
       resource);
 }
 
-// Copies `values` into a new [size] int64 output `i`.
-::tensorflow::Status OutputVector(OpKernelContext* ctx, int i, const std::vector<int64_t>& values) {
-  Tensor* out;
-  TF_RETURN_IF_ERROR(
-      ctx->allocate_output(i, TensorShape({static_cast<int64_t>(values.size())}), &out));
-  std::copy(values.begin(), values.end(), out->flat<int64_t>().data());
-  return ::tensorflow::OkStatus();
-}
-
-::tensorflow::Status CheckVector(const DeviceCache& cache, const Tensor& tensor,
-                                 const char* what) {
-  if (tensor.dims() == 1) return ::tensorflow::OkStatus();
-  return errors::InvalidArgument("table '", cache.name(), "': ", what, " must be a vector, got ",
-                                 tensor.shape().DebugString());
+// Reads the plan token, input 1 (a scalar).
+::tensorflow::Status TokenInput(OpKernelContext* ctx, const DeviceCache& cache, int64_t* token) {
+  return ScalarInput(ctx, 1, token, "table '", cache.name(),
+                     "': the device cache token must be a scalar, got ");
 }
 
 class DeviceCacheCreateOp : public OpKernel {
@@ -149,9 +139,8 @@ class DeviceCacheCreateOp : public OpKernel {
   }
 
   void Compute(OpKernelContext* ctx) override {
-    DeviceCacheResource* resource;
+    RefCountPtr<DeviceCacheResource> resource;
     OP_REQUIRES_OK(ctx, LookupOrCreateCache(ctx, attrs_, &resource));
-    ::tensorflow::core::ScopedUnref unref(resource);
     resource->cache().Clear();
   }
 
@@ -159,82 +148,68 @@ class DeviceCacheCreateOp : public OpKernel {
   CacheAttrs attrs_;
 };
 
-class DeviceCachePlanOp : public OpKernel {
+class DeviceCachePlanOp : public ExistingResourceOp<DeviceCacheResource> {
  public:
-  using OpKernel::OpKernel;
+  using ExistingResourceOp::ExistingResourceOp;
 
-  void Compute(OpKernelContext* ctx) override {
-    DeviceCacheResource* resource;
-    OP_REQUIRES_OK(ctx, LookupCache(ctx, &resource));
-    ::tensorflow::core::ScopedUnref unref(resource);
-    DeviceCache& cache = resource->cache();
+  void ComputeWith(OpKernelContext* ctx, DeviceCacheResource& resource) override {
+    DeviceCache& cache = resource.cache();
     const Tensor& globals = ctx->input(1);
-    OP_REQUIRES_OK(ctx, CheckVector(cache, globals, "globals"));
+    OP_REQUIRES_OK(ctx, CheckVector(cache.name(), globals, "globals"));
     Tensor* slots;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, globals.shape(), &slots));
     Tensor* token;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({}), &token));
+    // A stopped input pipeline (iterator deleted, session closed) cancels a
+    // plan waiting for room instead of holding the process for wait_seconds.
+    ::tensorflow::CancellationManager* cancellation = ctx->cancellation_manager();
+    const auto cancelled = [cancellation] {
+      return cancellation != nullptr && cancellation->IsCancelled();
+    };
     OP_REQUIRES_OK(ctx, GuardAllocation(cache.name(), "the device cache plan (host memory)", [&] {
                      return cache.Plan(globals.flat<int64_t>().data(), globals.NumElements(),
                                        slots->flat<int64_t>().data(),
-                                       &token->scalar<int64_t>()());
+                                       &token->scalar<int64_t>()(), cancelled);
                    }));
   }
 };
 
-class DeviceCacheApplyOp : public OpKernel {
+class DeviceCacheApplyOp : public ExistingResourceOp<DeviceCacheResource> {
  public:
-  using OpKernel::OpKernel;
+  using ExistingResourceOp::ExistingResourceOp;
 
-  void Compute(OpKernelContext* ctx) override {
-    DeviceCacheResource* resource;
-    OP_REQUIRES_OK(ctx, LookupCache(ctx, &resource));
-    ::tensorflow::core::ScopedUnref unref(resource);
-    DeviceCache& cache = resource->cache();
-    const Tensor& token = ctx->input(1);
-    OP_REQUIRES(ctx, ::tensorflow::TensorShapeUtils::IsScalar(token.shape()),
-                errors::InvalidArgument("table '", cache.name(),
-                                        "': the device cache token must be a scalar, got ",
-                                        token.shape().DebugString()));
+  void ComputeWith(OpKernelContext* ctx, DeviceCacheResource& resource) override {
+    DeviceCache& cache = resource.cache();
+    int64_t token = 0;
+    OP_REQUIRES_OK(ctx, TokenInput(ctx, cache, &token));
     DeviceCache::Moves moves;
     OP_REQUIRES_OK(ctx, GuardAllocation(cache.name(), "the device cache moves (host memory)",
-                                        [&] { return cache.Apply(token.scalar<int64_t>()(),
-                                                                 &moves); }));
-    const std::vector<int64_t>* parts[] = {&moves.swap_out_slots,  &moves.swap_out_globals,
-                                           &moves.swap_in_slots,   &moves.swap_in_globals,
-                                           &moves.swap_in_sources, &moves.erase_globals};
-    for (int i = 0; i < 6; ++i) OP_REQUIRES_OK(ctx, OutputVector(ctx, i, *parts[i]));
+                                        [&] { return cache.Apply(token, &moves); }));
+    OP_REQUIRES_OK(ctx, OutputVectors(ctx, {&moves.swap_out_slots, &moves.swap_out_globals,
+                                            &moves.swap_in_slots, &moves.swap_in_globals,
+                                            &moves.swap_in_sources, &moves.erase_globals}));
   }
 };
 
-class DeviceCacheFinishOp : public OpKernel {
+class DeviceCacheFinishOp : public ExistingResourceOp<DeviceCacheResource> {
  public:
-  using OpKernel::OpKernel;
+  using ExistingResourceOp::ExistingResourceOp;
 
-  void Compute(OpKernelContext* ctx) override {
-    DeviceCacheResource* resource;
-    OP_REQUIRES_OK(ctx, LookupCache(ctx, &resource));
-    ::tensorflow::core::ScopedUnref unref(resource);
-    const Tensor& token = ctx->input(1);
-    OP_REQUIRES(ctx, ::tensorflow::TensorShapeUtils::IsScalar(token.shape()),
-                errors::InvalidArgument("table '", resource->cache().name(),
-                                        "': the device cache token must be a scalar, got ",
-                                        token.shape().DebugString()));
-    resource->cache().Finish(token.scalar<int64_t>()());
+  void ComputeWith(OpKernelContext* ctx, DeviceCacheResource& resource) override {
+    int64_t token = 0;
+    OP_REQUIRES_OK(ctx, TokenInput(ctx, resource.cache(), &token));
+    resource.cache().Finish(token);
   }
 };
 
-class DeviceCacheReleaseOp : public OpKernel {
+class DeviceCacheReleaseOp : public ExistingResourceOp<DeviceCacheResource> {
  public:
-  using OpKernel::OpKernel;
+  using ExistingResourceOp::ExistingResourceOp;
 
-  void Compute(OpKernelContext* ctx) override {
-    DeviceCacheResource* resource;
-    OP_REQUIRES_OK(ctx, LookupCache(ctx, &resource));
-    ::tensorflow::core::ScopedUnref unref(resource);
-    DeviceCache& cache = resource->cache();
+  void ComputeWith(OpKernelContext* ctx, DeviceCacheResource& resource) override {
+    DeviceCache& cache = resource.cache();
     const Tensor& globals = ctx->input(1);
-    OP_REQUIRES_OK(ctx, CheckVector(cache, globals, "released globals"));
+    OP_REQUIRES_OK(ctx, CheckVector(cache.name(), globals, "released globals"));
     OP_REQUIRES_OK(ctx, GuardAllocation(cache.name(), "the device cache release (host memory)",
                                         [&] {
                                           return cache.Release(globals.flat<int64_t>().data(),
@@ -243,17 +218,14 @@ class DeviceCacheReleaseOp : public OpKernel {
   }
 };
 
-class DeviceCacheLocateOp : public OpKernel {
+class DeviceCacheLocateOp : public ExistingResourceOp<DeviceCacheResource> {
  public:
-  using OpKernel::OpKernel;
+  using ExistingResourceOp::ExistingResourceOp;
 
-  void Compute(OpKernelContext* ctx) override {
-    DeviceCacheResource* resource;
-    OP_REQUIRES_OK(ctx, LookupCache(ctx, &resource));
-    ::tensorflow::core::ScopedUnref unref(resource);
-    const DeviceCache& cache = resource->cache();
+  void ComputeWith(OpKernelContext* ctx, DeviceCacheResource& resource) override {
+    const DeviceCache& cache = resource.cache();
     const Tensor& globals = ctx->input(1);
-    OP_REQUIRES_OK(ctx, CheckVector(cache, globals, "globals"));
+    OP_REQUIRES_OK(ctx, CheckVector(cache.name(), globals, "globals"));
     Tensor* slots;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, globals.shape(), &slots));
     cache.Locate(globals.flat<int64_t>().data(), globals.NumElements(),
@@ -261,21 +233,17 @@ class DeviceCacheLocateOp : public OpKernel {
   }
 };
 
-class DeviceCacheExportStateOp : public OpKernel {
+class DeviceCacheExportStateOp : public ExistingResourceOp<DeviceCacheResource> {
  public:
-  using OpKernel::OpKernel;
+  using ExistingResourceOp::ExistingResourceOp;
 
-  void Compute(OpKernelContext* ctx) override {
-    DeviceCacheResource* resource;
-    OP_REQUIRES_OK(ctx, LookupCache(ctx, &resource));
-    ::tensorflow::core::ScopedUnref unref(resource);
-    const DeviceCache& cache = resource->cache();
+  void ComputeWith(OpKernelContext* ctx, DeviceCacheResource& resource) override {
+    const DeviceCache& cache = resource.cache();
     DeviceCache::State state;
     OP_REQUIRES_OK(ctx, GuardAllocation(cache.name(), "the exported device cache (host memory)",
                                         [&] { cache.ExportState(&state); }));
-    const std::vector<int64_t>* parts[] = {&state.slots,     &state.globals, &state.last_used,
-                                           &state.frequency, &state.dropped, &state.counters};
-    for (int i = 0; i < 6; ++i) OP_REQUIRES_OK(ctx, OutputVector(ctx, i, *parts[i]));
+    OP_REQUIRES_OK(ctx, OutputVectors(ctx, {&state.slots, &state.globals, &state.last_used,
+                                            &state.frequency, &state.dropped, &state.counters}));
   }
 };
 
@@ -293,10 +261,7 @@ class DeviceCacheImportStateOp : public OpKernel {
                                      &state.frequency, &state.dropped, &state.counters};
     for (int i = 0; i < 6; ++i) {
       const Tensor& input = ctx->input(i + 1);
-      OP_REQUIRES(ctx, input.dims() == 1,
-                  errors::InvalidArgument("table '", attrs_.table_name, "': device cache state ",
-                                          kNames[i], " must be a vector, got ",
-                                          input.shape().DebugString()));
+      OP_REQUIRES_OK(ctx, CheckVector(attrs_.table_name, input, "device cache state ", kNames[i]));
       const auto flat = input.flat<int64_t>();
       OP_REQUIRES_OK(ctx, GuardAllocation(attrs_.table_name,
                                           "the imported device cache (host memory)", [&] {
@@ -304,9 +269,8 @@ class DeviceCacheImportStateOp : public OpKernel {
                                                              flat.data() + flat.size());
                                           }));
     }
-    DeviceCacheResource* resource;
+    RefCountPtr<DeviceCacheResource> resource;
     OP_REQUIRES_OK(ctx, LookupOrCreateCache(ctx, attrs_, &resource));
-    ::tensorflow::core::ScopedUnref unref(resource);
     OP_REQUIRES_OK(ctx, GuardAllocation(attrs_.table_name,
                                         "the imported device cache (host memory)",
                                         [&] { return resource->cache().ImportState(state); }));
@@ -316,30 +280,20 @@ class DeviceCacheImportStateOp : public OpKernel {
   CacheAttrs attrs_;
 };
 
-class DeviceCacheStatsOp : public OpKernel {
+class DeviceCacheStatsOp : public ExistingResourceOp<DeviceCacheResource> {
  public:
-  using OpKernel::OpKernel;
+  using ExistingResourceOp::ExistingResourceOp;
 
-  void Compute(OpKernelContext* ctx) override {
-    DeviceCacheResource* resource;
-    OP_REQUIRES_OK(ctx, LookupCache(ctx, &resource));
-    ::tensorflow::core::ScopedUnref unref(resource);
-    const DeviceCache::Stats stats = resource->cache().stats();
-    const int64_t values[6] = {stats.device_rows, stats.occupied,  stats.hits,
-                               stats.misses,      stats.swap_outs, stats.swap_ins};
-    for (int i = 0; i < 6; ++i) {
-      Tensor* out;
-      OP_REQUIRES_OK(ctx, ctx->allocate_output(i, TensorShape({}), &out));
-      out->scalar<int64_t>()() = values[i];
-    }
+  void ComputeWith(OpKernelContext* ctx, DeviceCacheResource& resource) override {
+    const DeviceCache::Stats stats = resource.cache().stats();
+    OP_REQUIRES_OK(ctx, OutputScalars(ctx, {stats.device_rows, stats.occupied, stats.hits,
+                                            stats.misses, stats.swap_outs, stats.swap_ins}));
   }
 };
 
 }  // namespace
 
 // The cache is host state, planned by the key process: CPU kernels only.
-#define MXREC_REGISTER_CPU(name, kernel) \
-  REGISTER_KERNEL_BUILDER(Name(name).Device(::tensorflow::DEVICE_CPU), kernel)
 MXREC_REGISTER_CPU("MxDeviceCacheHandle", NamedHandleOp<DeviceCacheResource>);
 MXREC_REGISTER_CPU("MxDeviceCacheCreate", DeviceCacheCreateOp);
 MXREC_REGISTER_CPU("MxDeviceCachePlan", DeviceCachePlanOp);
@@ -350,6 +304,5 @@ MXREC_REGISTER_CPU("MxDeviceCacheLocate", DeviceCacheLocateOp);
 MXREC_REGISTER_CPU("MxDeviceCacheExportState", DeviceCacheExportStateOp);
 MXREC_REGISTER_CPU("MxDeviceCacheImportState", DeviceCacheImportStateOp);
 MXREC_REGISTER_CPU("MxDeviceCacheStats", DeviceCacheStatsOp);
-#undef MXREC_REGISTER_CPU
 
 }  // namespace mxrec

@@ -18,15 +18,19 @@ namespace mxrec {
 using ::tensorflow::OpKernel;
 using ::tensorflow::OpKernelConstruction;
 using ::tensorflow::OpKernelContext;
-using ::tensorflow::ResourceHandle;
 using ::tensorflow::Tensor;
 using ::tensorflow::TensorShape;
+using ::tensorflow::core::RefCountPtr;
 namespace errors = ::tensorflow::errors;
 
 // The key index of one table as a TensorFlow resource. Thread-safe: KeyIndex
 // locks internally (shared for reads, exclusive for writes).
 class KeyIndexResource : public ::tensorflow::ResourceBase {
  public:
+  // How a failed lookup names the index (see LookupOrFail).
+  static constexpr char kKind[] = "the key index of table";
+  static constexpr char kFirstUse[] = "insertion or lookup";
+
   KeyIndexResource(int64_t capacity, const std::string& table_name, bool growable)
       : index_(capacity, table_name, growable) {}
 
@@ -46,16 +50,26 @@ class KeyIndexResource : public ::tensorflow::ResourceBase {
 
 namespace {
 
-// Looks up the index behind input 0; the caller owns one reference on success.
-::tensorflow::Status LookupIndex(OpKernelContext* ctx, KeyIndexResource** resource) {
-  return LookupOrFail(ctx, "the key index of table", "insertion or lookup", resource);
-}
+// The attrs of MxKeyIndexCreate, MxKeyIndexImport and MxKeyIndexImportState.
+struct IndexAttrs {
+  int64_t capacity;
+  bool growable;
+  std::string table_name;
 
-// LookupOrCreate with `capacity` rows (growable or not); an existing index must
-// have that capacity and mode.
-::tensorflow::Status LookupOrCreateIndex(OpKernelContext* ctx, int64_t capacity, bool growable,
-                                         const std::string& table_name,
-                                         KeyIndexResource** resource) {
+  explicit IndexAttrs(OpKernelConstruction* ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("capacity", &capacity));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("growable", &growable));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("table_name", &table_name));
+  }
+};
+
+// LookupOrCreate with `attrs.capacity` rows (growable or not); an existing
+// index must have that capacity and mode.
+::tensorflow::Status LookupOrCreateIndex(OpKernelContext* ctx, const IndexAttrs& attrs,
+                                         RefCountPtr<KeyIndexResource>* resource) {
+  const int64_t capacity = attrs.capacity;
+  const bool growable = attrs.growable;
+  const std::string& table_name = attrs.table_name;
   if (capacity > KeyIndex::kMaxCapacity) {
     return errors::InvalidArgument("table '", table_name, "': device_vocabulary_size=", capacity,
                                    " is above the supported maximum of ",
@@ -88,15 +102,6 @@ namespace {
       resource);
 }
 
-// Copies `values` into a new [size] int64 output `i`.
-::tensorflow::Status OutputVector(OpKernelContext* ctx, int i, const std::vector<int64_t>& values) {
-  Tensor* out;
-  TF_RETURN_IF_ERROR(
-      ctx->allocate_output(i, TensorShape({static_cast<int64_t>(values.size())}), &out));
-  std::copy(values.begin(), values.end(), out->flat<int64_t>().data());
-  return ::tensorflow::OkStatus();
-}
-
 // The insertion ops' common start: checks that `keys` has at most 2^31-1
 // elements, allocates output 1, restore (keys' shape) int32, and fills it and
 // *unique with the distinct keys in first-occurrence order.
@@ -115,50 +120,40 @@ namespace {
 
 class KeyIndexCreateOp : public OpKernel {
  public:
-  explicit KeyIndexCreateOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("capacity", &capacity_));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("growable", &growable_));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("table_name", &table_name_));
-  }
+  explicit KeyIndexCreateOp(OpKernelConstruction* ctx) : OpKernel(ctx), attrs_(ctx) {}
 
   void Compute(OpKernelContext* ctx) override {
-    KeyIndexResource* resource;
-    OP_REQUIRES_OK(ctx, LookupOrCreateIndex(ctx, capacity_, growable_, table_name_, &resource));
-    ::tensorflow::core::ScopedUnref unref(resource);
+    RefCountPtr<KeyIndexResource> resource;
+    OP_REQUIRES_OK(ctx, LookupOrCreateIndex(ctx, attrs_, &resource));
     resource->index().Clear();
   }
 
  private:
-  int64_t capacity_;
-  bool growable_;
-  std::string table_name_;
+  IndexAttrs attrs_;
 };
 
-class KeyIndexInsertOp : public OpKernel {
+class KeyIndexInsertOp : public ExistingResourceOp<KeyIndexResource> {
  public:
-  explicit KeyIndexInsertOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+  explicit KeyIndexInsertOp(OpKernelConstruction* ctx) : ExistingResourceOp(ctx) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("training", &training_));
   }
 
-  void Compute(OpKernelContext* ctx) override {
-    KeyIndexResource* resource;
-    OP_REQUIRES_OK(ctx, LookupIndex(ctx, &resource));
-    ::tensorflow::core::ScopedUnref unref(resource);
-
+  void ComputeWith(OpKernelContext* ctx, KeyIndexResource& resource) override {
+    KeyIndex& index = resource.index();
     std::vector<int64_t> unique;
     Tensor* restore;
-    OP_REQUIRES_OK(ctx, DedupKeys(ctx, resource->index(), ctx->input(1), &unique, &restore));
+    OP_REQUIRES_OK(ctx, DedupKeys(ctx, index, ctx->input(1), &unique, &restore));
 
     const int64_t num_unique = static_cast<int64_t>(unique.size());
     Tensor* rows;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({num_unique}), &rows));
     if (training_) {
-      OP_REQUIRES_OK(ctx, GuardAllocation(resource->index().name(), "new keys (host memory)", [&] {
-                       return resource->index().FindOrInsert(unique.data(), num_unique,
-                                                             rows->flat<int64_t>().data());
+      OP_REQUIRES_OK(ctx, GuardAllocation(index.name(), "new keys (host memory)", [&] {
+                       return index.FindOrInsert(unique.data(), num_unique,
+                                                 rows->flat<int64_t>().data());
                      }));
     } else {
-      resource->index().Find(unique.data(), num_unique, rows->flat<int64_t>().data());
+      index.Find(unique.data(), num_unique, rows->flat<int64_t>().data());
     }
     OP_REQUIRES_OK(ctx, OutputVector(ctx, 2, unique));
   }
@@ -167,65 +162,44 @@ class KeyIndexInsertOp : public OpKernel {
   bool training_;
 };
 
-class KeyIndexSizeOp : public OpKernel {
+class KeyIndexSizeOp : public ExistingResourceOp<KeyIndexResource> {
  public:
-  using OpKernel::OpKernel;
+  using ExistingResourceOp::ExistingResourceOp;
 
-  void Compute(OpKernelContext* ctx) override {
-    KeyIndexResource* resource;
-    OP_REQUIRES_OK(ctx, LookupIndex(ctx, &resource));
-    ::tensorflow::core::ScopedUnref unref(resource);
-    Tensor* size;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &size));
-    size->scalar<int64_t>()() = resource->index().size();
-    Tensor* bytes;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({}), &bytes));
-    bytes->scalar<int64_t>()() = resource->index().MemoryBytes();
+  void ComputeWith(OpKernelContext* ctx, KeyIndexResource& resource) override {
+    OP_REQUIRES_OK(ctx,
+                   OutputScalars(ctx, {resource.index().size(), resource.index().MemoryBytes()}));
   }
 };
 
-class KeyIndexExportOp : public OpKernel {
+class KeyIndexExportOp : public ExistingResourceOp<KeyIndexResource> {
  public:
-  using OpKernel::OpKernel;
+  using ExistingResourceOp::ExistingResourceOp;
 
-  void Compute(OpKernelContext* ctx) override {
-    KeyIndexResource* resource;
-    OP_REQUIRES_OK(ctx, LookupIndex(ctx, &resource));
-    ::tensorflow::core::ScopedUnref unref(resource);
+  void ComputeWith(OpKernelContext* ctx, KeyIndexResource& resource) override {
     std::vector<int64_t> keys, rows;
-    OP_REQUIRES_OK(ctx, GuardAllocation(resource->index().name(), "the exported keys (host memory)",
-                                        [&] { resource->index().Export(&keys, &rows); }));
-    const int64_t n = static_cast<int64_t>(keys.size());
-    Tensor* keys_out;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({n}), &keys_out));
-    std::copy(keys.begin(), keys.end(), keys_out->flat<int64_t>().data());
-    Tensor* rows_out;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({n}), &rows_out));
-    std::copy(rows.begin(), rows.end(), rows_out->flat<int64_t>().data());
+    OP_REQUIRES_OK(ctx, GuardAllocation(resource.index().name(), "the exported keys (host memory)",
+                                        [&] { resource.index().Export(&keys, &rows); }));
+    OP_REQUIRES_OK(ctx, OutputVectors(ctx, {&keys, &rows}));
   }
 };
 
 class KeyIndexImportOp : public OpKernel {
  public:
-  explicit KeyIndexImportOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("capacity", &capacity_));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("growable", &growable_));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("table_name", &table_name_));
-  }
+  explicit KeyIndexImportOp(OpKernelConstruction* ctx) : OpKernel(ctx), attrs_(ctx) {}
 
   void Compute(OpKernelContext* ctx) override {
     const Tensor& keys = ctx->input(1);
     const Tensor& rows = ctx->input(2);
     OP_REQUIRES(ctx, keys.dims() == 1 && rows.dims() == 1 &&
                          keys.NumElements() == rows.NumElements(),
-                errors::InvalidArgument("table '", table_name_,
+                errors::InvalidArgument("table '", attrs_.table_name,
                                         "': keys and rows must be vectors of one length, got ",
                                         keys.shape().DebugString(), " and ",
                                         rows.shape().DebugString()));
-    KeyIndexResource* resource;
-    OP_REQUIRES_OK(ctx, LookupOrCreateIndex(ctx, capacity_, growable_, table_name_, &resource));
-    ::tensorflow::core::ScopedUnref unref(resource);
-    OP_REQUIRES_OK(ctx, GuardAllocation(table_name_, "the imported keys (host memory)", [&] {
+    RefCountPtr<KeyIndexResource> resource;
+    OP_REQUIRES_OK(ctx, LookupOrCreateIndex(ctx, attrs_, &resource));
+    OP_REQUIRES_OK(ctx, GuardAllocation(attrs_.table_name, "the imported keys (host memory)", [&] {
                      return resource->index().Import(keys.flat<int64_t>().data(),
                                                       rows.flat<int64_t>().data(),
                                                       keys.NumElements());
@@ -233,21 +207,15 @@ class KeyIndexImportOp : public OpKernel {
   }
 
  private:
-  int64_t capacity_;
-  bool growable_;
-  std::string table_name_;
+  IndexAttrs attrs_;
 };
 
-class KeyIndexInsertAdmitOp : public OpKernel {
+class KeyIndexInsertAdmitOp : public ExistingResourceOp<KeyIndexResource> {
  public:
-  using OpKernel::OpKernel;
+  using ExistingResourceOp::ExistingResourceOp;
 
-  void Compute(OpKernelContext* ctx) override {
-    KeyIndexResource* resource;
-    OP_REQUIRES_OK(ctx, LookupIndex(ctx, &resource));
-    ::tensorflow::core::ScopedUnref unref(resource);
-    KeyIndex& index = resource->index();
-
+  void ComputeWith(OpKernelContext* ctx, KeyIndexResource& resource) override {
+    KeyIndex& index = resource.index();
     const Tensor& keys = ctx->input(1);
     const Tensor& counts = ctx->input(2);
     const Tensor& timestamp = ctx->input(3);
@@ -291,80 +259,55 @@ class KeyIndexInsertAdmitOp : public OpKernel {
   }
 };
 
-class KeyIndexEvictOp : public OpKernel {
+class KeyIndexEvictOp : public ExistingResourceOp<KeyIndexResource> {
  public:
-  using OpKernel::OpKernel;
+  using ExistingResourceOp::ExistingResourceOp;
 
-  void Compute(OpKernelContext* ctx) override {
-    KeyIndexResource* resource;
-    OP_REQUIRES_OK(ctx, LookupIndex(ctx, &resource));
-    ::tensorflow::core::ScopedUnref unref(resource);
-    const Tensor& idle = ctx->input(1);
-    OP_REQUIRES(ctx, ::tensorflow::TensorShapeUtils::IsScalar(idle.shape()),
-                errors::InvalidArgument("idle_seconds must be a scalar, got ",
-                                        idle.shape().DebugString()));
-    OP_REQUIRES(ctx, idle.scalar<int64_t>()() >= 0,
-                errors::InvalidArgument("table '", resource->index().name(),
+  void ComputeWith(OpKernelContext* ctx, KeyIndexResource& resource) override {
+    KeyIndex& index = resource.index();
+    int64_t idle = 0;
+    OP_REQUIRES_OK(ctx, ScalarInput(ctx, 1, &idle, "idle_seconds must be a scalar, got "));
+    OP_REQUIRES(ctx, idle >= 0,
+                errors::InvalidArgument("table '", index.name(),
                                         "': eviction_threshold must be >= 0 seconds, got ",
-                                        idle.scalar<int64_t>()()));
+                                        idle));
     std::vector<int64_t> freed;
-    OP_REQUIRES_OK(ctx, GuardAllocation(resource->index().name(), "the freed rows (host memory)",
-                                        [&] { resource->index().Evict(idle.scalar<int64_t>()(),
-                                                                      &freed); }));
-    Tensor* out;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(
-                            0, TensorShape({static_cast<int64_t>(freed.size())}), &out));
-    std::copy(freed.begin(), freed.end(), out->flat<int64_t>().data());
+    OP_REQUIRES_OK(ctx, GuardAllocation(index.name(), "the freed rows (host memory)",
+                                        [&] { index.Evict(idle, &freed); }));
+    OP_REQUIRES_OK(ctx, OutputVector(ctx, 0, freed));
   }
 };
 
-class KeyIndexStatsOp : public OpKernel {
+class KeyIndexStatsOp : public ExistingResourceOp<KeyIndexResource> {
  public:
-  using OpKernel::OpKernel;
+  using ExistingResourceOp::ExistingResourceOp;
 
-  void Compute(OpKernelContext* ctx) override {
-    KeyIndexResource* resource;
-    OP_REQUIRES_OK(ctx, LookupIndex(ctx, &resource));
-    ::tensorflow::core::ScopedUnref unref(resource);
-    const KeyIndex::Stats stats = resource->index().stats();
-    Tensor* out;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({5}), &out));
-    auto flat = out->flat<int64_t>();
-    flat(0) = stats.size;
-    flat(1) = stats.capacity;
-    flat(2) = stats.admissions;
-    flat(3) = stats.evictions;
-    flat(4) = stats.pending;
+  void ComputeWith(OpKernelContext* ctx, KeyIndexResource& resource) override {
+    const KeyIndex::Stats stats = resource.index().stats();
+    OP_REQUIRES_OK(ctx, OutputVector<int64_t>(ctx, 0, {stats.size, stats.capacity,
+                                                       stats.admissions, stats.evictions,
+                                                       stats.pending}));
   }
 };
 
-class KeyIndexExportStateOp : public OpKernel {
+class KeyIndexExportStateOp : public ExistingResourceOp<KeyIndexResource> {
  public:
-  using OpKernel::OpKernel;
+  using ExistingResourceOp::ExistingResourceOp;
 
-  void Compute(OpKernelContext* ctx) override {
-    KeyIndexResource* resource;
-    OP_REQUIRES_OK(ctx, LookupIndex(ctx, &resource));
-    ::tensorflow::core::ScopedUnref unref(resource);
+  void ComputeWith(OpKernelContext* ctx, KeyIndexResource& resource) override {
     KeyIndex::State state;
-    OP_REQUIRES_OK(ctx, GuardAllocation(resource->index().name(),
+    OP_REQUIRES_OK(ctx, GuardAllocation(resource.index().name(),
                                         "the exported admission state (host memory)",
-                                        [&] { resource->index().ExportState(&state); }));
-    const std::vector<int64_t>* parts[] = {&state.keys,           &state.rows,
-                                           &state.last_seen,      &state.pending_keys,
-                                           &state.pending_counts, &state.pending_last_seen,
-                                           &state.counters};
-    for (int i = 0; i < 7; ++i) OP_REQUIRES_OK(ctx, OutputVector(ctx, i, *parts[i]));
+                                        [&] { resource.index().ExportState(&state); }));
+    OP_REQUIRES_OK(ctx, OutputVectors(ctx, {&state.keys, &state.rows, &state.last_seen,
+                                            &state.pending_keys, &state.pending_counts,
+                                            &state.pending_last_seen, &state.counters}));
   }
 };
 
 class KeyIndexImportStateOp : public OpKernel {
  public:
-  explicit KeyIndexImportStateOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("capacity", &capacity_));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("growable", &growable_));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("table_name", &table_name_));
-  }
+  explicit KeyIndexImportStateOp(OpKernelConstruction* ctx) : OpKernel(ctx), attrs_(ctx) {}
 
   void Compute(OpKernelContext* ctx) override {
     KeyIndex::State state;
@@ -374,49 +317,35 @@ class KeyIndexImportStateOp : public OpKernel {
                                      &state.counters};
     for (int i = 0; i < 7; ++i) {
       const Tensor& input = ctx->input(i + 1);
-      OP_REQUIRES(ctx, input.dims() == 1,
-                  errors::InvalidArgument("table '", table_name_, "': admission state input ", i,
-                                          " must be a vector, got ", input.shape().DebugString()));
+      OP_REQUIRES_OK(ctx, CheckVector(attrs_.table_name, input, "admission state input ", i));
       const auto flat = input.flat<int64_t>();
       parts[i]->assign(flat.data(), flat.data() + flat.size());
     }
-    KeyIndexResource* resource;
-    OP_REQUIRES_OK(ctx, LookupOrCreateIndex(ctx, capacity_, growable_, table_name_, &resource));
-    ::tensorflow::core::ScopedUnref unref(resource);
-    OP_REQUIRES_OK(ctx, GuardAllocation(table_name_, "the imported admission state (host memory)",
+    RefCountPtr<KeyIndexResource> resource;
+    OP_REQUIRES_OK(ctx, LookupOrCreateIndex(ctx, attrs_, &resource));
+    OP_REQUIRES_OK(ctx, GuardAllocation(attrs_.table_name,
+                                        "the imported admission state (host memory)",
                                         [&] { return resource->index().ImportState(state); }));
   }
 
  private:
-  int64_t capacity_;
-  bool growable_;
-  std::string table_name_;
+  IndexAttrs attrs_;
 };
 
 }  // namespace
 
 // The index is host state: kernels are registered for the CPU only, and a GPU
 // graph places these ops on the host, as mxRec runs its key process on the host.
-REGISTER_KERNEL_BUILDER(Name("MxKeyIndexHandle").Device(::tensorflow::DEVICE_CPU),
-                        NamedHandleOp<KeyIndexResource>);
-REGISTER_KERNEL_BUILDER(Name("MxKeyIndexCreate").Device(::tensorflow::DEVICE_CPU),
-                        KeyIndexCreateOp);
-REGISTER_KERNEL_BUILDER(Name("MxKeyIndexInsert").Device(::tensorflow::DEVICE_CPU),
-                        KeyIndexInsertOp);
-REGISTER_KERNEL_BUILDER(Name("MxKeyIndexSize").Device(::tensorflow::DEVICE_CPU), KeyIndexSizeOp);
-REGISTER_KERNEL_BUILDER(Name("MxKeyIndexExport").Device(::tensorflow::DEVICE_CPU),
-                        KeyIndexExportOp);
-REGISTER_KERNEL_BUILDER(Name("MxKeyIndexImport").Device(::tensorflow::DEVICE_CPU),
-                        KeyIndexImportOp);
-REGISTER_KERNEL_BUILDER(Name("MxKeyIndexInsertAdmit").Device(::tensorflow::DEVICE_CPU),
-                        KeyIndexInsertAdmitOp);
-REGISTER_KERNEL_BUILDER(Name("MxKeyIndexEvict").Device(::tensorflow::DEVICE_CPU),
-                        KeyIndexEvictOp);
-REGISTER_KERNEL_BUILDER(Name("MxKeyIndexStats").Device(::tensorflow::DEVICE_CPU),
-                        KeyIndexStatsOp);
-REGISTER_KERNEL_BUILDER(Name("MxKeyIndexExportState").Device(::tensorflow::DEVICE_CPU),
-                        KeyIndexExportStateOp);
-REGISTER_KERNEL_BUILDER(Name("MxKeyIndexImportState").Device(::tensorflow::DEVICE_CPU),
-                        KeyIndexImportStateOp);
+MXREC_REGISTER_CPU("MxKeyIndexHandle", NamedHandleOp<KeyIndexResource>);
+MXREC_REGISTER_CPU("MxKeyIndexCreate", KeyIndexCreateOp);
+MXREC_REGISTER_CPU("MxKeyIndexInsert", KeyIndexInsertOp);
+MXREC_REGISTER_CPU("MxKeyIndexSize", KeyIndexSizeOp);
+MXREC_REGISTER_CPU("MxKeyIndexExport", KeyIndexExportOp);
+MXREC_REGISTER_CPU("MxKeyIndexImport", KeyIndexImportOp);
+MXREC_REGISTER_CPU("MxKeyIndexInsertAdmit", KeyIndexInsertAdmitOp);
+MXREC_REGISTER_CPU("MxKeyIndexEvict", KeyIndexEvictOp);
+MXREC_REGISTER_CPU("MxKeyIndexStats", KeyIndexStatsOp);
+MXREC_REGISTER_CPU("MxKeyIndexExportState", KeyIndexExportStateOp);
+MXREC_REGISTER_CPU("MxKeyIndexImportState", KeyIndexImportStateOp);
 
 }  // namespace mxrec

@@ -16,15 +16,19 @@ namespace mxrec {
 using ::tensorflow::OpKernel;
 using ::tensorflow::OpKernelConstruction;
 using ::tensorflow::OpKernelContext;
-using ::tensorflow::ResourceHandle;
 using ::tensorflow::Tensor;
 using ::tensorflow::TensorShape;
+using ::tensorflow::core::RefCountPtr;
 namespace errors = ::tensorflow::errors;
 
 // The row store of one dynamic-expansion table as a TensorFlow resource.
 // Thread-safe: RowStore locks internally (shared for reads, exclusive for writes).
 class RowStoreResource : public ::tensorflow::ResourceBase {
  public:
+  // How a failed lookup names the store (see LookupOrFail).
+  static constexpr char kKind[] = "the row store of dynamic-expansion table";
+  static constexpr char kFirstUse[] = "lookup";
+
   RowStoreResource(int64_t dim, const std::string& table_name)
       : store_(dim, RowStore::kDefaultBlockRows, table_name) {}
 
@@ -43,15 +47,10 @@ class RowStoreResource : public ::tensorflow::ResourceBase {
 
 namespace {
 
-// Looks up the store behind input 0; the caller owns one reference on success.
-::tensorflow::Status LookupStore(OpKernelContext* ctx, RowStoreResource** resource) {
-  return LookupOrFail(ctx, "the row store of dynamic-expansion table", "lookup", resource);
-}
-
 // LookupOrCreate with rows of `dim` floats; an existing store must have that dim.
 ::tensorflow::Status LookupOrCreateStore(OpKernelContext* ctx, int64_t dim,
                                          const std::string& table_name,
-                                         RowStoreResource** resource) {
+                                         RefCountPtr<RowStoreResource>* resource) {
   return LookupOrCreateChecked(
       ctx, table_name, "the row store (host memory)",
       [&] { return new RowStoreResource(dim, table_name); },
@@ -78,16 +77,6 @@ namespace {
   return ::tensorflow::OkStatus();
 }
 
-::tensorflow::Status ScalarFloat(OpKernelContext* ctx, int input, float* value) {
-  const Tensor& t = ctx->input(input);
-  if (!::tensorflow::TensorShapeUtils::IsScalar(t.shape())) {
-    return errors::InvalidArgument("hyperparameter input ", input, " of ", ctx->op_kernel().name(),
-                                   " must be a scalar, got shape ", t.shape().DebugString());
-  }
-  *value = t.scalar<float>()();
-  return ::tensorflow::OkStatus();
-}
-
 class RowStoreCreateOp : public OpKernel {
  public:
   explicit RowStoreCreateOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
@@ -96,9 +85,8 @@ class RowStoreCreateOp : public OpKernel {
   }
 
   void Compute(OpKernelContext* ctx) override {
-    RowStoreResource* resource;
+    RefCountPtr<RowStoreResource> resource;
     OP_REQUIRES_OK(ctx, LookupOrCreateStore(ctx, dim_, table_name_, &resource));
-    ::tensorflow::core::ScopedUnref unref(resource);
     resource->store().Clear();
   }
 
@@ -107,93 +95,70 @@ class RowStoreCreateOp : public OpKernel {
   std::string table_name_;
 };
 
-class RowStoreSizeOp : public OpKernel {
+class RowStoreSizeOp : public ExistingResourceOp<RowStoreResource> {
  public:
-  using OpKernel::OpKernel;
+  using ExistingResourceOp::ExistingResourceOp;
 
-  void Compute(OpKernelContext* ctx) override {
-    RowStoreResource* resource;
-    OP_REQUIRES_OK(ctx, LookupStore(ctx, &resource));
-    ::tensorflow::core::ScopedUnref unref(resource);
-    const int64_t values[3] = {resource->store().size(), resource->store().num_slots(),
-                               resource->store().MemoryBytes()};
-    for (int i = 0; i < 3; ++i) {
-      Tensor* out;
-      OP_REQUIRES_OK(ctx, ctx->allocate_output(i, TensorShape({}), &out));
-      out->scalar<int64_t>()() = values[i];
-    }
+  void ComputeWith(OpKernelContext* ctx, RowStoreResource& resource) override {
+    const RowStore& store = resource.store();
+    OP_REQUIRES_OK(ctx, OutputScalars(ctx, {store.size(), store.num_slots(), store.MemoryBytes()}));
   }
 };
 
-class RowStoreAppendOp : public OpKernel {
+class RowStoreAppendOp : public ExistingResourceOp<RowStoreResource> {
  public:
-  explicit RowStoreAppendOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+  explicit RowStoreAppendOp(OpKernelConstruction* ctx) : ExistingResourceOp(ctx) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("dim", &dim_));
   }
 
-  void Compute(OpKernelContext* ctx) override {
-    RowStoreResource* resource;
-    OP_REQUIRES_OK(ctx, LookupStore(ctx, &resource));
-    ::tensorflow::core::ScopedUnref unref(resource);
-    RowStore& store = resource->store();
-    const Tensor& expected = ctx->input(1);
+  void ComputeWith(OpKernelContext* ctx, RowStoreResource& resource) override {
+    RowStore& store = resource.store();
+    int64_t expected = 0;
+    OP_REQUIRES_OK(ctx, ScalarInput(ctx, 1, &expected,
+                                    "expected_size must be a scalar, got shape "));
     const Tensor& values = ctx->input(2);
-    OP_REQUIRES(ctx, ::tensorflow::TensorShapeUtils::IsScalar(expected.shape()),
-                errors::InvalidArgument("expected_size must be a scalar, got shape ",
-                                        expected.shape().DebugString()));
     OP_REQUIRES(ctx, values.dims() == 2 && values.dim_size(1) == store.dim() && dim_ == store.dim(),
                 errors::InvalidArgument("table '", store.name(), "': new rows must be [n, ",
                                         store.dim(), "], got ", values.shape().DebugString()));
     int64_t size;
     OP_REQUIRES_OK(ctx, GuardAllocation(store.name(), "new rows (host memory)", [&] {
-                     return store.Append(expected.scalar<int64_t>()(), values.flat<float>().data(),
+                     return store.Append(expected, values.flat<float>().data(),
                                          values.dim_size(0), &size);
                    }));
-    Tensor* out;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &out));
-    out->scalar<int64_t>()() = size;
+    OP_REQUIRES_OK(ctx, OutputScalars(ctx, {size}));
   }
 
  private:
   int64_t dim_;
 };
 
-class RowStoreSetSlotsOp : public OpKernel {
+class RowStoreSetSlotsOp : public ExistingResourceOp<RowStoreResource> {
  public:
-  using OpKernel::OpKernel;
+  using ExistingResourceOp::ExistingResourceOp;
 
-  void Compute(OpKernelContext* ctx) override {
-    RowStoreResource* resource;
-    OP_REQUIRES_OK(ctx, LookupStore(ctx, &resource));
-    ::tensorflow::core::ScopedUnref unref(resource);
+  void ComputeWith(OpKernelContext* ctx, RowStoreResource& resource) override {
+    RowStore& store = resource.store();
     const Tensor& initial = ctx->input(1);
     OP_REQUIRES(ctx, initial.dims() == 1,
                 errors::InvalidArgument("initial_values must be a vector, got shape ",
                                         initial.shape().DebugString()));
-    OP_REQUIRES_OK(ctx, GuardAllocation(resource->store().name(),
-                                        "the optimizer slots (host memory)", [&] {
-                                          return resource->store().SetSlots(
-                                              initial.flat<float>().data(), initial.NumElements());
-                                        }));
+    OP_REQUIRES_OK(ctx, GuardAllocation(store.name(), "the optimizer slots (host memory)", [&] {
+                     return store.SetSlots(initial.flat<float>().data(), initial.NumElements());
+                   }));
   }
 };
 
-class RowStoreLookupOp : public OpKernel {
+class RowStoreLookupOp : public ExistingResourceOp<RowStoreResource> {
  public:
-  explicit RowStoreLookupOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+  explicit RowStoreLookupOp(OpKernelConstruction* ctx) : ExistingResourceOp(ctx) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("dim", &dim_));
   }
 
-  void Compute(OpKernelContext* ctx) override {
-    RowStoreResource* resource;
-    OP_REQUIRES_OK(ctx, LookupStore(ctx, &resource));
-    ::tensorflow::core::ScopedUnref unref(resource);
-    const RowStore& store = resource->store();
+  void ComputeWith(OpKernelContext* ctx, RowStoreResource& resource) override {
+    const RowStore& store = resource.store();
     const Tensor& rows = ctx->input(1);
     const Tensor& anchor = ctx->input(2);
-    OP_REQUIRES(ctx, rows.dims() == 1,
-                errors::InvalidArgument("table '", store.name(), "': rows must be a vector, got ",
-                                        rows.shape().DebugString()));
+    OP_REQUIRES_OK(ctx, CheckVector(store.name(), rows, "rows"));
     OP_REQUIRES(ctx, anchor.dims() == 2 && anchor.dim_size(1) == store.dim() && dim_ == store.dim(),
                 errors::InvalidArgument("table '", store.name(), "': the anchor must be [0, ",
                                         store.dim(), "], got ", anchor.shape().DebugString()));
@@ -209,44 +174,31 @@ class RowStoreLookupOp : public OpKernel {
   int64_t dim_;
 };
 
-class RowStoreReadRowsOp : public OpKernel {
+class RowStoreReadRowsOp : public ExistingResourceOp<RowStoreResource> {
  public:
-  using OpKernel::OpKernel;
+  using ExistingResourceOp::ExistingResourceOp;
 
-  void Compute(OpKernelContext* ctx) override {
-    RowStoreResource* resource;
-    OP_REQUIRES_OK(ctx, LookupStore(ctx, &resource));
-    ::tensorflow::core::ScopedUnref unref(resource);
-    const RowStore& store = resource->store();
+  void ComputeWith(OpKernelContext* ctx, RowStoreResource& resource) override {
+    const RowStore& store = resource.store();
     const Tensor& rows = ctx->input(1);
-    OP_REQUIRES(ctx, rows.dims() == 1,
-                errors::InvalidArgument("table '", store.name(), "': rows must be a vector, got ",
-                                        rows.shape().DebugString()));
+    OP_REQUIRES_OK(ctx, CheckVector(store.name(), rows, "rows"));
     std::vector<float> values, initial;
     int64_t width = 0;
     OP_REQUIRES_OK(ctx, GuardAllocation(store.name(), "the rows read (host memory)", [&] {
                      return store.ReadRows(rows.flat<int64_t>().data(), rows.NumElements(),
                                            &values, &width, &initial);
                    }));
-    Tensor* out;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({rows.NumElements(), width}), &out));
-    std::copy(values.begin(), values.end(), out->flat<float>().data());
-    Tensor* initial_out;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(
-                            1, TensorShape({static_cast<int64_t>(initial.size())}), &initial_out));
-    std::copy(initial.begin(), initial.end(), initial_out->flat<float>().data());
+    OP_REQUIRES_OK(ctx, OutputCopy(ctx, 0, TensorShape({rows.NumElements(), width}), values));
+    OP_REQUIRES_OK(ctx, OutputVector(ctx, 1, initial));
   }
 };
 
-class RowStoreWriteRowsOp : public OpKernel {
+class RowStoreWriteRowsOp : public ExistingResourceOp<RowStoreResource> {
  public:
-  using OpKernel::OpKernel;
+  using ExistingResourceOp::ExistingResourceOp;
 
-  void Compute(OpKernelContext* ctx) override {
-    RowStoreResource* resource;
-    OP_REQUIRES_OK(ctx, LookupStore(ctx, &resource));
-    ::tensorflow::core::ScopedUnref unref(resource);
-    RowStore& store = resource->store();
+  void ComputeWith(OpKernelContext* ctx, RowStoreResource& resource) override {
+    RowStore& store = resource.store();
     const Tensor& rows = ctx->input(1);
     const Tensor& values = ctx->input(2);
     OP_REQUIRES_OK(ctx, CheckRowsAndValues(store, rows, values, -1));
@@ -255,28 +207,19 @@ class RowStoreWriteRowsOp : public OpKernel {
   }
 };
 
-class RowStoreExportOp : public OpKernel {
+class RowStoreExportOp : public ExistingResourceOp<RowStoreResource> {
  public:
-  using OpKernel::OpKernel;
+  using ExistingResourceOp::ExistingResourceOp;
 
-  void Compute(OpKernelContext* ctx) override {
-    RowStoreResource* resource;
-    OP_REQUIRES_OK(ctx, LookupStore(ctx, &resource));
-    ::tensorflow::core::ScopedUnref unref(resource);
-    const RowStore& store = resource->store();
+  void ComputeWith(OpKernelContext* ctx, RowStoreResource& resource) override {
+    const RowStore& store = resource.store();
     std::vector<float> values, initial;
     OP_REQUIRES_OK(ctx, GuardAllocation(store.name(), "the exported rows (host memory)",
                                         [&] { store.Export(&values, &initial); }));
     const int64_t width = store.dim() * (1 + static_cast<int64_t>(initial.size()));
-    Tensor* rows_out;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(
-                            0, TensorShape({static_cast<int64_t>(values.size()) / width, width}),
-                            &rows_out));
-    std::copy(values.begin(), values.end(), rows_out->flat<float>().data());
-    Tensor* initial_out;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(
-                            1, TensorShape({static_cast<int64_t>(initial.size())}), &initial_out));
-    std::copy(initial.begin(), initial.end(), initial_out->flat<float>().data());
+    const int64_t size = static_cast<int64_t>(values.size()) / width;
+    OP_REQUIRES_OK(ctx, OutputCopy(ctx, 0, TensorShape({size, width}), values));
+    OP_REQUIRES_OK(ctx, OutputVector(ctx, 1, initial));
   }
 };
 
@@ -290,18 +233,14 @@ class RowStoreImportOp : public OpKernel {
   void Compute(OpKernelContext* ctx) override {
     const Tensor& values = ctx->input(1);
     const Tensor& initial = ctx->input(2);
-    OP_REQUIRES(ctx, initial.dims() == 1,
-                errors::InvalidArgument("table '", table_name_,
-                                        "': slot_initial_values must be a vector, got ",
-                                        initial.shape().DebugString()));
+    OP_REQUIRES_OK(ctx, CheckVector(table_name_, initial, "slot_initial_values"));
     const int64_t width = dim_ * (1 + initial.NumElements());
     OP_REQUIRES(ctx, values.dims() == 2 && values.dim_size(1) == width,
                 errors::InvalidArgument("table '", table_name_, "': imported rows must be [n, ",
                                         width, "] (dim ", dim_, ", ", initial.NumElements(),
                                         " slots), got ", values.shape().DebugString()));
-    RowStoreResource* resource;
+    RefCountPtr<RowStoreResource> resource;
     OP_REQUIRES_OK(ctx, LookupOrCreateStore(ctx, dim_, table_name_, &resource));
-    ::tensorflow::core::ScopedUnref unref(resource);
     OP_REQUIRES_OK(ctx, GuardAllocation(table_name_, "the imported rows (host memory)", [&] {
                      return resource->store().Import(values.flat<float>().data(),
                                                      values.dim_size(0),
@@ -316,17 +255,14 @@ class RowStoreImportOp : public OpKernel {
 };
 
 // Base of the fused updates: inputs (handle, rows [n], grad [n, dim], scalars...).
-class RowStoreApplyOp : public OpKernel {
+class RowStoreApplyOp : public ExistingResourceOp<RowStoreResource> {
  public:
-  explicit RowStoreApplyOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+  explicit RowStoreApplyOp(OpKernelConstruction* ctx) : ExistingResourceOp(ctx) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("dim", &dim_));
   }
 
-  void Compute(OpKernelContext* ctx) override {
-    RowStoreResource* resource;
-    OP_REQUIRES_OK(ctx, LookupStore(ctx, &resource));
-    ::tensorflow::core::ScopedUnref unref(resource);
-    RowStore& store = resource->store();
+  void ComputeWith(OpKernelContext* ctx, RowStoreResource& resource) override {
+    RowStore& store = resource.store();
     const Tensor& rows = ctx->input(1);
     const Tensor& grad = ctx->input(2);
     OP_REQUIRES(ctx, dim_ == store.dim(),
@@ -335,7 +271,10 @@ class RowStoreApplyOp : public OpKernel {
     OP_REQUIRES_OK(ctx, CheckRowsAndValues(store, rows, grad, store.dim()));
     std::vector<float> scalars(ctx->num_inputs() - 3);
     for (size_t i = 0; i < scalars.size(); ++i) {
-      OP_REQUIRES_OK(ctx, ScalarFloat(ctx, 3 + i, &scalars[i]));
+      const int input = static_cast<int>(3 + i);
+      OP_REQUIRES_OK(ctx, ScalarInput(ctx, input, &scalars[i], "hyperparameter input ", input,
+                                      " of ", ctx->op_kernel().name(),
+                                      " must be a scalar, got shape "));
     }
     OP_REQUIRES_OK(ctx, ToTf(Apply(store, rows.flat<int64_t>().data(), rows.NumElements(),
                                    grad.flat<float>().data(), scalars)));
@@ -385,8 +324,6 @@ class RowStoreApplyAdamOp : public RowStoreApplyOp {
 }  // namespace
 
 // The store is host state, as the key index: CPU kernels only.
-#define MXREC_REGISTER_CPU(name, kernel) \
-  REGISTER_KERNEL_BUILDER(Name(name).Device(::tensorflow::DEVICE_CPU), kernel)
 MXREC_REGISTER_CPU("MxRowStoreHandle", NamedHandleOp<RowStoreResource>);
 MXREC_REGISTER_CPU("MxRowStoreCreate", RowStoreCreateOp);
 MXREC_REGISTER_CPU("MxRowStoreSize", RowStoreSizeOp);
@@ -400,6 +337,5 @@ MXREC_REGISTER_CPU("MxRowStoreImport", RowStoreImportOp);
 MXREC_REGISTER_CPU("MxRowStoreApplySgd", RowStoreApplySgdOp);
 MXREC_REGISTER_CPU("MxRowStoreApplyAdagrad", RowStoreApplyAdagradOp);
 MXREC_REGISTER_CPU("MxRowStoreApplyAdam", RowStoreApplyAdamOp);
-#undef MXREC_REGISTER_CPU
 
 }  // namespace mxrec

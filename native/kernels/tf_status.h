@@ -27,6 +27,8 @@ inline ::tensorflow::Status ToTf(const Status& status) {
       return errors::FailedPrecondition(status.message());
     case Status::Code::kInternal:
       return errors::Internal(status.message());
+    case Status::Code::kCancelled:
+      return errors::Cancelled(status.message());
   }
   return errors::Internal(status.message());
 }

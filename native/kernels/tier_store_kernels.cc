@@ -1,7 +1,6 @@
 // CPU kernels of the tier-store ops: a thin layer over mxrec::TierStore, the
 // host-memory and SSD tiers of a tiered table. Errors of the core cross into
 // TensorFlow here, once, as OP_REQUIRES statuses.
-#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -22,12 +21,17 @@ using ::tensorflow::OpKernelContext;
 using ::tensorflow::Tensor;
 using ::tensorflow::TensorShape;
 using ::tensorflow::TensorShapeUtils;
+using ::tensorflow::core::RefCountPtr;
 namespace errors = ::tensorflow::errors;
 
 // The host/SSD store of one table as a TensorFlow resource. Thread-safe:
 // TierStore locks internally.
 class TierStoreResource : public ::tensorflow::ResourceBase {
  public:
+  // How a failed lookup names the store (see LookupOrFail).
+  static constexpr char kKind[] = "the host/SSD store of table";
+  static constexpr char kFirstUse[] = "lookup or update";
+
   TierStoreResource(const std::string& table_name, int64_t width, int64_t host_rows,
                     int64_t ssd_rows, const std::vector<std::string>& ssd_dirs,
                     int64_t total_rows)
@@ -67,62 +71,43 @@ struct StoreAttrs {
   }
 };
 
-// Looks up the store behind input 0; the caller owns one reference on success.
-::tensorflow::Status LookupStore(OpKernelContext* ctx, TierStoreResource** resource) {
-  return LookupOrFail(ctx, "the host/SSD store of table", "lookup or update", resource);
-}
-
 // LookupOrCreate of the store with `attrs`, opened (SSD files created); an
 // existing store must have the same attrs.
 ::tensorflow::Status LookupOrCreateStore(OpKernelContext* ctx, const StoreAttrs& attrs,
-                                         TierStoreResource** resource) {
+                                         RefCountPtr<TierStoreResource>* resource) {
   const std::string& table = attrs.table_name;
-  TF_RETURN_IF_ERROR(::tensorflow::LookupOrCreateResource<TierStoreResource>(
-      ctx, HandleFromInput(ctx, 0), resource, [&](TierStoreResource** created) {
-        *created = nullptr;
-        TF_RETURN_IF_ERROR(GuardAllocation(
-            table,
-            "the host/SSD store index of " + std::to_string(attrs.total_rows) + " rows (" +
-                std::to_string(8 * attrs.total_rows) + " bytes of host memory)",
-            [&] {
-              *created = new TierStoreResource(table, attrs.width, attrs.host_rows,
-                                               attrs.ssd_rows, attrs.ssd_dirs, attrs.total_rows);
-            }));
-        ::tensorflow::Status opened = ToTf((*created)->store().Open());
-        if (!opened.ok()) {
-          (*created)->Unref();
-          *created = nullptr;
+  return LookupOrCreateChecked(
+      ctx, table,
+      "the host/SSD store index of " + std::to_string(attrs.total_rows) + " rows (" +
+          std::to_string(8 * attrs.total_rows) + " bytes of host memory)",
+      [&] {
+        return new TierStoreResource(table, attrs.width, attrs.host_rows, attrs.ssd_rows,
+                                     attrs.ssd_dirs, attrs.total_rows);
+      },
+      [](TierStoreResource& created) { return ToTf(created.store().Open()); },
+      [&](const TierStoreResource& found) -> ::tensorflow::Status {
+        const TierStore& existing = found.store();
+        if (existing.width() != attrs.width || existing.host_rows() != attrs.host_rows ||
+            existing.ssd_rows() != attrs.ssd_rows || existing.ssd_dirs() != attrs.ssd_dirs ||
+            existing.total_rows() != attrs.total_rows) {
+          return errors::InvalidArgument(
+              "table '", table, "' already has a host/SSD store with width=", existing.width(),
+              ", host_vocabulary_size=", existing.host_rows(),
+              ", ssd_vocabulary_size=", existing.ssd_rows(), ", ", existing.ssd_dirs().size(),
+              " SSD directories and ", existing.total_rows(), " global rows, not width=",
+              attrs.width, ", host_vocabulary_size=", attrs.host_rows,
+              ", ssd_vocabulary_size=", attrs.ssd_rows, ", ", attrs.ssd_dirs.size(),
+              " SSD directories and ", attrs.total_rows, " global rows");
         }
-        return opened;
-      }));
-  const TierStore& existing = (*resource)->store();
-  if (existing.width() != attrs.width || existing.host_rows() != attrs.host_rows ||
-      existing.ssd_rows() != attrs.ssd_rows || existing.ssd_dirs() != attrs.ssd_dirs ||
-      existing.total_rows() != attrs.total_rows) {
-    (*resource)->Unref();
-    return errors::InvalidArgument(
-        "table '", table, "' already has a host/SSD store with width=", existing.width(),
-        ", host_vocabulary_size=", existing.host_rows(),
-        ", ssd_vocabulary_size=", existing.ssd_rows(), ", ", existing.ssd_dirs().size(),
-        " SSD directories and ", existing.total_rows(), " global rows, not width=", attrs.width,
-        ", host_vocabulary_size=", attrs.host_rows, ", ssd_vocabulary_size=", attrs.ssd_rows,
-        ", ", attrs.ssd_dirs.size(), " SSD directories and ", attrs.total_rows, " global rows");
-  }
-  return ::tensorflow::OkStatus();
-}
-
-::tensorflow::Status CheckVector(const std::string& table, const char* name, const Tensor& t) {
-  if (!TensorShapeUtils::IsVector(t.shape())) {
-    return errors::InvalidArgument("table '", table, "': ", name, " must be a vector, got ",
-                                   t.shape().DebugString());
-  }
-  return ::tensorflow::OkStatus();
+        return ::tensorflow::OkStatus();
+      },
+      resource);
 }
 
 // `values` must be [globals.size, width].
 ::tensorflow::Status CheckValues(const std::string& table, int64_t width, const Tensor& globals,
                                  const Tensor& values) {
-  TF_RETURN_IF_ERROR(CheckVector(table, "the globals", globals));
+  TF_RETURN_IF_ERROR(CheckVector(table, globals, "the globals"));
   if (!TensorShapeUtils::IsMatrix(values.shape()) ||
       values.dim_size(0) != globals.NumElements() || values.dim_size(1) != width) {
     return errors::InvalidArgument("table '", table, "': values must be [",
@@ -137,9 +122,8 @@ class TierStoreCreateOp : public OpKernel {
   explicit TierStoreCreateOp(OpKernelConstruction* ctx) : OpKernel(ctx), attrs_(ctx) {}
 
   void Compute(OpKernelContext* ctx) override {
-    TierStoreResource* resource;
+    RefCountPtr<TierStoreResource> resource;
     OP_REQUIRES_OK(ctx, LookupOrCreateStore(ctx, attrs_, &resource));
-    ::tensorflow::core::ScopedUnref unref(resource);
     resource->store().Clear();
   }
 
@@ -147,15 +131,12 @@ class TierStoreCreateOp : public OpKernel {
   StoreAttrs attrs_;
 };
 
-class TierStoreSwapOp : public OpKernel {
+class TierStoreSwapOp : public ExistingResourceOp<TierStoreResource> {
  public:
-  using OpKernel::OpKernel;
+  using ExistingResourceOp::ExistingResourceOp;
 
-  void Compute(OpKernelContext* ctx) override {
-    TierStoreResource* resource;
-    OP_REQUIRES_OK(ctx, LookupStore(ctx, &resource));
-    ::tensorflow::core::ScopedUnref unref(resource);
-    TierStore& store = resource->store();
+  void ComputeWith(OpKernelContext* ctx, TierStoreResource& resource) override {
+    TierStore& store = resource.store();
     const std::string& table = store.name();
     const int64_t width = store.width();
 
@@ -163,8 +144,8 @@ class TierStoreSwapOp : public OpKernel {
     const Tensor& take = ctx->input(2);
     const Tensor& put = ctx->input(3);
     const Tensor& put_values = ctx->input(4);
-    OP_REQUIRES_OK(ctx, CheckVector(table, "erase_globals", erase));
-    OP_REQUIRES_OK(ctx, CheckVector(table, "take_globals", take));
+    OP_REQUIRES_OK(ctx, CheckVector(table, erase, "erase_globals"));
+    OP_REQUIRES_OK(ctx, CheckVector(table, take, "take_globals"));
     OP_REQUIRES_OK(ctx, CheckValues(table, width, put, put_values));
 
     const int64_t f = take.NumElements();
@@ -185,17 +166,14 @@ class TierStoreSwapOp : public OpKernel {
   }
 };
 
-class TierStoreReadOp : public OpKernel {
+class TierStoreReadOp : public ExistingResourceOp<TierStoreResource> {
  public:
-  using OpKernel::OpKernel;
+  using ExistingResourceOp::ExistingResourceOp;
 
-  void Compute(OpKernelContext* ctx) override {
-    TierStoreResource* resource;
-    OP_REQUIRES_OK(ctx, LookupStore(ctx, &resource));
-    ::tensorflow::core::ScopedUnref unref(resource);
-    const TierStore& store = resource->store();
+  void ComputeWith(OpKernelContext* ctx, TierStoreResource& resource) override {
+    const TierStore& store = resource.store();
     const Tensor& globals = ctx->input(1);
-    OP_REQUIRES_OK(ctx, CheckVector(store.name(), "globals", globals));
+    OP_REQUIRES_OK(ctx, CheckVector(store.name(), globals, "globals"));
     const int64_t n = globals.NumElements();
     Tensor* values;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({n, store.width()}), &values));
@@ -207,17 +185,14 @@ class TierStoreReadOp : public OpKernel {
   }
 };
 
-class TierStoreExportOp : public OpKernel {
+class TierStoreExportOp : public ExistingResourceOp<TierStoreResource> {
  public:
-  using OpKernel::OpKernel;
+  using ExistingResourceOp::ExistingResourceOp;
 
-  void Compute(OpKernelContext* ctx) override {
-    TierStoreResource* resource;
-    OP_REQUIRES_OK(ctx, LookupStore(ctx, &resource));
-    ::tensorflow::core::ScopedUnref unref(resource);
-    const TierStore& store = resource->store();
+  void ComputeWith(OpKernelContext* ctx, TierStoreResource& resource) override {
+    const TierStore& store = resource.store();
     const Tensor& exclude = ctx->input(1);
-    OP_REQUIRES_OK(ctx, CheckVector(store.name(), "exclude", exclude));
+    OP_REQUIRES_OK(ctx, CheckVector(store.name(), exclude, "exclude"));
     std::vector<int64_t> globals;
     std::vector<float> values;
     OP_REQUIRES_OK(ctx, GuardAllocation(store.name(), "the exported rows (host memory)", [&] {
@@ -225,12 +200,8 @@ class TierStoreExportOp : public OpKernel {
                                          &globals, &values);
                    }));
     const int64_t k = static_cast<int64_t>(globals.size());
-    Tensor* globals_out;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({k}), &globals_out));
-    std::copy(globals.begin(), globals.end(), globals_out->flat<int64_t>().data());
-    Tensor* values_out;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({k, store.width()}), &values_out));
-    std::copy(values.begin(), values.end(), values_out->flat<float>().data());
+    OP_REQUIRES_OK(ctx, OutputVector(ctx, 0, globals));
+    OP_REQUIRES_OK(ctx, OutputCopy(ctx, 1, TensorShape({k, store.width()}), values));
   }
 };
 
@@ -242,9 +213,8 @@ class TierStoreImportOp : public OpKernel {
     const Tensor& globals = ctx->input(1);
     const Tensor& values = ctx->input(2);
     OP_REQUIRES_OK(ctx, CheckValues(attrs_.table_name, attrs_.width, globals, values));
-    TierStoreResource* resource;
+    RefCountPtr<TierStoreResource> resource;
     OP_REQUIRES_OK(ctx, LookupOrCreateStore(ctx, attrs_, &resource));
-    ::tensorflow::core::ScopedUnref unref(resource);
     OP_REQUIRES_OK(ctx, GuardAllocation(attrs_.table_name, "the imported rows (host memory)", [&] {
                      return resource->store().Import(globals.flat<int64_t>().data(),
                                                      globals.NumElements(),
@@ -256,22 +226,14 @@ class TierStoreImportOp : public OpKernel {
   StoreAttrs attrs_;
 };
 
-class TierStoreStatsOp : public OpKernel {
+class TierStoreStatsOp : public ExistingResourceOp<TierStoreResource> {
  public:
-  using OpKernel::OpKernel;
+  using ExistingResourceOp::ExistingResourceOp;
 
-  void Compute(OpKernelContext* ctx) override {
-    TierStoreResource* resource;
-    OP_REQUIRES_OK(ctx, LookupStore(ctx, &resource));
-    ::tensorflow::core::ScopedUnref unref(resource);
-    const TierStore::Stats stats = resource->store().stats();
-    const int64_t values[] = {stats.host_rows_used, stats.ssd_rows_used, stats.host_bytes,
-                              stats.ssd_bytes};
-    for (int i = 0; i < 4; ++i) {
-      Tensor* out;
-      OP_REQUIRES_OK(ctx, ctx->allocate_output(i, TensorShape({}), &out));
-      out->scalar<int64_t>()() = values[i];
-    }
+  void ComputeWith(OpKernelContext* ctx, TierStoreResource& resource) override {
+    const TierStore::Stats stats = resource.store().stats();
+    OP_REQUIRES_OK(ctx, OutputScalars(ctx, {stats.host_rows_used, stats.ssd_rows_used,
+                                            stats.host_bytes, stats.ssd_bytes}));
   }
 };
 
@@ -279,8 +241,6 @@ class TierStoreStatsOp : public OpKernel {
 
 // Host state: kernels are registered for the CPU only (a GPU graph places these
 // ops on the host).
-#define MXREC_REGISTER_CPU(name, kernel) \
-  REGISTER_KERNEL_BUILDER(Name(name).Device(::tensorflow::DEVICE_CPU), kernel)
 MXREC_REGISTER_CPU("MxTierStoreHandle", NamedHandleOp<TierStoreResource>);
 MXREC_REGISTER_CPU("MxTierStoreCreate", TierStoreCreateOp);
 MXREC_REGISTER_CPU("MxTierStoreSwap", TierStoreSwapOp);
@@ -288,6 +248,5 @@ MXREC_REGISTER_CPU("MxTierStoreRead", TierStoreReadOp);
 MXREC_REGISTER_CPU("MxTierStoreExport", TierStoreExportOp);
 MXREC_REGISTER_CPU("MxTierStoreImport", TierStoreImportOp);
 MXREC_REGISTER_CPU("MxTierStoreStats", TierStoreStatsOp);
-#undef MXREC_REGISTER_CPU
 
 }  // namespace mxrec

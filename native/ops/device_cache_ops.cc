@@ -15,21 +15,11 @@ using ::tensorflow::shape_inference::ShapeHandle;
 
 namespace {
 
-// Handle, then `vectors` int64 vector inputs; `outputs` int64 vector outputs of
-// unknown length.
-Status VectorsShape(InferenceContext* c, int vectors, int outputs) {
-  TF_RETURN_IF_ERROR(ScalarHandle(c));
-  ShapeHandle unused;
-  for (int i = 1; i <= vectors; ++i) TF_RETURN_IF_ERROR(c->WithRank(c->input(i), 1, &unused));
-  for (int i = 0; i < outputs; ++i) c->set_output(i, c->Vector(c->UnknownDim()));
-  return ::tensorflow::OkStatus();
-}
-
 // Handle and globals [n] -> slots [n] (and more outputs set by the caller).
 Status GlobalsToSlots(InferenceContext* c) {
   TF_RETURN_IF_ERROR(ScalarHandle(c));
   ShapeHandle globals;
-  TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 1, &globals));
+  TF_RETURN_IF_ERROR(VectorInput(c, 1, &globals));
   c->set_output(0, globals);
   return ::tensorflow::OkStatus();
 }
@@ -96,8 +86,7 @@ REGISTER_OP("MxDeviceCacheApply")
     .SetIsStateful()
     .SetShapeFn([](InferenceContext* c) -> Status {
       TF_RETURN_IF_ERROR(ScalarHandle(c));
-      ShapeHandle unused;
-      TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 0, &unused));
+      TF_RETURN_IF_ERROR(ScalarInput(c, 1));
       ShapeHandle swap_out = c->Vector(c->UnknownDim());
       ShapeHandle swap_in = c->Vector(c->UnknownDim());
       c->set_output(0, swap_out);
@@ -119,10 +108,7 @@ REGISTER_OP("MxDeviceCacheFinish")
     .Input("handle: resource")
     .Input("token: int64")
     .SetIsStateful()
-    .SetShapeFn([](InferenceContext* c) -> Status {
-      ShapeHandle unused;
-      return c->WithRank(c->input(1), 0, &unused);
-    })
+    .SetShapeFn([](InferenceContext* c) -> Status { return ScalarInput(c, 1); })
     .Doc(R"doc(
 The training step of the plan `token` finished (its optimizer update ran): that
 batch's device rows stop being pinned, so the key process may evict them for the
@@ -200,11 +186,7 @@ REGISTER_OP("MxDeviceCacheStats")
     .Output("swap_outs: int64")
     .Output("swap_ins: int64")
     .SetIsStateful()
-    .SetShapeFn([](InferenceContext* c) -> Status {
-      TF_RETURN_IF_ERROR(ScalarHandle(c));
-      for (int i = 0; i < 6; ++i) c->set_output(i, c->Scalar());
-      return ::tensorflow::OkStatus();
-    })
+    .SetShapeFn(HandleToScalars<6>)
     .Doc(R"doc(
 Slots, slots holding a row (planned), hits and misses of the plans, rows
 swapped out and in by the applies.

@@ -11,6 +11,18 @@ using ::tensorflow::Status;
 using ::tensorflow::shape_inference::InferenceContext;
 using ::tensorflow::shape_inference::ShapeHandle;
 
+namespace {
+
+// The insertion ops' outputs: unique_rows and unique_keys [num_unique], restore
+// of the keys' (input 1's) shape, known or not.
+void InsertionOutputs(InferenceContext* c) {
+  c->set_output(0, c->Vector(c->UnknownDim()));
+  c->set_output(1, c->input(1));
+  c->set_output(2, c->Vector(c->UnknownDim()));
+}
+
+}  // namespace
+
 REGISTER_OP("MxKeyIndexHandle")
     .Output("handle: resource")
     .Attr("container: string = ''")
@@ -43,9 +55,7 @@ REGISTER_OP("MxKeyIndexInsert")
     .SetIsStateful()
     .SetShapeFn([](InferenceContext* c) -> Status {
       TF_RETURN_IF_ERROR(ScalarHandle(c));
-      c->set_output(0, c->Vector(InferenceContext::kUnknownDim));
-      c->set_output(1, c->input(1));  // keys' shape, known or not.
-      c->set_output(2, c->Vector(InferenceContext::kUnknownDim));
+      InsertionOutputs(c);
       return ::tensorflow::OkStatus();
     })
     .Doc(R"doc(
@@ -64,12 +74,7 @@ REGISTER_OP("MxKeyIndexSize")
     .Output("size: int64")
     .Output("memory_bytes: int64")
     .SetIsStateful()
-    .SetShapeFn([](InferenceContext* c) -> Status {
-      TF_RETURN_IF_ERROR(ScalarHandle(c));
-      c->set_output(0, c->Scalar());
-      c->set_output(1, c->Scalar());
-      return ::tensorflow::OkStatus();
-    })
+    .SetShapeFn(HandleToScalars<2>)
     .Doc("Number of stored keys, and bytes held by the index (not the rows).");
 
 REGISTER_OP("MxKeyIndexExport")
@@ -77,12 +82,7 @@ REGISTER_OP("MxKeyIndexExport")
     .Output("keys: int64")
     .Output("rows: int64")
     .SetIsStateful()
-    .SetShapeFn([](InferenceContext* c) -> Status {
-      TF_RETURN_IF_ERROR(ScalarHandle(c));
-      c->set_output(0, c->Vector(InferenceContext::kUnknownDim));
-      c->set_output(1, c->Vector(InferenceContext::kUnknownDim));
-      return ::tensorflow::OkStatus();
-    })
+    .SetShapeFn([](InferenceContext* c) -> Status { return VectorsShape(c, 0, 2); })
     .Doc("Every stored (key, row) pair as two [size] int64 vectors, unordered.");
 
 REGISTER_OP("MxKeyIndexImport")
@@ -96,8 +96,8 @@ REGISTER_OP("MxKeyIndexImport")
     .SetShapeFn([](InferenceContext* c) -> Status {
       TF_RETURN_IF_ERROR(ScalarHandle(c));
       ShapeHandle keys, rows;
-      TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 1, &keys));
-      TF_RETURN_IF_ERROR(c->WithRank(c->input(2), 1, &rows));
+      TF_RETURN_IF_ERROR(VectorInput(c, 1, &keys));
+      TF_RETURN_IF_ERROR(VectorInput(c, 2, &rows));
       return c->Merge(keys, rows, &keys);
     })
     .Doc("Creates the index if needed and replaces its content with (keys, rows).");
@@ -116,11 +116,9 @@ REGISTER_OP("MxKeyIndexInsertAdmit")
       TF_RETURN_IF_ERROR(ScalarHandle(c));
       ShapeHandle unused;
       TF_RETURN_IF_ERROR(c->Merge(c->input(1), c->input(2), &unused));
-      TF_RETURN_IF_ERROR(c->WithRank(c->input(3), 0, &unused));
-      TF_RETURN_IF_ERROR(c->WithRank(c->input(4), 0, &unused));
-      c->set_output(0, c->Vector(InferenceContext::kUnknownDim));
-      c->set_output(1, c->input(1));
-      c->set_output(2, c->Vector(InferenceContext::kUnknownDim));
+      TF_RETURN_IF_ERROR(ScalarInput(c, 3));
+      TF_RETURN_IF_ERROR(ScalarInput(c, 4));
+      InsertionOutputs(c);
       return ::tensorflow::OkStatus();
     })
     .Doc(R"doc(
@@ -143,9 +141,8 @@ REGISTER_OP("MxKeyIndexEvict")
     .SetIsStateful()
     .SetShapeFn([](InferenceContext* c) -> Status {
       TF_RETURN_IF_ERROR(ScalarHandle(c));
-      ShapeHandle unused;
-      TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 0, &unused));
-      c->set_output(0, c->Vector(InferenceContext::kUnknownDim));
+      TF_RETURN_IF_ERROR(ScalarInput(c, 1));
+      c->set_output(0, c->Vector(c->UnknownDim()));
       return ::tensorflow::OkStatus();
     })
     .Doc(R"doc(
@@ -176,8 +173,7 @@ REGISTER_OP("MxKeyIndexExportState")
     .Output("counters: int64")
     .SetIsStateful()
     .SetShapeFn([](InferenceContext* c) -> Status {
-      TF_RETURN_IF_ERROR(ScalarHandle(c));
-      for (int i = 0; i < 6; ++i) c->set_output(i, c->Vector(InferenceContext::kUnknownDim));
+      TF_RETURN_IF_ERROR(VectorsShape(c, 0, 6));
       c->set_output(6, c->Vector(3));
       return ::tensorflow::OkStatus();
     })
@@ -202,14 +198,14 @@ REGISTER_OP("MxKeyIndexImportState")
     .SetIsStateful()
     .SetShapeFn([](InferenceContext* c) -> Status {
       TF_RETURN_IF_ERROR(ScalarHandle(c));
-      ShapeHandle admitted, pending, unused;
-      TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 1, &admitted));
+      ShapeHandle admitted, pending;
+      TF_RETURN_IF_ERROR(VectorInput(c, 1, &admitted));
       TF_RETURN_IF_ERROR(c->Merge(admitted, c->input(2), &admitted));
       TF_RETURN_IF_ERROR(c->Merge(admitted, c->input(3), &admitted));
-      TF_RETURN_IF_ERROR(c->WithRank(c->input(4), 1, &pending));
+      TF_RETURN_IF_ERROR(VectorInput(c, 4, &pending));
       TF_RETURN_IF_ERROR(c->Merge(pending, c->input(5), &pending));
       TF_RETURN_IF_ERROR(c->Merge(pending, c->input(6), &pending));
-      return c->WithRank(c->input(7), 1, &unused);
+      return VectorInput(c, 7);
     })
     .Doc("Creates the index if needed and replaces its content with an exported state.");
 

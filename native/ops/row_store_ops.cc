@@ -20,7 +20,7 @@ namespace {
 Status RowsAndMatrix(InferenceContext* c, int rows_input, int values_input,
                      DimensionHandle width, DimensionHandle* n) {
   ShapeHandle rows, values;
-  TF_RETURN_IF_ERROR(c->WithRank(c->input(rows_input), 1, &rows));
+  TF_RETURN_IF_ERROR(VectorInput(c, rows_input, &rows));
   TF_RETURN_IF_ERROR(c->WithRank(c->input(values_input), 2, &values));
   TF_RETURN_IF_ERROR(c->Merge(c->Dim(rows, 0), c->Dim(values, 0), n));
   DimensionHandle unused;
@@ -34,16 +34,22 @@ Status DimAttr(InferenceContext* c, DimensionHandle* dim) {
   return ::tensorflow::OkStatus();
 }
 
+// Input `i` must be a matrix of `dim` (the attr) columns; sets *dim.
+Status DimWideMatrix(InferenceContext* c, int i, DimensionHandle* dim) {
+  ShapeHandle matrix;
+  TF_RETURN_IF_ERROR(c->WithRank(c->input(i), 2, &matrix));
+  TF_RETURN_IF_ERROR(DimAttr(c, dim));
+  DimensionHandle merged;
+  return c->Merge(c->Dim(matrix, 1), *dim, &merged);
+}
+
 // Fused updates: (handle, rows [n], grad [n, dim], scalar hyperparameters...).
 Status ApplyShape(InferenceContext* c) {
   TF_RETURN_IF_ERROR(ScalarHandle(c));
   DimensionHandle dim, n;
   TF_RETURN_IF_ERROR(DimAttr(c, &dim));
   TF_RETURN_IF_ERROR(RowsAndMatrix(c, 1, 2, dim, &n));
-  ShapeHandle unused;
-  for (int i = 3; i < c->num_inputs(); ++i) {
-    TF_RETURN_IF_ERROR(c->WithRank(c->input(i), 0, &unused));
-  }
+  for (int i = 3; i < c->num_inputs(); ++i) TF_RETURN_IF_ERROR(ScalarInput(c, i));
   return ::tensorflow::OkStatus();
 }
 
@@ -71,11 +77,7 @@ REGISTER_OP("MxRowStoreSize")
     .Output("num_slots: int64")
     .Output("memory_bytes: int64")
     .SetIsStateful()
-    .SetShapeFn([](InferenceContext* c) -> Status {
-      TF_RETURN_IF_ERROR(ScalarHandle(c));
-      for (int i = 0; i < 3; ++i) c->set_output(i, c->Scalar());
-      return ::tensorflow::OkStatus();
-    })
+    .SetShapeFn(HandleToScalars<3>)
     .Doc("Rows held, optimizer slots per row (-1 before the first update), bytes of rows.");
 
 REGISTER_OP("MxRowStoreAppend")
@@ -87,12 +89,9 @@ REGISTER_OP("MxRowStoreAppend")
     .SetIsStateful()
     .SetShapeFn([](InferenceContext* c) -> Status {
       TF_RETURN_IF_ERROR(ScalarHandle(c));
-      ShapeHandle unused, values;
-      TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 0, &unused));
-      TF_RETURN_IF_ERROR(c->WithRank(c->input(2), 2, &values));
-      DimensionHandle dim, merged;
-      TF_RETURN_IF_ERROR(DimAttr(c, &dim));
-      TF_RETURN_IF_ERROR(c->Merge(c->Dim(values, 1), dim, &merged));
+      TF_RETURN_IF_ERROR(ScalarInput(c, 1));
+      DimensionHandle dim;
+      TF_RETURN_IF_ERROR(DimWideMatrix(c, 2, &dim));
       c->set_output(0, c->Scalar());
       return ::tensorflow::OkStatus();
     })
@@ -109,11 +108,7 @@ REGISTER_OP("MxRowStoreSetSlots")
     .Input("handle: resource")
     .Input("initial_values: float")
     .SetIsStateful()
-    .SetShapeFn([](InferenceContext* c) -> Status {
-      TF_RETURN_IF_ERROR(ScalarHandle(c));
-      ShapeHandle unused;
-      return c->WithRank(c->input(1), 1, &unused);
-    })
+    .SetShapeFn([](InferenceContext* c) -> Status { return VectorsShape(c, 1, 0); })
     .Doc(R"doc(
 Sets the optimizer slots of the rows: one per entry of `initial_values` ([k]
 float32, each slot's initial value). The first call lays the rows out again;
@@ -131,12 +126,10 @@ REGISTER_OP("MxRowStoreLookup")
     .SetIsStateful()
     .SetShapeFn([](InferenceContext* c) -> Status {
       TF_RETURN_IF_ERROR(ScalarHandle(c));
-      ShapeHandle rows, anchor;
-      TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 1, &rows));
-      TF_RETURN_IF_ERROR(c->WithRank(c->input(2), 2, &anchor));
-      DimensionHandle dim, merged;
-      TF_RETURN_IF_ERROR(DimAttr(c, &dim));
-      TF_RETURN_IF_ERROR(c->Merge(c->Dim(anchor, 1), dim, &merged));
+      ShapeHandle rows;
+      TF_RETURN_IF_ERROR(VectorInput(c, 1, &rows));
+      DimensionHandle dim;
+      TF_RETURN_IF_ERROR(DimWideMatrix(c, 2, &dim));
       c->set_output(0, c->Matrix(c->Dim(rows, 0), dim));
       c->set_output(1, rows);
       return ::tensorflow::OkStatus();
@@ -162,7 +155,7 @@ REGISTER_OP("MxRowStoreReadRows")
     .SetShapeFn([](InferenceContext* c) -> Status {
       TF_RETURN_IF_ERROR(ScalarHandle(c));
       ShapeHandle rows;
-      TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 1, &rows));
+      TF_RETURN_IF_ERROR(VectorInput(c, 1, &rows));
       c->set_output(0, c->Matrix(c->Dim(rows, 0), InferenceContext::kUnknownDim));
       c->set_output(1, c->Vector(InferenceContext::kUnknownDim));
       return ::tensorflow::OkStatus();
@@ -214,7 +207,7 @@ REGISTER_OP("MxRowStoreImport")
       TF_RETURN_IF_ERROR(ScalarHandle(c));
       ShapeHandle unused;
       TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 2, &unused));
-      return c->WithRank(c->input(2), 1, &unused);
+      return VectorInput(c, 2);
     })
     .Doc("Creates the store if needed and replaces its content (as MxRowStoreExport gives).");
 

@@ -20,7 +20,7 @@ namespace {
 Status GlobalsAndValues(InferenceContext* c, int i, bool width_attr, DimensionHandle* k,
                         DimensionHandle* width) {
   ShapeHandle globals, values;
-  TF_RETURN_IF_ERROR(c->WithRank(c->input(i - 1), 1, &globals));
+  TF_RETURN_IF_ERROR(VectorInput(c, i - 1, &globals));
   TF_RETURN_IF_ERROR(c->WithRank(c->input(i), 2, &values));
   TF_RETURN_IF_ERROR(c->Merge(c->Dim(globals, 0), c->Dim(values, 0), k));
   *width = c->Dim(values, 1);
@@ -74,9 +74,9 @@ REGISTER_OP("MxTierStoreSwap")
     .SetIsStateful()
     .SetShapeFn([](InferenceContext* c) -> Status {
       TF_RETURN_IF_ERROR(ScalarHandle(c));
-      ShapeHandle erase, take;
-      TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 1, &erase));
-      TF_RETURN_IF_ERROR(c->WithRank(c->input(2), 1, &take));
+      ShapeHandle take;
+      TF_RETURN_IF_ERROR(VectorInput(c, 1));  // erase_globals
+      TF_RETURN_IF_ERROR(VectorInput(c, 2, &take));
       DimensionHandle e, width;
       TF_RETURN_IF_ERROR(GlobalsAndValues(c, 4, /*width_attr=*/false, &e, &width));
       c->set_output(0, c->Matrix(c->Dim(take, 0), width));
@@ -103,7 +103,7 @@ REGISTER_OP("MxTierStoreRead")
     .SetShapeFn([](InferenceContext* c) -> Status {
       TF_RETURN_IF_ERROR(ScalarHandle(c));
       ShapeHandle globals;
-      TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 1, &globals));
+      TF_RETURN_IF_ERROR(VectorInput(c, 1, &globals));
       c->set_output(0, c->Matrix(c->Dim(globals, 0), InferenceContext::kUnknownDim));
       c->set_output(1, globals);
       return ::tensorflow::OkStatus();
@@ -123,10 +123,7 @@ REGISTER_OP("MxTierStoreExport")
     .Output("values: float")
     .SetIsStateful()
     .SetShapeFn([](InferenceContext* c) -> Status {
-      TF_RETURN_IF_ERROR(ScalarHandle(c));
-      ShapeHandle exclude;
-      TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 1, &exclude));
-      c->set_output(0, c->Vector(InferenceContext::kUnknownDim));
+      TF_RETURN_IF_ERROR(VectorsShape(c, 1, 1));
       c->set_output(1, c->Matrix(InferenceContext::kUnknownDim, InferenceContext::kUnknownDim));
       return ::tensorflow::OkStatus();
     })
@@ -166,11 +163,7 @@ REGISTER_OP("MxTierStoreStats")
     .Output("host_bytes: int64")
     .Output("ssd_bytes: int64")
     .SetIsStateful()
-    .SetShapeFn([](InferenceContext* c) -> Status {
-      TF_RETURN_IF_ERROR(ScalarHandle(c));
-      for (int i = 0; i < 4; ++i) c->set_output(i, c->Scalar());
-      return ::tensorflow::OkStatus();
-    })
+    .SetShapeFn(HandleToScalars<4>)
     .Doc(R"doc(
 Rows held in host memory and on SSD, host bytes allocated (rows and index) and
 SSD bytes in use, as int64 scalars.
