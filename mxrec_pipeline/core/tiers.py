@@ -147,7 +147,7 @@ def plan(container: str, table_name: str, global_rows: tf.Tensor):
 
   Returns:
     (slots [num_unique] int64, -1 where global_rows is -1;
-     token [1] int64: what sparse_lookup hands to `TieredTables.apply_plan`).
+     token [1] int64: what sparse_lookup hands to `TieredStorage.apply_plan`).
 
   Raises:
     tf.errors.ResourceExhaustedError (at run time): the cache cannot hold the
@@ -168,7 +168,8 @@ class TieredStorage(tf.Module):
   STORE_STATE_NAMES).
 
   Args:
-    table: The owning table (its variable must exist before `attach`).
+    table_name: The owning table's name (the native resources' shared name).
+    dim: Its embedding dimension.
     config: The TierConfig.
     row_initializer: Initial rows by global row.
     container: The run's resource container.
