@@ -12,6 +12,7 @@ GTEST_BIN := native/build/key_index_test
 ROW_STORE_TEST := native/build/row_store_test
 TIER_STORE_TEST := native/build/tier_store_test
 DEVICE_CACHE_TEST := native/build/device_cache_test
+ROW_INIT_TEST := native/build/row_init_test
 SANITIZE  := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all
 
 .PHONY: all system-deps venv native native-test test pytest demo bench clean
@@ -68,12 +69,20 @@ $(DEVICE_CACHE_TEST): native/core/device_cache.cc native/core/device_cache.h \
 	  native/core/device_cache.cc native/tests/device_cache_test.cc \
 	  -lgtest -lgtest_main -pthread -o $@
 
+$(ROW_INIT_TEST): native/core/row_init.cc native/core/row_init.h native/tests/row_init_test.cc \
+    | system-deps
+	mkdir -p native/build
+	g++ -std=c++20 -O1 -g -Wall -Wextra -Werror $(SANITIZE) \
+	  native/core/row_init.cc native/tests/row_init_test.cc \
+	  -lgtest -lgtest_main -pthread -o $@
+
 # GoogleTest unit tests of the TF-free core, under ASan and UBSan.
-native-test: $(GTEST_BIN) $(ROW_STORE_TEST) $(TIER_STORE_TEST) $(DEVICE_CACHE_TEST)
+native-test: $(GTEST_BIN) $(ROW_STORE_TEST) $(TIER_STORE_TEST) $(DEVICE_CACHE_TEST) $(ROW_INIT_TEST)
 	$(GTEST_BIN)
 	$(ROW_STORE_TEST)
 	$(TIER_STORE_TEST)
 	$(DEVICE_CACHE_TEST)
+	$(ROW_INIT_TEST)
 
 pytest: native
 	$(PY) -m pytest -q tests

@@ -19,6 +19,8 @@ SOURCES += ["native/core/tier_store.cc", "native/ops/tier_store_ops.cc",
             "native/kernels/tier_store_kernels.cc"]
 SOURCES += ["native/core/device_cache.cc", "native/ops/device_cache_ops.cc",
             "native/kernels/device_cache_kernels.cc"]
+SOURCES += ["native/core/row_init.cc", "native/ops/row_init_ops.cc",
+            "native/kernels/row_init_kernels.cc"]
 OUTPUT = ROOT / "mxrec_pipeline" / "ops" / "_mxrec_ops.so"
 
 

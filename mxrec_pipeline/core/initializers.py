@@ -7,11 +7,14 @@ then a key gets the same initial embedding wherever it lives, and a tiered
 table trains exactly like an all-on-device table built with the same
 RowInitializer (tests/core/test_core_tiers.py checks this).
 
-The values are counter-based: element (g, j) of a table with seed s is drawn from
+The values are counter-based and computed by one native op, MxRowInit (the math
+in native/core/row_init.h): element (g, j) of a table with seed s is drawn from
 SplitMix64(s, g * dim + j) (Steele, Lea, Flood, "Fast splittable pseudorandom
-number generators", OOPSLA 2014) mapped to a uniform in (0, 1) and through the
-inverse normal CDF (`tf.math.ndtri`, in float32) for normal and truncated-normal
-rows, so truncation is exact rather than by resampling.
+number generators", OOPSLA 2014) mapped to a uniform in (0, 1) and, for normal
+and truncated-normal rows, through the inverse normal CDF in double (Wichura's
+AS 241), so truncation is exact rather than by resampling. The distribution's
+parameters reach the op as float32 attrs; values are float32 (cast to a table's
+other floating dtype).
 
 `row_initializer(emb_initializer)` converts the usual initializers
 (tf.keras.initializers TruncatedNormal, RandomNormal, RandomUniform, Constant,
@@ -24,15 +27,14 @@ the very same values.
 from __future__ import annotations
 
 import dataclasses
-import math
 import random
 
 import tensorflow as tf
 
+from mxrec_pipeline import ops
+from mxrec_pipeline.core import key_index
+
 KINDS = ("truncated_normal", "normal", "uniform", "constant")
-_GOLDEN = 0x9E3779B97F4A7C15
-_MIX1 = 0xBF58476D1CE4E5B9
-_MIX2 = 0x94D049BB133111EB
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,7 +75,7 @@ class RowInitializer:
       object.__setattr__(self, "seed", random.getrandbits(63))
 
   def rows(self, global_rows: tf.Tensor, dim: int, dtype=tf.float32) -> tf.Tensor:
-    """Initial values of `global_rows`.
+    """Initial values of `global_rows`: one MxRowInit op, on the host.
 
     Args:
       global_rows: [n] int64 global rows (>= 0).
@@ -82,23 +84,18 @@ class RowInitializer:
 
     Returns:
       [n, dim] tensor of `dtype`.
+
+    Raises:
+      tf.errors.InvalidArgumentError: (when the op runs) a negative global row.
     """
     global_rows = tf.convert_to_tensor(global_rows, tf.int64)
-    n = tf.size(global_rows)
-    if self.kind == "constant":
-      return tf.fill([n, dim], tf.cast(self.value * self.scale, dtype))
-    counters = (tf.cast(global_rows, tf.uint64)[:, None] * tf.constant(dim, tf.uint64)
-                + tf.cast(tf.range(dim, dtype=tf.int64), tf.uint64)[None, :])
-    u = _uniform(self.seed, counters)
-    if self.kind == "uniform":
-      values = self.minval + u * (self.maxval - self.minval)
-    else:
-      if self.kind == "truncated_normal":
-        low, high = _normal_cdf(-2.0), _normal_cdf(2.0)
-        u = low + u * (high - low)
-      # float32 is ample for initial values and ndtri is ~5x faster in it.
-      values = self.mean + self.stddev * tf.math.ndtri(tf.cast(u, tf.float32))
-    return tf.cast(values * self.scale, dtype)
+    with tf.device(key_index.HOST_DEVICE):
+      values = ops.load().mx_row_init(
+          global_rows, dim=int(dim), kind=self.kind, mean=self.mean, stddev=self.stddev,
+          minval=self.minval, maxval=self.maxval, value=self.value, scale=self.scale,
+          seed=_signed64(self.seed))
+    dtype = tf.as_dtype(dtype)
+    return values if dtype == tf.float32 else tf.cast(values, dtype)
 
   def __call__(self, shape, dtype=tf.float32, **kwargs):
     """Rows 0..shape[0]-1: the same values a tiered table gives those global rows."""
@@ -111,23 +108,10 @@ class RowInitializer:
     return dataclasses.replace(self, scale=self.scale * factor)
 
 
-def _normal_cdf(x: float) -> float:
-  return 0.5 * (1.0 + math.erf(x / math.sqrt(2.0)))
-
-
-def _uniform(seed: int, counters: tf.Tensor) -> tf.Tensor:
-  """SplitMix64 of seed + counter, as float64 uniforms in (0, 1)."""
-  x = counters * tf.constant(_GOLDEN, tf.uint64) + tf.constant(seed % 2**64, tf.uint64)
-  x = _xor_shift(x, 30) * tf.constant(_MIX1, tf.uint64)
-  x = _xor_shift(x, 27) * tf.constant(_MIX2, tf.uint64)
-  x = _xor_shift(x, 31)
-  # The top 53 bits, centred in their interval: never exactly 0 or 1.
-  top = tf.bitwise.right_shift(x, tf.constant(11, tf.uint64))
-  return (tf.cast(top, tf.float64) + 0.5) * (1.0 / 2**53)
-
-
-def _xor_shift(x: tf.Tensor, bits: int) -> tf.Tensor:
-  return tf.bitwise.bitwise_xor(x, tf.bitwise.right_shift(x, tf.constant(bits, tf.uint64)))
+def _signed64(seed: int) -> int:
+  """`seed` modulo 2^64 as a signed int64 (the op's int attr): the same 64 bits."""
+  seed %= 2**64
+  return seed - 2**64 if seed >= 2**63 else seed
 
 
 def row_initializer(emb_initializer, table_name: str) -> RowInitializer:
