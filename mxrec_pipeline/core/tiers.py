@@ -338,6 +338,15 @@ class TieredStorage(tf.Module):
     with tf.control_dependencies(after), tf.device(HOST_DEVICE):
       return ops.load().mx_device_cache_finish(self.cache_handle, token)
 
+  def _locate(self, global_rows: tf.Tensor):
+    """(device slot or -1/-2 per Locate, stored row [n, width], found [n]) of global rows."""
+    with tf.device(HOST_DEVICE):
+      slots = ops.load().mx_device_cache_locate(self.cache_handle, global_rows)
+      # -1 (no row) reads global row 0 here; callers read the default for it.
+      stored, found = ops.load().mx_tier_store_read(self.store_handle,
+                                                    tf.maximum(global_rows, 0))
+    return slots, stored, found
+
   def read(self, variable: tf.Variable, global_rows: tf.Tensor, default_value=None) -> tf.Tensor:
     """Embeddings of global rows wherever they live, without moving them (evaluation).
 
@@ -350,11 +359,7 @@ class TieredStorage(tf.Module):
       [n, dim] float32.
     """
     variable = _single_replica(variable, self._table_name)
-    with tf.device(HOST_DEVICE):
-      slots = ops.load().mx_device_cache_locate(self.cache_handle, global_rows)
-      # -1 (no row) reads global row 0 here and the default below.
-      stored, found = ops.load().mx_tier_store_read(self.store_handle,
-                                                    tf.maximum(global_rows, 0))
+    slots, stored, found = self._locate(global_rows)
     on_device = tf.gather(variable, tf.maximum(slots, 0))
     fresh = self.row_initializer.rows(tf.maximum(global_rows, 0), self._dim, variable.dtype)
     off_device = tf.where((found & tf.equal(slots, -1))[:, None], stored[:, :self._dim], fresh)
@@ -375,9 +380,7 @@ class TieredStorage(tf.Module):
       variables, stored ones from the host/SSD store, never-trained ones fresh.
     """
     variables = self._row_variables(variable)
-    with tf.device(HOST_DEVICE):
-      slots = ops.load().mx_device_cache_locate(self.cache_handle, global_rows)
-      stored, found = ops.load().mx_tier_store_read(self.store_handle, global_rows)
+    slots, stored, found = self._locate(global_rows)
     on_device = tf.concat([tf.gather(v, tf.maximum(slots, 0)) for v in variables], axis=1)
     off_device = tf.where((found & tf.equal(slots, -1))[:, None],
                           tf.reshape(stored, [-1, self.width]), self.fresh_rows(global_rows))

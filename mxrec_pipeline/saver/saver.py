@@ -196,12 +196,7 @@ class _TieredTableIO:
 
   def to_arrays(self, fetched) -> tuple[dict, dict]:
     dim = self.table.dim
-    order = np.argsort(fetched["keys"], kind="stable")
-    values = fetched["values"][order]
-    arrays = {"keys": fetched["keys"][order], "rows": fetched["rows"][order],
-              "embeddings": values[:, :dim]}
-    for i in range(len(self.slots)):
-      arrays[f"slot-{i}"] = values[:, dim * (i + 1):dim * (i + 2)]
+    arrays = _key_ordered_blocks(fetched, dim)
     config = self.table.tiers.config
     meta = {"kind": self.kind, "dim": dim, "capacity": self.table.device_vocabulary_size,
             "host_vocabulary_size": config.host_vocabulary_size,
@@ -268,16 +263,11 @@ class _ExpansionTableIO:
 
   def to_arrays(self, fetched) -> tuple[dict, dict]:
     dim = self.table.dim
-    order = np.argsort(fetched["keys"], kind="stable")
-    values = fetched["values"][order]
-    arrays = {"keys": fetched["keys"][order], "rows": fetched["rows"][order],
-              "embeddings": values[:, :dim]}
-    num_slots = values.shape[1] // dim - 1
+    arrays = _key_ordered_blocks(fetched, dim)
+    num_slots = fetched["values"].shape[1] // dim - 1
     names = self.table.slot_names
     if names is None or len(names) != num_slots:
       names = [f"slot_{i}" for i in range(num_slots)]
-    for i in range(num_slots):
-      arrays[f"slot-{i}"] = values[:, dim * (i + 1):dim * (i + 2)]
     has_layout = int(fetched["num_slots"]) >= 0
     meta = {"kind": self.kind, "dim": dim, "capacity": self.table.device_vocabulary_size,
             "slots": list(names),
@@ -296,6 +286,21 @@ class _ExpansionTableIO:
     return {self.keys: arrays["keys"], self.rows: arrays["rows"], self.values: values,
             self.initial: np.asarray(initial or [], np.float32),
             self.has_slots: initial is not None}
+
+
+def _key_ordered_blocks(fetched: dict, dim: int) -> dict:
+  """Fetched keys, rows and [n, (1 + slots) * dim] values as key-ordered arrays.
+
+  Returns keys, rows, embeddings ([n, dim]) and slot-<i> ([n, dim]) per slot
+  block, all sorted by key.
+  """
+  order = np.argsort(fetched["keys"], kind="stable")
+  values = fetched["values"][order]
+  arrays = {"keys": fetched["keys"][order], "rows": fetched["rows"][order],
+            "embeddings": values[:, :dim]}
+  for i in range(values.shape[1] // dim - 1):
+    arrays[f"slot-{i}"] = values[:, dim * (i + 1):dim * (i + 2)]
+  return arrays
 
 
 def _done_after(op) -> tf.Tensor:
