@@ -119,11 +119,15 @@ def get_or_create_table(spec: TableSpec, seed: int | None = None) -> embedding.S
         host_vocabulary_size=spec.host_vocabulary_size,
         ssd_vocabulary_size=spec.ssd_vocabulary_size, ssd_data_path=list(spec.ssd_data_path),
         cache_policy=spec.cache_policy)
-  if (table.dim, table.device_vocabulary_size) != (spec.dim, spec.device_vocabulary_size):
+  host_rows = 0 if table.tiers is None else table.tiers.config.host_vocabulary_size
+  if ((table.dim, table.device_vocabulary_size, host_rows)
+      != (spec.dim, spec.device_vocabulary_size, spec.host_vocabulary_size)):
     raise ValueError(
         f"table '{spec.name}' exists with dim={table.dim}, "
-        f"device_vocabulary_size={table.device_vocabulary_size}; the spec asks for "
-        f"dim={spec.dim}, device_vocabulary_size={spec.device_vocabulary_size}")
+        f"device_vocabulary_size={table.device_vocabulary_size}, "
+        f"host_vocabulary_size={host_rows}; the spec asks for dim={spec.dim}, "
+        f"device_vocabulary_size={spec.device_vocabulary_size}, "
+        f"host_vocabulary_size={spec.host_vocabulary_size}")
   return table
 
 

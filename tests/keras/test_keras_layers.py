@@ -1,5 +1,7 @@
 """SparseLookup and its combiners against NumPy, on dense and ragged ids."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -66,6 +68,9 @@ def test_specs_validate_and_tables_are_shared():
   assert layers.get_or_create_table(TABLE) is a
   with pytest.raises(ValueError, match="exists with dim=3"):
     layers.get_or_create_table(layers.TableSpec("tok", dim=4, device_vocabulary_size=50))
+  with pytest.raises(ValueError, match="host_vocabulary_size=0; the spec asks .*"
+                                       "host_vocabulary_size=100"):
+    layers.get_or_create_table(dataclasses.replace(TABLE, host_vocabulary_size=100))
 
 
 def test_layer_config_round_trips():
