@@ -325,16 +325,8 @@ Status TierStore::Take(const int64_t* globals, int64_t n, float* out, bool* foun
   if (!valid.ok()) return valid;
   std::lock_guard<std::mutex> lock(mu_);
   // Reads everything first, so that a read error removes nothing.
-  for (int64_t i = 0; i < n; ++i) {
-    const int64_t loc = loc_[globals[i]];
-    found[i] = loc != kAbsent;
-    if (!found[i]) {
-      std::fill_n(out + i * width_, width_, 0.0f);
-      continue;
-    }
-    Status read = ReadLocked(loc, out + i * width_);
-    if (!read.ok()) return read;
-  }
+  Status read = ReadAllLocked(globals, n, out, found);
+  if (!read.ok()) return read;
   for (int64_t i = 0; i < n; ++i) {
     if (!found[i]) continue;
     RemoveLocked(globals[i]);
@@ -395,6 +387,11 @@ Status TierStore::Read(const int64_t* globals, int64_t n, float* out, bool* foun
   Status valid = CheckGlobals(globals, n, /*distinct=*/false, "read");
   if (!valid.ok()) return valid;
   std::lock_guard<std::mutex> lock(mu_);
+  return ReadAllLocked(globals, n, out, found);
+}
+
+Status TierStore::ReadAllLocked(const int64_t* globals, int64_t n, float* out,
+                                bool* found) const {
   for (int64_t i = 0; i < n; ++i) {
     const int64_t loc = loc_[globals[i]];
     found[i] = loc != kAbsent;

@@ -140,6 +140,9 @@ class TierStore {
   // `distinct`) repeated.
   Status CheckGlobals(const int64_t* globals, int64_t n, bool distinct, const char* what) const;
   // Copies the row at `loc` (present) to `out`. Caller holds mu_.
+  // Reads the rows of globals (checked) into out (n x width); absent ones read
+  // zeros with found[i] = false. Caller holds mu_.
+  Status ReadAllLocked(const int64_t* globals, int64_t n, float* out, bool* found) const;
   Status ReadLocked(int64_t loc, float* out) const;
   // Removes the row at `loc` (present) of global g. Caller holds mu_.
   void RemoveLocked(int64_t g);
