@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import os
 from typing import Callable
 
 import tensorflow as tf
@@ -11,21 +13,99 @@ from mxrec_pipeline.core import feature_process
 from mxrec_pipeline.util import initialize
 
 
-def training_checkpoint(model) -> tf.train.Checkpoint:
+def training_checkpoint(model, **extra) -> tf.train.Checkpoint:
   """A checkpoint of everything training needs to resume a SparseRankingModel.
 
   Holds the model (dense weights and table rows), both optimizers (dense
-  slots; table slots and step count) and the key index of every table of the
-  run, so index, rows and slots are saved and restored together.
+  slots and step count; table slots and step count) and the key index of
+  every table of the run (keys, rows, admission counters and timestamps), so
+  index, rows and slots are saved and restored together; tiered tables add
+  the device cache's mapping and every host/SSD row.
+
+  Args:
+    model: A compiled SparseRankingModel.
+    **extra: More trackables to save with it (e.g. an epoch counter).
   """
   tables = initialize.get_config_initializer().tables
   key_indexes = {name: table.key_index for name, table in tables.items()}
-  # Tiered tables: the device cache's mapping and every host/SSD row.
   tiers = {name: table.tiers for name, table in tables.items()
            if getattr(table, "tiers", None) is not None}
+  generators = random_generators(model)
   return tf.train.Checkpoint(model=model, optimizer=model.optimizer,
                              sparse_optimizer=model.sparse_optimizer, key_indexes=key_indexes,
-                             **({"tiers": tiers} if tiers else {}))
+                             **({"tiers": tiers} if tiers else {}),
+                             **({"random_generators": generators} if generators else {}),
+                             **extra)
+
+
+def random_generators(model) -> list:
+  """The random number generators of `model`'s random layers (dropout), in layer order.
+
+  Keras saves only layers with weights, so the state of a dropout layer's
+  generator is not in the model's checkpoint; saving these with it lets a
+  resumed run draw the same dropout masks as an uninterrupted one (when Keras
+  uses tf.random.Generator: `tf.keras.backend.experimental.
+  enable_tf_random_generator()`, which a seeded pipeline turns on).
+  """
+  # `_random_generator` is the one attribute through which Keras 2's
+  # BaseRandomLayer exposes its generator.
+  return [layer._random_generator for layer in model.submodules  # pylint: disable=protected-access
+          if isinstance(layer, tf.keras.__internal__.layers.BaseRandomLayer)]
+
+
+class TrainingCheckpoint:
+  """The checkpoints of a training run: `training_checkpoint` plus the epoch.
+
+  Saved as `<directory>/ckpt-<epochs done>` after every epoch, the newest
+  `max_to_keep` kept (tf.train.CheckpointManager). TF writes the files of a
+  checkpoint first and the `checkpoint` state file last, so a process killed
+  while saving leaves the previous checkpoint current and loadable.
+
+  Args:
+    model: A compiled SparseRankingModel.
+    directory: The checkpoint directory, e.g. `model_dir/checkpoints`.
+    max_to_keep: Checkpoints kept.
+
+  Attributes:
+    epoch: int64 variable, the number of epochs trained (saved with the rest).
+  """
+
+  def __init__(self, model, directory: str, max_to_keep: int = 3):
+    self.directory = directory
+    self.epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="epochs_done")
+    self._checkpoint = training_checkpoint(model, epoch=self.epoch)
+    self._manager = tf.train.CheckpointManager(self._checkpoint, directory,
+                                               max_to_keep=max_to_keep)
+
+  @property
+  def latest(self) -> str | None:
+    """Path prefix of the newest checkpoint, or None."""
+    return self._manager.latest_checkpoint
+
+  def restore(self) -> int:
+    """Restores the newest checkpoint; returns its number of epochs done.
+
+    Variables created later (optimizer slots) are restored when created.
+
+    Raises:
+      FileNotFoundError: the directory holds no checkpoint.
+      ValueError: the checkpoint holds another model (an object it saved has
+        no counterpart here, or a shape differs), naming the checkpoint.
+    """
+    latest = self.latest
+    if latest is None:
+      raise FileNotFoundError(f"no checkpoint in {self.directory}")
+    try:
+      self._checkpoint.restore(latest).assert_existing_objects_matched()
+    except (AssertionError, ValueError) as e:
+      raise ValueError(f"checkpoint {latest} does not match this model and its tables "
+                       f"(another config?): {e}") from e
+    return int(self.epoch.numpy())
+
+  def save(self, epochs_done: int) -> str:
+    """Saves everything as `ckpt-<epochs_done>`; returns its path prefix."""
+    self.epoch.assign(epochs_done)
+    return self._manager.save(checkpoint_number=epochs_done)
 
 
 def table_stats(table) -> dict[str, float]:
@@ -83,32 +163,69 @@ class TableStatsLogger(tf.keras.callbacks.Callback):
     self._log(self._batches)
 
 
-class SparseCheckpoint(tf.keras.callbacks.Callback):
-  """Saves `training_checkpoint(model)` at the end of every epoch.
+class RunCallbacks(tf.keras.callbacks.CallbackList):
+  """The callbacks of a run that calls model.fit once per epoch.
 
-  TF checkpoints are written to temporary files and made current last, so a
-  process killed while saving leaves the previous checkpoint loadable.
+  Keras calls `on_train_begin` / `on_train_end` in every fit; a RunCallbacks
+  passes them on once, at `begin_run()` and `end_run()`, so callbacks that
+  keep state over a run (History, EarlyStopping, TensorBoard's writers, the
+  progress bar's "Epoch e/N") see one training run. Keras adds History and,
+  when `verbose` is not 0, a progress bar, as model.fit does.
 
   Args:
-    directory: Checkpoint directory (tf.train.CheckpointManager's).
-    max_to_keep: Checkpoints kept.
+    callbacks: The run's Keras callbacks.
+    model: The model they observe.
+    verbose: model.fit verbosity (0, 1, 2).
+    epochs: Epochs of the run (for the progress bar).
   """
 
-  def __init__(self, directory: str, max_to_keep: int = 3):
+  def __init__(self, callbacks, model, verbose: int, epochs: int):
+    super().__init__(list(callbacks), add_history=True, add_progbar=verbose != 0, model=model,
+                     verbose=verbose, epochs=epochs, steps=None)
+
+  @property
+  def history(self) -> tf.keras.callbacks.History:
+    """The run's History (epochs and logs of every fit of this run)."""
+    return next(c for c in self.callbacks if isinstance(c, tf.keras.callbacks.History))
+
+  def set_epoch_steps(self, steps: int | None) -> None:
+    """Steps of the next epoch (None: unknown), for the progress bar."""
+    self.set_params({**self.params, "steps": steps})
+
+  def on_train_begin(self, logs=None):
+    """Called by each model.fit: passed on by `begin_run` only."""
+
+  def on_train_end(self, logs=None):
+    """Called by each model.fit: passed on by `end_run` only."""
+
+  def begin_run(self) -> None:
+    super().on_train_begin()
+
+  def end_run(self, logs=None) -> None:
+    super().on_train_end(logs)
+
+
+class SparseCheckpoint(tf.keras.callbacks.Callback):
+  """Saves a TrainingCheckpoint at the end of every epoch (after validation).
+
+  Args:
+    checkpoint: The run's TrainingCheckpoint.
+  """
+
+  def __init__(self, checkpoint: TrainingCheckpoint):
     super().__init__()
-    self.directory = directory
-    self.max_to_keep = max_to_keep
-    self._manager = None
+    self.checkpoint = checkpoint
 
   def on_epoch_end(self, epoch, logs=None):
-    if self._manager is None:
-      self._manager = tf.train.CheckpointManager(
-          training_checkpoint(self.model), self.directory, max_to_keep=self.max_to_keep)
-    self._manager.save(checkpoint_number=epoch + 1)
+    self.checkpoint.save(epoch + 1)
 
 
 class BestModelExporter(tf.keras.callbacks.Callback):
   """Exports the model whenever a validation metric improves.
+
+  The best value so far is kept in `<path>/best_metric.json` ({"monitor",
+  "value", "epoch"}), so a resumed run exports only when it beats the best
+  epoch before the restart.
 
   Args:
     export_fn: (model, path) -> None, e.g. ModelFitPipeline.export_saved_model.
@@ -120,11 +237,19 @@ class BestModelExporter(tf.keras.callbacks.Callback):
     KeyError (at epoch end): `monitor` is not among the logs (named).
   """
 
+  STATE_FILE = "best_metric.json"
+
   def __init__(self, export_fn: Callable, path: str, monitor: str, higher_is_better: bool):
     super().__init__()
     self.export_fn, self.path, self.monitor = export_fn, path, monitor
     self.higher_is_better = higher_is_better
     self.best = None
+    state_path = os.path.join(path, self.STATE_FILE)
+    if os.path.exists(state_path):
+      with open(state_path, encoding="utf-8") as f:
+        state = json.load(f)
+      if state.get("monitor") == monitor:
+        self.best = float(state["value"])
 
   def on_epoch_end(self, epoch, logs=None):
     logs = logs or {}
@@ -136,6 +261,8 @@ class BestModelExporter(tf.keras.callbacks.Callback):
     if better:
       self.best = value
       self.export_fn(self.model, self.path)
+      with open(os.path.join(self.path, self.STATE_FILE), "w", encoding="utf-8") as f:
+        json.dump({"monitor": self.monitor, "value": value, "epoch": epoch + 1}, f)
 
 
 class EvictCallback(tf.keras.callbacks.Callback):

@@ -64,8 +64,11 @@ class PipelineHparams:
   Attributes:
     model_dir: Output directory: TensorBoard logs, checkpoints, exports.
     num_epochs: Epochs of training, > 0.
-    num_train_steps: Total training steps over all epochs; None trains each
-      epoch on one pass over the training data.
+    num_train_steps: Total training steps over all epochs: epochs of
+      ceil(num_train_steps / num_epochs) steps, the last one shorter, so that
+      exactly num_train_steps steps run (fewer epochs than `num_epochs` when
+      num_train_steps < num_epochs); see `epoch_steps`. None trains each epoch
+      on one pass over the training data.
     num_valid_steps: Validation steps per epoch; None validates on the whole
       validation data.
     learning_rate: Learning rate of the dense optimizer, > 0.
@@ -80,7 +83,13 @@ class PipelineHparams:
     best_exporter_metric_higher_better: Whether higher is better for it.
     strategy: None (default strategy) or "MirroredStrategy" (every local GPU, or
       the CPU).
-    seed: Seed of TensorFlow, Python and NumPy and of the tables; None: unseeded.
+    seed: Seed of TensorFlow, Python and NumPy, of the tables and of the order
+      of the training data (each epoch's shuffle is seeded by `seed` and the
+      epoch number); None: unseeded.
+    resume: Whether a run whose `model_dir/checkpoints` holds a checkpoint
+      continues from it (the epoch after the checkpoint's). False refuses such
+      a model_dir with FileExistsError; `mxrec-pipeline train --fresh` clears it.
+      See docs/restarts.md.
   """
 
   model_dir: str
@@ -99,6 +108,7 @@ class PipelineHparams:
   best_exporter_metric_higher_better: bool = True
   strategy: str | None = "MirroredStrategy"
   seed: int | None = None
+  resume: bool = True
 
   def __post_init__(self):
     if not self.model_dir:
@@ -129,6 +139,29 @@ _LOSS_KEYS = {v for k, v in vars(tfr.keras.losses.RankingLossKey).items()
 def _check_positive_int(name, value):
   if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
     raise ValueError(f"`{name}` must be a positive int, got {value!r}")
+
+
+def epoch_seed(seed: int | None, epoch: int) -> int | None:
+  """The shuffle seed of epoch `epoch` of a run seeded `seed` (None: None).
+
+  (seed * 1_000_003 + epoch) mod 2**31: distinct for the epochs of a run and
+  independent of when the run started or resumed.
+  """
+  return None if seed is None else (seed * 1_000_003 + epoch) % 2**31
+
+
+def epoch_steps(num_epochs: int, num_train_steps: int | None) -> list[int | None]:
+  """Training steps of each epoch: None (one pass each) or exactly num_train_steps in all.
+
+  Epochs get ceil(num_train_steps / num_epochs) steps, the last one the rest;
+  epochs that would get none are dropped: (2, 8) -> [4, 4], (3, 8) -> [3, 3, 2],
+  (20, 1) -> [1], (3, None) -> [None, None, None].
+  """
+  if num_train_steps is None:
+    return [None] * num_epochs
+  per_epoch = math.ceil(num_train_steps / num_epochs)
+  return [min(per_epoch, num_train_steps - start)
+          for start in range(0, num_train_steps, per_epoch)]
 
 
 class BaseDatasetBuilder(tfr.keras.pipeline.BaseDatasetBuilder):
@@ -169,8 +202,33 @@ class BaseDatasetBuilder(tfr.keras.pipeline.BaseDatasetBuilder):
           {k: v for k, v in features.items() if k not in raw_ids}, *rest))
     return dataset.prefetch(tf.data.AUTOTUNE)
 
+  def _build_dataset(self, file_pattern: str, batch_size: int, list_size: int | None = None,
+                     randomize_input: bool = True, num_epochs: int | None = None,
+                     shuffle_seed: int | None = None) -> tf.data.Dataset:
+    """tfr's `_build_dataset`, in a deterministic order.
+
+    tfr reads with sloppy ordering (batches in the order parallel readers
+    finish), which makes the key -> row assignment of insertion depend on
+    thread timing. Here files, records and batches keep their order; with
+    `shuffle_seed` the shuffles of files and lists are seeded too, so the
+    batch sequence is a function of the data and the seed.
+    """
+    dataset = tfr.data.build_ranking_dataset(
+        file_pattern=file_pattern, data_format=tfr.data.ELWC, batch_size=batch_size,
+        list_size=list_size,
+        context_feature_spec={**self._context_feature_spec, **self._training_only_context_spec},
+        example_feature_spec={**self._example_feature_spec, **self._training_only_example_spec},
+        mask_feature_name=self._mask_feature_name, reader=self._hparams.dataset_reader,
+        num_epochs=num_epochs, shuffle=randomize_input, shuffle_buffer_size=1000,
+        shuffle_seed=shuffle_seed, sloppy_ordering=False, drop_final_batch=False,
+        shuffle_examples=False)
+    return dataset.map(self._features_and_labels, num_parallel_calls=tf.data.AUTOTUNE)
+
   def build_train_dataset(self, num_epochs: int | None = None) -> tf.data.Dataset:
     """See `AbstractDatasetBuilder`. Shuffled; new ids get rows.
+
+    The pipeline trains on `build_train_epoch` instead, which bounds what
+    insertion runs ahead to the epoch being trained.
 
     Args:
       num_epochs: Passes over the training data; None repeats forever.
@@ -179,6 +237,35 @@ class BaseDatasetBuilder(tfr.keras.pipeline.BaseDatasetBuilder):
         file_pattern=self._hparams.train_input_pattern,
         batch_size=self._hparams.train_batch_size,
         list_size=self._hparams.list_size, num_epochs=num_epochs)
+    return self._insert(dataset, is_training=True)
+
+  def build_train_epoch(self, epoch: int, num_steps: int | None = None,
+                        seed: int | None = None) -> tf.data.Dataset:
+    """The finite training data of epoch `epoch` (0-based), with insertion.
+
+    Without `num_steps`: one pass over the training files. With it: the first
+    `num_steps` batches of an endless stream of passes (tfr's repeat-then-
+    shuffle; every batch full). Either way the epoch's shuffles are seeded by
+    `epoch_seed(seed, epoch)`, so with a seed epoch `epoch` holds the same
+    batches in the same order in every run, whether or not the run resumed
+    from a checkpoint; and the dataset ends with the epoch, so insertion,
+    which runs ahead with prefetch, inserts only keys of batches the epoch
+    trains.
+
+    Args:
+      epoch: The epoch number, >= 0.
+      num_steps: Batches in the epoch, > 0, or None for one pass.
+      seed: The run's seed, or None for unseeded shuffles.
+
+    Returns:
+      A dataset of (features, labels) batches as `build_train_dataset`'s.
+    """
+    dataset = self._build_dataset(
+        file_pattern=self._hparams.train_input_pattern,
+        batch_size=self._hparams.train_batch_size, list_size=self._hparams.list_size,
+        num_epochs=1 if num_steps is None else None, shuffle_seed=epoch_seed(seed, epoch))
+    if num_steps is not None:
+      dataset = dataset.take(num_steps)
     return self._insert(dataset, is_training=True)
 
   def build_valid_dataset(self, num_epochs: int | None = None) -> tf.data.Dataset:
@@ -269,15 +356,22 @@ class ModelFitPipeline(AbstractPipeline):
     self._dataset_builder = dataset_builder
     self._hparams = hparams
     self.model = None
+    self.checkpoint = None
+    self.history = None
 
   def build_callbacks(self, model) -> list[tf.keras.callbacks.Callback]:
-    """TensorBoard logs (table statistics too), checkpoints (tables included), best export."""
+    """TensorBoard logs (table statistics too), checkpoints (tables included), best export.
+
+    Call after `train_and_validate` has set up the run's checkpoint (it calls
+    this); the checkpoint callback saves `self.checkpoint` each epoch.
+    """
     hparams = self._hparams
     callbacks = [
         tf.keras.callbacks.TensorBoard(os.path.join(hparams.model_dir, "logs")),
-        callbacks_lib.SparseCheckpoint(os.path.join(hparams.model_dir, "checkpoints")),
         callbacks_lib.TableStatsLogger(os.path.join(hparams.model_dir, "logs")),
     ]
+    if self.checkpoint is not None:
+      callbacks.insert(1, callbacks_lib.SparseCheckpoint(self.checkpoint))
     if hparams.export_best_model:
       monitor = ("val_loss" if hparams.best_exporter_metric == "loss"
                  else "val_" + metric_name(hparams.best_exporter_metric))
@@ -311,11 +405,20 @@ class ModelFitPipeline(AbstractPipeline):
   def train_and_validate(self, verbose: int = 0,
                          callbacks: Sequence[tf.keras.callbacks.Callback] = ()
                          ) -> dict[str, float]:
-    """Trains, validates each epoch, exports; returns the final validation metrics.
+    """Trains (or resumes), validates each epoch, exports; returns the final metrics.
 
     Calls init() when the process has no run yet (mxRec semantics: the run,
-    and its tables, stay until terminate_config_initializer()). Exports the
-    final model to `model_dir/export/latest_model`.
+    and its tables, stay until terminate_config_initializer()). When
+    `model_dir/checkpoints` holds a checkpoint and `hparams.resume` is true,
+    restores it (model, both optimizers, key indexes with their counters,
+    tiers, the epoch) and trains the remaining epochs, printing where it
+    resumed; see docs/restarts.md.
+
+    Each epoch is one model.fit over that epoch's finite dataset
+    (`build_train_epoch`), so by the epoch's checkpoint every batch whose keys
+    were inserted has been trained: checkpoints and the export hold only keys
+    that were trained, and a resumed run continues exactly where the
+    checkpoint left off. Callbacks see one run (`RunCallbacks`).
 
     Args:
       verbose: Keras fit verbosity (0, 1, 2).
@@ -326,10 +429,18 @@ class ModelFitPipeline(AbstractPipeline):
     Returns:
       Validation metrics over the whole validation data, keyed as
       RANKING_METRICS ("ndcg@1", ..., "mrr") plus "loss".
+
+    Raises:
+      FileExistsError: `hparams.resume` is false and model_dir holds a
+        checkpoint.
+      ValueError: the checkpoint holds another model.
     """
     hparams = self._hparams
     if hparams.seed is not None:
       tf.keras.utils.set_random_seed(hparams.seed)
+      # Keras layers (dropout) then draw from tf.random.Generator, whose state
+      # is a variable saved with the model, so a resumed run draws on.
+      tf.keras.backend.experimental.enable_tf_random_generator()
     if not initialize.is_initialized():
       initialize.init()
     strategy = get_strategy(hparams.strategy)
@@ -345,21 +456,53 @@ class ModelFitPipeline(AbstractPipeline):
       model = self._model_builder.build()
       self._compile(model)
     self.model = model
-    steps_per_epoch = (None if hparams.num_train_steps is None
-                       else math.ceil(hparams.num_train_steps / hparams.num_epochs))
-    # Without a step count an epoch is one pass, so the data must not repeat.
-    train = self._dataset_builder.build_train_dataset(
-        num_epochs=1 if steps_per_epoch is None else None)
+    self.checkpoint = callbacks_lib.TrainingCheckpoint(
+        model, os.path.join(hparams.model_dir, "checkpoints"))
+    start_epoch = self._restore(self.checkpoint)
+    plan = epoch_steps(hparams.num_epochs, hparams.num_train_steps)
+    run_callbacks = callbacks_lib.RunCallbacks(
+        self.build_callbacks(model) + list(callbacks), model, verbose, epochs=len(plan))
     valid = self._dataset_builder.build_valid_dataset(
         num_epochs=None if hparams.num_valid_steps else 1)
-    model.fit(train, epochs=hparams.num_epochs, steps_per_epoch=steps_per_epoch,
-              validation_data=valid, validation_steps=hparams.num_valid_steps,
-              callbacks=self.build_callbacks(model) + list(callbacks), verbose=verbose)
+    run_callbacks.begin_run()
+    for epoch in range(start_epoch, len(plan)):
+      run_callbacks.set_epoch_steps(plan[epoch])
+      model.fit(self._train_epoch(epoch, plan[epoch]), initial_epoch=epoch, epochs=epoch + 1,
+                steps_per_epoch=plan[epoch], validation_data=valid,
+                validation_steps=hparams.num_valid_steps, callbacks=run_callbacks,
+                verbose=verbose)
+      if model.stop_training:  # e.g. EarlyStopping.
+        break
+    run_callbacks.end_run()
+    self.history = run_callbacks.history
     self.export_saved_model(model, os.path.join(hparams.model_dir, "export", "latest_model"))
     results = model.evaluate(self._dataset_builder.build_valid_dataset(num_epochs=1),
                              return_dict=True, verbose=0)
     return {key: float(results[metric_name(key)]) for key in RANKING_METRICS} | {
         "loss": float(results["loss"])}
+
+  def _restore(self, checkpoint: callbacks_lib.TrainingCheckpoint) -> int:
+    """Restores the run's latest checkpoint as `hparams.resume` says; returns the start epoch."""
+    if checkpoint.latest is None:
+      return 0
+    if not self._hparams.resume:
+      raise FileExistsError(
+          f"{checkpoint.directory} holds checkpoint {os.path.basename(checkpoint.latest)} and "
+          "`resume` is false: set pipeline.resume: true to continue it, or start over with "
+          "`mxrec-pipeline train --fresh` (which clears the run's outputs) or another model_dir")
+    epochs_done = checkpoint.restore()
+    print(f"Resumed from {checkpoint.latest}: {epochs_done} epoch(s) and "
+          f"{int(self.model.optimizer.iterations.numpy())} step(s) done, continuing at epoch "
+          f"{epochs_done + 1}", flush=True)
+    return epochs_done
+
+  def _train_epoch(self, epoch: int, num_steps: int | None) -> tf.data.Dataset:
+    builder = self._dataset_builder
+    if isinstance(builder, BaseDatasetBuilder):
+      return builder.build_train_epoch(epoch, num_steps, self._hparams.seed)
+    # Another AbstractDatasetBuilder: its data, bounded to the epoch.
+    dataset = builder.build_train_dataset(num_epochs=1 if num_steps is None else None)
+    return dataset if num_steps is None else dataset.take(num_steps)
 
 
 class SimplePipeline(ModelFitPipeline):

@@ -1,0 +1,89 @@
+"""Trains the keras_testlib task in a process of its own, for restart tests.
+
+  python resume_worker.py TASK_DIR MODEL_DIR OUT_JSON [--epochs E] [--steps N]
+      [--kill-at EPOCH:BATCH] [--fresh-refused]
+
+Writes OUT_JSON: per-epoch training losses of this process, the optimizers'
+iterations, and, per table, the sorted (key, row) pairs of the key index with
+the rows' values and lazy Adam slots; dense weights too. With --kill-at the
+process SIGKILLs itself after that training batch (0-based epoch and batch).
+"""
+
+import argparse
+import json
+import os
+import signal
+import sys
+
+import numpy as np
+import tensorflow as tf
+
+import keras_testlib as lib
+from mxrec_pipeline.keras import pipeline as pipeline_lib
+from mxrec_pipeline.util import initialize
+
+
+class KillAt(tf.keras.callbacks.Callback):
+  """SIGKILLs the process after training batch `batch` of epoch `epoch`."""
+
+  def __init__(self, epoch: int, batch: int):
+    super().__init__()
+    self.kill_epoch, self.kill_batch, self.epoch = epoch, batch, None
+
+  def on_epoch_begin(self, epoch, logs=None):
+    self.epoch = epoch
+
+  def on_train_batch_end(self, batch, logs=None):
+    if self.epoch == self.kill_epoch and batch == self.kill_batch:
+      os.kill(os.getpid(), signal.SIGKILL)
+
+
+def state(model) -> dict:
+  """Every table's sorted keys with their rows and slots, and the dense weights."""
+  out = {"iterations": int(model.optimizer.iterations.numpy()),
+         "sparse_iterations": int(model.sparse_optimizer.iterations.numpy()), "tables": {},
+         "dense": [w.tolist() for w in model.get_weights()]}
+  for name, table in initialize.get_config_initializer().tables.items():
+    keys, rows = (t.numpy() for t in table.key_index.export())
+    order = np.argsort(keys)
+    keys, rows = keys[order], rows[order]
+    slots = {slot: model.sparse_optimizer.get_slot(name, slot).numpy()[rows].tolist()
+             for slot in ("m", "v")}
+    out["tables"][name] = {"keys": keys.tolist(), "rows": rows.tolist(),
+                           "values": table.variable.numpy()[rows].tolist(), "slots": slots}
+  return out
+
+
+def main():
+  parser = argparse.ArgumentParser()
+  parser.add_argument("task_dir")
+  parser.add_argument("model_dir")
+  parser.add_argument("out_json")
+  parser.add_argument("--epochs", type=int, default=3)
+  parser.add_argument("--steps", type=int)
+  parser.add_argument("--kill-at")
+  parser.add_argument("--no-resume", action="store_true")
+  args = parser.parse_args()
+  train, valid = (os.path.join(args.task_dir, f) for f in ("train.tfrecord", "valid.tfrecord"))
+  hparams = pipeline_lib.PipelineHparams(
+      model_dir=args.model_dir, num_epochs=args.epochs, num_train_steps=args.steps,
+      learning_rate=0.05, seed=7, resume=not args.no_resume)
+  pipe = pipeline_lib.SimplePipeline(lib.model_builder(), lib.dataset_builder(train, valid),
+                                     hparams)
+  extra = []
+  if args.kill_at:
+    extra.append(KillAt(*(int(v) for v in args.kill_at.split(":"))))
+  try:
+    metrics = pipe.train_and_validate(callbacks=extra)
+  except FileExistsError as e:
+    print(f"refused: {e}", file=sys.stderr)
+    return 3
+  history = pipe.history.history
+  with open(args.out_json, "w", encoding="utf-8") as f:
+    json.dump({"loss": history.get("loss", []), "epochs": pipe.history.epoch,
+               "metrics": metrics, **state(pipe.model)}, f)
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
