@@ -149,7 +149,7 @@ def evict(table, idle_s: int, optimizers=()) -> tf.Tensor:
   with tf.device(key_index_lib.HOST_DEVICE):
     freed = ops.load().mx_key_index_evict(table.key_index.resource_handle,
                                           tf.constant(idle_s, tf.int64))
-  if getattr(table, "tiers", None) is not None:
+  if table.is_tiered:
     # Freed global rows leave every tier with the next plan; a key given one of
     # them later starts from its initial row (core/tiers.py).
     release = table.tiers.release(freed)

@@ -26,11 +26,12 @@ from typing import Callable
 import tensorflow as tf
 
 from mxrec_pipeline.core import admission
-from mxrec_pipeline.core import default_value as default_value_lib
 from mxrec_pipeline.core import expansion
 from mxrec_pipeline.core import initializers
 from mxrec_pipeline.core import key_index as key_index_lib
+from mxrec_pipeline.core import lookup
 from mxrec_pipeline.core import tiers
+from mxrec_pipeline.core.asc import deferred
 from mxrec_pipeline.core.asc import feature_spec as fs
 from mxrec_pipeline.util import initialize
 
@@ -119,6 +120,16 @@ class SparseEmbedding(tf.Module):
       if not tf.executing_eagerly():
         tf.compat.v1.add_to_collection(tf.compat.v1.GraphKeys.SAVEABLE_OBJECTS,
                                        self.tiers.saveable())
+
+  @property
+  def kind(self) -> lookup.TableKind:
+    """TableKind.TIERED with a host tier (`tiers` set), else TableKind.FLAT."""
+    return lookup.TableKind.FLAT if self.tiers is None else lookup.TableKind.TIERED
+
+  @property
+  def is_tiered(self) -> bool:
+    """Whether the rows are a device cache of host/SSD tiers (`tiers` is set)."""
+    return self.tiers is not None
 
   def initial_rows(self) -> tf.Tensor:
     """[device_vocabulary_size, dim] initial rows: emb_initializer's values x init_param."""
@@ -301,7 +312,7 @@ def sparse_lookup(hashtable: SparseEmbedding, ids, send_count: int | None = None
   faae_coefficient = _configure_admission(hashtable, ids, access_and_evict_config, modify_graph)
   admit_config = admission.config_of(table)
   admits = admit_config is not None and admit_config.admits
-  if admit_config is not None and isinstance(hashtable, expansion.ExpansionTable):
+  if admit_config is not None and hashtable.kind is lookup.TableKind.EXPANSION:
     raise NotImplementedError(f"sparse_lookup('{table}'): admission and eviction are not "
                               "available with dynamic expansion yet")
   if send_count is not None and not _is_positive_int(send_count):
@@ -317,7 +328,7 @@ def sparse_lookup(hashtable: SparseEmbedding, ids, send_count: int | None = None
     token = None  # Tiered tables in training: the batch's plan (core/tiers.py).
     if isinstance(ids, fs.FeatureSpec):
       unique_rows, restore = _inserted_rows(hashtable, ids, batch)
-      if hashtable.tiers is not None and is_train:
+      if hashtable.is_tiered and is_train:
         token = _plan_token(hashtable, ids, batch)
         deps.append(tf.debugging.assert_positive(
             token, message=f"table '{table}': this batch was inserted with "
@@ -330,37 +341,31 @@ def sparse_lookup(hashtable: SparseEmbedding, ids, send_count: int | None = None
     else:
       ids = tf.convert_to_tensor(ids)
       _check_key_dtype(hashtable, ids.dtype, "ids")
-      if modify_graph and hashtable.tiers is not None:
+      if modify_graph and hashtable.is_tiered:
         raise NotImplementedError(
             f"sparse_lookup('{table}'): tiered tables (host_vocabulary_size > 0) are looked up "
             "with FeatureSpecs and get_asc_insert_func, or with tensor ids in eager/tf.function "
             "code; modify_graph=True does not plan their device cache yet")
       if modify_graph and not (tf.executing_eagerly() or tf.inside_function()):
         # Deferred: graph modification feeds the rows from the dataset.
-        from mxrec_pipeline.graph import modifier  # pylint: disable=import-outside-toplevel
-        unique_rows, restore = modifier.defer_insertion(hashtable, ids, is_train)
+        unique_rows, restore = deferred.defer_insertion(hashtable, ids, is_train)
       else:
         keys = key_index_lib.to_keys(ids)
         unique_rows, restore = admission.insert(
             run.container, table, keys, is_train,
             counts=tf.fill(tf.shape(keys, out_type=tf.int64),
                            tf.constant(faae_coefficient, tf.int64)))
-        if hashtable.tiers is not None and is_train:
+        if hashtable.is_tiered and is_train:
           unique_rows, token = tiers.plan(run.container, table, unique_rows)
     if send_count is not None:
       deps.append(tf.debugging.assert_less_equal(
           tf.size(unique_rows, out_type=tf.int64), tf.constant(send_count, tf.int64),
           message=f"table '{table}': more distinct ids in one batch than send_count={send_count}"))
     with tf.control_dependencies(deps):
-      if hashtable.tiers is not None:
-        out = _tiered_lookup(hashtable, unique_rows, restore, token, is_train,
-                             serving_default_value, admits and is_train)
-      elif isinstance(hashtable, expansion.ExpansionTable):
-        out = expansion.lookup_rows(hashtable, unique_rows, restore, training=is_train,
-                                    default_value=serving_default_value)
-      else:
-        out = lookup_rows(hashtable.variable, unique_rows, restore, training=is_train,
-                          default_value=serving_default_value, admitting=admits and is_train)
+      unique_emb = lookup.unique_embeddings(
+          hashtable, unique_rows, training=is_train, plan_token=token,
+          default_value=serving_default_value, admitting=admits and is_train)
+      out = lookup.per_id(unique_emb, restore)
     return out if is_grad else tf.stop_gradient(out)
 
 
@@ -374,24 +379,6 @@ def _plan_token(table: SparseEmbedding, spec: fs.FeatureSpec, batch) -> tf.Tenso
   return batch[key]
 
 
-def _tiered_lookup(table: SparseEmbedding, unique_rows, restore, token, training: bool,
-                   default_value, admitting: bool) -> tf.Tensor:
-  """Lookup in a tiered table: apply the batch's plan, then gather; or read in place.
-
-  Training: unique_rows are device slots of the batch's plan; the plan's moves
-  run first. Otherwise unique_rows are global rows, read wherever they live.
-  """
-  if not training:
-    return tf.gather(table.tiers.read(table.variable, unique_rows, default_value), restore)
-  with tf.control_dependencies([table.tiers.apply_plan(table.variable, token)]):
-    # The rows (hence the gradient's indices, hence the optimizer's reads of
-    # its slots) depend on the moves: in a tf.compat.v1 graph nothing else
-    # orders them.
-    unique_rows = tf.identity(unique_rows)
-    return lookup_rows(table.variable, unique_rows, restore, training=True,
-                       default_value=default_value, admitting=admitting)
-
-
 def _configure_admission(table, ids, config: dict | None, modify_graph: bool) -> int:
   """Registers access_and_evict_config; returns its faae_coefficient (1 without it)."""
   if config is None:
@@ -401,7 +388,7 @@ def _configure_admission(table, ids, config: dict | None, modify_graph: bool) ->
   if not isinstance(config, dict) or unknown:
     raise ValueError(f"{where}: access_and_evict_config takes access_threshold, "
                      f"eviction_threshold and faae_coefficient, got {config!r}")
-  if isinstance(table, expansion.ExpansionTable):
+  if table.kind is lookup.TableKind.EXPANSION:
     raise NotImplementedError(f"{where}: admission and eviction are not available with "
                               "dynamic expansion yet")
   coefficient = config.get("faae_coefficient", 1)
@@ -413,63 +400,6 @@ def _configure_admission(table, ids, config: dict | None, modify_graph: bool) ->
   admission.configure(table.table_name, admission.AdmitEvictConfig(
       config.get("access_threshold"), config.get("eviction_threshold")), where)
   return coefficient
-
-
-def lookup_rows(rows: tf.Variable, unique_rows: tf.Tensor, restore: tf.Tensor,
-                training: bool = True, default_value=None, admitting: bool = False) -> tf.Tensor:
-  """Embeddings of inserted ids: `gather(gather(rows, unique_rows), restore)`.
-
-  Args:
-    rows: [capacity, dim] table variable (`SparseEmbedding.variable`).
-    unique_rows: [num_unique] int64 rows; -1 marks an unseen id when not training.
-    restore: [*ids_shape] int32 positions into unique_rows.
-    training: With False, rows of -1 read `default_value` (zeros when None).
-    admitting: Training with admission: rows of -1 (ids not admitted yet) read
-      `default_value` and get no gradient.
-    default_value: Scalar or [dim] value for unseen ids.
-
-  Returns:
-    [*ids_shape, dim] embeddings. Their gradient w.r.t. `rows` is IndexedSlices
-    on unique_rows.
-
-  Raises:
-    ValueError: default_value neither a scalar nor of shape [dim].
-  """
-  rows = _replica_local(rows)
-  if training and not admitting:
-    return tf.gather(tf.gather(rows, unique_rows), restore)
-  default = default_value_lib.default_embedding(
-      default_value, rows.shape[-1], rows.dtype, rows.name.split("/")[0])
-  present = unique_rows >= 0
-  if not training:
-    unique_emb = tf.gather(rows, tf.maximum(unique_rows, 0))
-  else:
-    # Only rows >= 0 are gathered, so the gradient is IndexedSlices on those
-    # rows alone: ids without a row (not admitted yet) get no update.
-    gathered = tf.gather(rows, tf.boolean_mask(unique_rows, present))
-    unique_emb = tf.scatter_nd(
-        tf.where(present), gathered,
-        tf.stack([tf.size(unique_rows, out_type=tf.int64),
-                  tf.shape(gathered, out_type=tf.int64)[1]]))
-  unique_emb = tf.where(tf.expand_dims(present, -1), unique_emb, default)
-  return tf.gather(unique_emb, restore)
-
-
-def _replica_local(rows):
-  """In a replica context, the replica's own component of mirrored rows.
-
-  TF 2.15's DistributedVariable has no sparse_read in a replica context, so
-  `tf.gather` on it reads the whole table (and lazy Adam's scatter then copies
-  it); gathering from the local component reads only the rows, with the same
-  values and gradients.
-  """
-  if (isinstance(rows, tf.distribute.DistributedValues)
-      and not tf.distribute.in_cross_replica_context()):
-    context = tf.distribute.get_replica_context()
-    replica = tf.get_static_value(context.replica_id_in_sync_group)
-    if replica is not None:
-      return context.strategy.experimental_local_results(rows)[replica]
-  return rows
 
 
 def _check_key_dtype(table: SparseEmbedding, dtype: tf.DType, what: str) -> None:

@@ -9,7 +9,7 @@ no capacity error. The *_by_addr optimizers (optimizers/lazy_adam_by_addr.py,
 adagrad_by_addr.py, gradient_descent_by_addr.py) update the rows with fused
 native ops; the plain hash optimizers refuse such runs, as in mxRec.
 
-Lookup (sparse_lookup dispatches here once ids are inserted):
+Lookup (core/lookup.py, TableKind.EXPANSION, once ids are inserted):
 
   unique_rows [u] --grow store to cover them (emb_initializer per new chunk)-->
   MxRowStoreLookup(store, unique_rows, anchor) -> local_emb [u, dim], addresses [u]
@@ -58,8 +58,8 @@ from typing import Callable
 import tensorflow as tf
 
 from mxrec_pipeline.constants import constants
-from mxrec_pipeline.core import default_value as default_value_lib
 from mxrec_pipeline.core import key_index as key_index_lib
+from mxrec_pipeline.core import lookup
 from mxrec_pipeline.core import row_store as row_store_lib
 from mxrec_pipeline.util import initialize
 
@@ -104,7 +104,10 @@ class ExpansionTable(tf.Module):
       (set by the first *_by_addr apply_gradients built); None before.
   """
 
-  tiers = None  # Expansion tables are never tiered (mxRec: DDR needs expansion off).
+  kind = lookup.TableKind.EXPANSION
+  # Expansion tables are never tiered (mxRec: DDR needs expansion off).
+  is_tiered = False
+  tiers = None
 
   def __init__(self, *, table_name: str, dim: int, key_dtype: tf.DType, value_dtype: tf.DType,
                emb_initializer: Callable, device_vocabulary_size: int, init_param: float,
@@ -194,31 +197,6 @@ class ExpansionTable(tf.Module):
           f"optimizer's slots, so '{optimizer.optimizer_name}' cannot update it too")
     object.__setattr__(self, "_updater", optimizer)
     object.__setattr__(self, "slot_names", tuple(slot_names))
-
-
-def lookup_rows(table: ExpansionTable, unique_rows: tf.Tensor, restore: tf.Tensor,
-                training: bool = True, default_value=None) -> tf.Tensor:
-  """Embeddings of inserted ids of an expansion table (see module docstring).
-
-  Args:
-    table: The ExpansionTable.
-    unique_rows: [num_unique] int64 rows; -1 marks an unseen id when not training.
-    restore: [*ids_shape] int32 positions into unique_rows.
-    training: With False, rows of -1 read `default_value` (zeros when None).
-    default_value: Scalar or [dim] value for unseen ids.
-
-  Returns:
-    [*ids_shape, dim] float32 embeddings.
-
-  Raises:
-    ValueError: default_value neither a scalar nor of shape [dim].
-  """
-  local_emb, _ = table.lookup_unique(unique_rows, training)
-  if not training and default_value is not None:
-    default = default_value_lib.default_embedding(default_value, table.dim, tf.float32,
-                                                  table.table_name)
-    local_emb = tf.where(tf.expand_dims(unique_rows >= 0, -1), local_emb, default)
-  return tf.gather(local_emb, restore)
 
 
 @tf.RegisterGradient(LOOKUP_OP)

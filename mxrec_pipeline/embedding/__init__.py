@@ -12,8 +12,8 @@ Port a TPUEmbedding training loop by changing the import:
 `vocabulary_size` is the table's device capacity (any int64 id may be looked
 up, at most that many distinct ones are held). Modules: `config` (TableConfig,
 FeatureConfig), `optimizers` (SGD, Adagrad, Adam), `shapes` (output-shape
-rules), `lookup` (ids -> activations, combiners), `embedding` (Embedding).
-See docs/tpu-embedding.md.
+rules), `lookup` (ids -> activations; combiners in core/combiner.py),
+`embedding` (Embedding). See docs/tpu-embedding.md.
 """
 
 from mxrec_pipeline.embedding.config import FeatureConfig, TableConfig

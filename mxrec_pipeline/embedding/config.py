@@ -21,9 +21,9 @@ from typing import Callable
 
 import tensorflow as tf
 
+from mxrec_pipeline.core import combiner as combiner_lib
 from mxrec_pipeline.embedding import optimizers
 
-COMBINERS = ("mean", "sum", "sqrtn")
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -76,9 +76,7 @@ class TableConfig:
     if self.initializer is None:
       object.__setattr__(self, "initializer", tf.initializers.TruncatedNormal(
           mean=0.0, stddev=1 / math.sqrt(self.dim)))
-    if self.combiner not in COMBINERS:
-      raise ValueError(f"TableConfig {self.name or ''}: `combiner` must be one of {COMBINERS}, "
-                       f"got {self.combiner!r}")
+    combiner_lib.check_combiner(self.combiner, f"TableConfig {self.name or ''}")
     if self.name is not None and (not isinstance(self.name, str) or not self.name):
       raise ValueError(f"TableConfig: `name` must be a non-empty string or None, "
                        f"got {self.name!r}")

@@ -56,6 +56,7 @@ import tensorflow as tf
 
 from mxrec_pipeline.core import embedding as core_embedding
 from mxrec_pipeline.core import key_index as key_index_lib
+from mxrec_pipeline.core import lookup as core_lookup
 from mxrec_pipeline.embedding import lookup, optimizers, shapes
 from mxrec_pipeline.embedding.config import FeatureConfig, TableConfig
 from mxrec_pipeline.util import initialize
@@ -363,9 +364,10 @@ class Embedding(tf.Module):
     replica = self._replica_id("dequeue")
     step = self._current_step("dequeue")
     with tf.name_scope(name or "dequeue"):
-      unique = {table: _unique_embeddings(self._tables[table].variable, rows, step.training)
+      unique = {table: core_lookup.unique_embeddings(self._tables[table], rows,
+                                                     training=step.training)
                 for table, rows in step.rows[replica].items()}
-      outputs = [plan.activation(tf.gather(unique[table], restore))
+      outputs = [plan.activation(core_lookup.per_id(unique[table], restore))
                  for table, (restore, plan) in zip(self._table_of_feature,
                                                    step.features[replica])]
     return tf.nest.pack_sequence_as(self._feature_config, outputs)
@@ -466,9 +468,10 @@ class Embedding(tf.Module):
     plans = [[self._plan(i, _to_tensor(value), w) for i, (value, w) in
               enumerate(zip(tf.nest.flatten(features), flat_weights))]]
     rows, restores = self._insert(plans, training)
-    unique = {table: _unique_embeddings(self._tables[table].variable, table_rows, training)
+    unique = {table: core_lookup.unique_embeddings(self._tables[table], table_rows,
+                                                   training=training)
               for table, table_rows in rows[0].items()}
-    outputs = [plan.activation(tf.gather(unique[table], restore))
+    outputs = [plan.activation(core_lookup.per_id(unique[table], restore))
                for table, restore, plan in zip(self._table_of_feature, restores[0], plans[0])]
     return tf.nest.pack_sequence_as(self._feature_config, outputs)
 
@@ -597,14 +600,6 @@ def _row_gradients(rows: tf.Tensor, grads, dim: int) -> tf.IndexedSlices:
       tf.concat(id_grads, 0) if len(grads) > 1 else id_grads[0],
       tf.concat(restores, 0) if len(grads) > 1 else restores[0], tf.size(rows))
   return tf.IndexedSlices(values, rows)
-
-
-def _unique_embeddings(variable, rows: tf.Tensor, training: bool) -> tf.Tensor:
-  """[u, dim] rows of `variable`; rows of -1 (unseen, not training) read zeros."""
-  if training:
-    return tf.gather(variable, rows)
-  found = tf.gather(variable, tf.maximum(rows, 0))
-  return tf.where(tf.expand_dims(rows >= 0, -1), found, tf.zeros_like(found))
 
 
 def _to_tensor(value):

@@ -7,12 +7,9 @@ and returns the feature's activation `[*output_shape, dim]`. The map is linear
 in the embeddings (gather, weighted segment sums, scatter), so the gradient of
 a table is that map's transpose (see Embedding.apply_gradients).
 
-Combiners reduce the ids of one position, weights w (1 when not given), as
-tf.nn.embedding_lookup_sparse does:
-  sum:   sum_i w_i e_i
-  mean:  sum_i w_i e_i / sum_i w_i
-  sqrtn: sum_i w_i e_i / sqrt(sum_i w_i^2)
-Empty positions give zeros. Sequence features place each id's embedding at its
+The ids of one position are reduced by the sparse core's combiner
+(core/combiner.py: sum, mean or sqrtn, weighted as in
+tf.nn.embedding_lookup_sparse; empty positions give zeros). Sequence features place each id's embedding at its
 position instead, padded with zeros and truncated to the sequence length.
 """
 
@@ -23,6 +20,7 @@ from typing import Callable
 
 import tensorflow as tf
 
+from mxrec_pipeline.core import combiner as combiner_lib
 from mxrec_pipeline.embedding import shapes
 from mxrec_pipeline.embedding.config import FeatureConfig
 
@@ -112,7 +110,7 @@ def _sparse_plan(path, feature, inp, weight, dim):
   combiner = feature.table.combiner
 
   def activation(per_id):
-    combined = combine(per_id, segments, num_segments, combiner, weights)
+    combined = combiner_lib.combine(per_id, combiner, weights, segments, num_segments)
     return tf.reshape(combined, tf.concat([outer, [dim]], 0))
 
   return sp.values, activation, inp.shape[:-1]
@@ -138,35 +136,6 @@ def _ragged_sequence_length(path, feature, inp) -> int | None:
   raise ValueError(f"Feature {path}: the output shape set in its FeatureConfig must have a "
                    f"multiple of the batch size elements; got output shape "
                    f"{feature.output_shape}, batch size {batch_size}")
-
-
-def combine(per_id: tf.Tensor, segments: tf.Tensor, num_segments: tf.Tensor, combiner: str,
-            weights: tf.Tensor | None = None) -> tf.Tensor:
-  """Reduces per-id embeddings to positions (see the module docstring).
-
-  Args:
-    per_id: [n, dim] float embeddings.
-    segments: [n] int64 position of each id, in [0, num_segments).
-    num_segments: int64 scalar, number of positions.
-    combiner: "sum", "mean" or "sqrtn".
-    weights: [n] float32 or None (all 1).
-
-  Returns:
-    [num_segments, dim]; positions without ids are zeros.
-  """
-  if weights is not None:
-    weights = tf.cast(weights, per_id.dtype)
-    per_id = per_id * tf.expand_dims(weights, -1)
-  total = tf.math.unsorted_segment_sum(per_id, segments, num_segments)
-  if combiner == "sum":
-    return total
-  if weights is None:
-    weights = tf.ones(tf.shape(segments), per_id.dtype)
-  if combiner == "mean":
-    norm = tf.math.unsorted_segment_sum(weights, segments, num_segments)
-  else:
-    norm = tf.sqrt(tf.math.unsorted_segment_sum(tf.square(weights), segments, num_segments))
-  return tf.math.divide_no_nan(total, tf.expand_dims(norm, -1))
 
 
 def _shaped(path: str, natural, natural_shape: tf.TensorShape, target: tf.TensorShape,

@@ -31,59 +31,22 @@ components must be dense tensors; the iterator must be initializable
 from __future__ import annotations
 
 import collections
-import dataclasses
 import os
 
 import tensorflow as tf
 
+from mxrec_pipeline.core.asc import deferred
 from mxrec_pipeline.core.asc import feature_spec as fs
 from mxrec_pipeline.core.asc import helper
 from mxrec_pipeline.core.asc import manager
 from mxrec_pipeline.core import admission
 from mxrec_pipeline.util import initialize
 
-PENDING_LOOKUPS = "mxrec_pipeline_pending_lookups"
 TRAIN_INITIALIZERS = "mxrec_pipeline_train_initializers"
 EVAL_INITIALIZERS = "mxrec_pipeline_eval_initializers"
 DUMP_FILE = "modified_graph.pbtxt"
-
-
-@dataclasses.dataclass
-class PendingLookup:
-  """A lookup waiting for the rewrite: its ids and the placeholders it reads."""
-
-  table_name: str
-  ids: tf.Tensor
-  is_train: bool
-  unique_rows: tf.Tensor  # [num_unique] int64 placeholder
-  restore: tf.Tensor  # ids' shape, int32 placeholder
-  feature_name: str
-
-
-def defer_insertion(table, ids: tf.Tensor, is_train: bool):
-  """Placeholders (unique_rows, restore) for a modify_graph=True lookup.
-
-  Registered in the graph's PENDING_LOOKUPS collection; the rewrite replaces
-  them. Running them before fails with a message saying what to call.
-  """
-  graph = tf.compat.v1.get_default_graph()
-  index = len(graph.get_collection(PENDING_LOOKUPS))
-  message = (f"sparse_lookup('{table.table_name}', modify_graph=True) was built but the graph "
-             "was not modified: call mxrec_pipeline.graph.modifier."
-             "modify_graph_and_start_emb_cache() after building the model (and its "
-             "gradients) and before running the session")
-  with tf.name_scope("deferred_insertion"):
-    guard = tf.debugging.Assert(tf.constant(False), [tf.constant(message)])
-    with tf.control_dependencies([guard]):
-      # Static shapes as the real tensors will have them: a constant-folded
-      # shape here would leak into gradient ops built before the rewrite.
-      unique_rows = tf.compat.v1.placeholder_with_default(
-          tf.zeros([0], tf.int64), shape=[None], name="unique_rows")
-      restore = tf.compat.v1.placeholder_with_default(
-          tf.zeros_like(ids, dtype=tf.int32), shape=ids.shape, name="restore")
-  graph.add_to_collection(PENDING_LOOKUPS, PendingLookup(
-      table.table_name, ids, is_train, unique_rows, restore, f"modify_graph_{index}"))
-  return unique_rows, restore
+# The deferred lookups' collection and record live in the core (core/asc/deferred.py).
+PENDING_LOOKUPS = deferred.PENDING_LOOKUPS
 
 
 def modify_graph_and_start_emb_cache(full_graph: tf.Graph | None = None,
@@ -200,7 +163,7 @@ def _make_iterator_op(graph: tf.Graph, get_next: tf.Operation) -> tf.Operation:
                    "tf.compat.v1.data.make_initializable_iterator(dataset)")
 
 
-def _rewrite(graph: tf.Graph, get_next: tf.Operation, lookups: list[PendingLookup],
+def _rewrite(graph: tf.Graph, get_next: tf.Operation, lookups: list[deferred.PendingLookup],
              container: str) -> None:
   outputs = list(get_next.outputs)
   if any(t.dtype == tf.variant for t in outputs):

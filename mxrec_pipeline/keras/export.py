@@ -61,7 +61,7 @@ class ServingModule(tf.Module):
     self.serving_rows = {}
     for name in self._by_table:
       table = tables[name]
-      if table.tiers is None:
+      if not table.is_tiered:
         self.lookup_tables[name] = table.key_index.to_stock_table()
         continue
       # A tiered table's rows live in three tiers: export a compact snapshot,

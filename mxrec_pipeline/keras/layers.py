@@ -9,16 +9,19 @@ reads the rows that the input pipeline's insertion put in the batch.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import zlib
 
 import tensorflow as tf
 
 from mxrec_pipeline.core import admission
+from mxrec_pipeline.core import combiner as combiner_lib
 from mxrec_pipeline.core import embedding
+from mxrec_pipeline.core import lookup
 from mxrec_pipeline.util import initialize
 
-COMBINERS = ("sum", "mean", "sqrtn")
+# Re-exported: builders and user code import them from here.
+COMBINERS = combiner_lib.COMBINERS
+combine = combiner_lib.combine
 _KEY_DTYPES = ("int32", "int64", "string")
 
 
@@ -90,9 +93,7 @@ class SparseFeature:
   combiner: str | None = "mean"
 
   def __post_init__(self):
-    if self.combiner is not None and self.combiner not in COMBINERS:
-      raise ValueError(f"SparseFeature '{self.name}': `combiner` must be one of {COMBINERS} "
-                       f"or None, got {self.combiner!r}")
+    combiner_lib.check_combiner(self.combiner, f"SparseFeature '{self.name}'", allow_none=True)
 
 
 def get_or_create_table(spec: TableSpec, seed: int | None = None) -> embedding.SparseEmbedding:
@@ -119,7 +120,7 @@ def get_or_create_table(spec: TableSpec, seed: int | None = None) -> embedding.S
         host_vocabulary_size=spec.host_vocabulary_size,
         ssd_vocabulary_size=spec.ssd_vocabulary_size, ssd_data_path=list(spec.ssd_data_path),
         cache_policy=spec.cache_policy)
-  host_rows = 0 if table.tiers is None else table.tiers.config.host_vocabulary_size
+  host_rows = table.tiers.config.host_vocabulary_size if table.is_tiered else 0
   if ((table.dim, table.device_vocabulary_size, host_rows)
       != (spec.dim, spec.device_vocabulary_size, spec.host_vocabulary_size)):
     raise ValueError(
@@ -129,34 +130,6 @@ def get_or_create_table(spec: TableSpec, seed: int | None = None) -> embedding.S
         f"device_vocabulary_size={spec.device_vocabulary_size}, "
         f"host_vocabulary_size={spec.host_vocabulary_size}")
   return table
-
-
-def combine(embeddings, combiner: str | None) -> tf.Tensor:
-  """Reduces per-id embeddings over the ids axis.
-
-  Args:
-    embeddings: [..., num_ids, dim] dense, or a tf.RaggedTensor whose last
-      ragged dimension holds each position's ids.
-    combiner: "sum", "mean", "sqrtn" or None (no reduction).
-
-  Returns:
-    [..., dim] float tensor (dense); empty id lists give zeros.
-  """
-  if combiner is None:
-    return embeddings
-  total = tf.reduce_sum(embeddings, axis=-2)
-  if isinstance(embeddings, tf.RaggedTensor):
-    count = tf.cast(embeddings.row_lengths(axis=embeddings.ragged_rank), total.dtype)
-    if isinstance(total, tf.RaggedTensor):
-      total, count = total.to_tensor(), count.to_tensor()
-  else:
-    count = tf.cast(tf.shape(embeddings)[-2], total.dtype) * tf.ones_like(total[..., 0])
-  count = tf.expand_dims(tf.maximum(count, 1.0), -1)
-  if combiner == "sum":
-    return total
-  if combiner == "mean":
-    return total / count
-  return total / tf.sqrt(count)
 
 
 @tf.keras.utils.register_keras_serializable(package="mxrec_pipeline")
@@ -205,42 +178,30 @@ class SparseLookup(tf.keras.layers.Layer):
 
   @property
   def tiers(self):
-    """The table's TieredStorage, or None (flat table).
+    """The table's TieredStorage, or None (flat table, or no run).
 
     Looked up in the run, not tracked: SavedModels of the model must not
     carry the native cache and store (keras/export.py serves a snapshot).
     """
     if not initialize.is_initialized():
       return None
-    return getattr(initialize.get_config_initializer().tables.get(self.table_spec.name),
-                   "tiers", None)
+    table = initialize.get_config_initializer().tables.get(self.table_spec.name)
+    return table.tiers if table is not None else None
 
   def call(self, inputs, training=None):
     restore, unique_rows, *plan = inputs
     training = bool(training) if training is not None else False
-    # Tables with admission (FeatureSpec access_threshold) hold -1 rows in
-    # training batches for ids not admitted yet; they read zeros.
-    config = admission.config_of(self.table_spec.name)
-    admitting = training and config is not None and config.admits
-    lookup = functools.partial(embedding.lookup_rows, self.embeddings, unique_rows,
-                               training=training, admitting=admitting)
     if self.serving_rows is not None:
-      lookup = functools.partial(embedding.lookup_rows, self.serving_rows, unique_rows,
-                                 training=False)
-    elif self.tiers is not None and training:
-      apply = self.tiers.apply_plan(self.embeddings, plan[0])
-      with tf.control_dependencies([apply]):  # the gradient's rows follow the moves
-        unique_rows = tf.identity(unique_rows)
-      lookup = functools.partial(embedding.lookup_rows, self.embeddings, unique_rows,
-                                 training=training, admitting=admitting)
-    elif self.tiers is not None:
-      unique_emb = self.tiers.read(self.embeddings, unique_rows)
-      lookup = functools.partial(tf.gather, unique_emb)
-    if isinstance(restore, tf.RaggedTensor):
-      per_id = restore.with_flat_values(lookup(restore.flat_values))
+      unique_emb = lookup.gather_rows(self.serving_rows, unique_rows, training=False)
     else:
-      per_id = lookup(restore)
-    return combine(per_id, self.feature.combiner)
+      # Tables with admission (FeatureSpec access_threshold) hold -1 rows in
+      # training batches for ids not admitted yet; they read zeros.
+      config = admission.config_of(self.table_spec.name)
+      unique_emb = lookup.unique_embeddings(
+          initialize.get_config_initializer().tables[self.table_spec.name], unique_rows,
+          training=training, plan_token=plan[0] if plan else None,
+          admitting=training and config is not None and config.admits)
+    return combine(lookup.per_id(unique_emb, restore), self.feature.combiner)
 
   def get_config(self):
     config = super().get_config()

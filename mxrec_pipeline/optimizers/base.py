@@ -133,7 +133,7 @@ class HashOptimizer(tf.Module):
       update = strategy.extended.update(var, self._apply_one, args=(grad, slots, step),
                                         group=True)
       updates.append(update)
-      if table.tiers is not None:
+      if table.is_tiered:
         # The batch's rows are trained: its device-cache slots may make room.
         finish = table.tiers.finish([] if update is None else [update])
         if finish is not None:
@@ -172,7 +172,7 @@ class HashOptimizer(tf.Module):
 
   def _create_slots(self, var, table_name: str, tiered_attach: bool = False) -> None:
     table = initialize.get_config_initializer().tables.get(table_name)
-    tiers = getattr(table, "tiers", None)
+    tiers = table.tiers if table is not None and table.is_tiered else None
     if tiers is not None and not tiered_attach and not tiers.has_optimizer(self):
       # A tiered table moves its slots between tiers with the rows: they must
       # exist (and size the host rows) before its first step.

@@ -350,10 +350,6 @@ def _tiered_slots(table) -> list[tuple[str, tf.Variable, float]]:
           for name, (variable, initial) in zip(names, variables)]
 
 
-def _is_tiered(table) -> bool:
-  return getattr(table, "tiers", None) is not None
-
-
 class Saver(tf.compat.v1.train.Saver):
   """tf.compat.v1.train.Saver that writes the tables' sparse part beside the dense one.
 
@@ -381,14 +377,14 @@ class Saver(tf.compat.v1.train.Saver):
     variables = tf.compat.v1.global_variables()
     tables = [t for t in run.tables.values() if getattr(t.variable, "graph", None) is graph]
     claimed = {id(t.variable) for t in tables} | {
-        id(v) for t in tables if _is_tiered(t) for _, v, _ in _tiered_slots(t)}
+        id(v) for t in tables if t.is_tiered for _, v, _ in _tiered_slots(t)}
     with tf.name_scope("sparse_saver"):
       self._tables = []
       for table in tables:
         with tf.name_scope(table.table_name.replace("/", "_")):
           if isinstance(table, expansion.ExpansionTable):
             self._tables.append(_ExpansionTableIO(table))
-          elif _is_tiered(table):
+          elif table.is_tiered:
             self._tables.append(_TieredTableIO(table))
           else:
             self._tables.append(_PlainTableIO(table, _plain_slots(table, variables, claimed)))

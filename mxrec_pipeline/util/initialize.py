@@ -150,7 +150,7 @@ def terminate_config_initializer() -> None:
   if _initializer is not None:
     for table in _initializer.tables.values():
       table.key_index.release()
-      if getattr(table, "tiers", None) is not None:
+      if table.is_tiered:
         table.tiers.release_resources()
   _initializer = None
 

@@ -86,7 +86,7 @@ def get_asc_insert_func(tgt_key_specs: Sequence[fs.FeatureSpec], is_training: bo
       rows, restore = admission.insert(container, table_name, keys, is_training, counts,
                                        timestamp)
       table = run.tables.get(table_name)
-      if getattr(table, "tiers", None) is not None:
+      if table is not None and table.is_tiered:
         # Tiered table: the key process plans the device cache (core/tiers.py).
         if is_training:
           rows, tokens[table_name] = tiers.plan(container, table_name, rows)

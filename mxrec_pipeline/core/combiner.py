@@ -1,0 +1,95 @@
+"""The combiner: reduces the embeddings of one position's ids to one vector.
+
+One weighted reduction serves every API: the Keras `SparseLookup` (dense or
+ragged ids), `sparse_lookup` callers and the TPUEmbedding-style `Embedding`
+(ids given as segments of a flat list). With weights w (1 when not given), as
+tf.nn.embedding_lookup_sparse and TPUEmbedding define them:
+
+  sum:   sum_i w_i e_i
+  mean:  sum_i w_i e_i / sum_i w_i
+  sqrtn: sum_i w_i e_i / sqrt(sum_i w_i^2)
+
+Positions without ids (and positions whose weights sum to zero) give zeros.
+"""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+COMBINERS = ("sum", "mean", "sqrtn")
+
+
+def check_combiner(combiner: str | None, where: str, allow_none: bool = False) -> None:
+  """Raises unless `combiner` is one of COMBINERS (or None when allowed).
+
+  Args:
+    combiner: The value to check.
+    where: What holds it, for the message, e.g. "SparseFeature 'item'".
+    allow_none: Whether None (keep every id's embedding) is accepted.
+
+  Raises:
+    ValueError: naming `where`, the supported combiners and the bad value.
+  """
+  if combiner in COMBINERS or (allow_none and combiner is None):
+    return
+  raise ValueError(f"{where}: `combiner` must be one of {COMBINERS}"
+                   f"{' or None' if allow_none else ''}, got {combiner!r}")
+
+
+def combine(per_id, combiner: str | None, weights=None, segment_ids: tf.Tensor | None = None,
+            num_segments: tf.Tensor | None = None):
+  """Reduces per-id embeddings to one embedding per position.
+
+  The ids of a position are given in one of three forms:
+    dense:   per_id [..., num_ids, dim], weights [..., num_ids];
+    ragged:  per_id a tf.RaggedTensor [..., (num_ids), dim] whose last ragged
+             dimension holds each position's ids, weights a tf.RaggedTensor
+             [..., (num_ids)] of the same row partitions;
+    segment: per_id [n, dim] with segment_ids [n] int32/int64 (the position
+             of each id, in [0, num_segments)) and num_segments, a scalar.
+
+  Args:
+    per_id: Float embeddings of every id, in one of the forms above.
+    combiner: "sum", "mean", "sqrtn" (see the module docstring), or None to
+      return `per_id` unchanged.
+    weights: None (every weight 1) or per-id weights of the form's layout,
+      any real dtype (cast to per_id's).
+    segment_ids: Segment form only: each id's position.
+    num_segments: Segment form only: the number of positions.
+
+  Returns:
+    [..., dim] (dense and ragged forms; a ragged outer dimension is padded
+    with zero rows) or [num_segments, dim] (segment form) of per_id's dtype.
+
+  Raises:
+    ValueError: an unknown combiner, weights with combiner None, or only one
+      of segment_ids and num_segments.
+  """
+  if combiner is None:
+    if weights is not None:
+      raise ValueError("combine: weights need a combiner; combiner None keeps every id")
+    return per_id
+  check_combiner(combiner, "combine")
+  if (segment_ids is None) != (num_segments is None):
+    raise ValueError("combine: give both segment_ids and num_segments, or neither")
+
+  def reduce(values):  # [...ids' layout..., k] -> [..., k], summed over each position's ids
+    if segment_ids is not None:
+      return tf.math.unsorted_segment_sum(values, segment_ids, num_segments)
+    if isinstance(per_id, tf.RaggedTensor):
+      total = tf.reduce_sum(per_id.with_flat_values(values), axis=-2)
+      return total.to_tensor() if isinstance(total, tf.RaggedTensor) else total
+    return tf.reduce_sum(values, axis=-2)
+
+  values = per_id.flat_values if isinstance(per_id, tf.RaggedTensor) else per_id
+  if weights is None:
+    w = tf.ones_like(values[..., :1])
+  else:
+    flat_weights = weights.flat_values if isinstance(weights, tf.RaggedTensor) else weights
+    w = tf.expand_dims(tf.cast(flat_weights, values.dtype), -1)
+    values = values * w
+  total = reduce(values)
+  if combiner == "sum":
+    return total
+  norm = reduce(w) if combiner == "mean" else tf.sqrt(reduce(tf.square(w)))
+  return tf.math.divide_no_nan(total, norm)
