@@ -8,6 +8,8 @@
   mxrec-pipeline data fetch movielens_100k|mslr_5k
 
 Exit status 2 on a bad config or argument, with the culprit named on stderr.
+`--help` and config errors answer without importing TensorFlow: each command
+imports what it runs only once its config is valid.
 """
 
 from __future__ import annotations
@@ -20,8 +22,8 @@ from mxrec_pipeline import config as config_lib
 
 
 def _train(args) -> int:
+  config = config_lib.load(args.config, args.set)  # Before jobs imports TensorFlow.
   from mxrec_pipeline import jobs  # pylint: disable=import-outside-toplevel
-  config = config_lib.load(args.config, args.set)
   result = jobs.train(config, verbose=args.verbose)
   print(f"validation metrics ({config.pipeline.model_dir}/metrics.json):")
   print(jobs.format_metrics(result))
@@ -29,8 +31,8 @@ def _train(args) -> int:
 
 
 def _export(args) -> int:
-  from mxrec_pipeline import jobs  # pylint: disable=import-outside-toplevel
   config = config_lib.load(args.config, args.set)
+  from mxrec_pipeline import jobs  # pylint: disable=import-outside-toplevel
   print(jobs.export(config, args.out))
   return 0
 

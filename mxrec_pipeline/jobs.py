@@ -54,7 +54,7 @@ def train(config: config_lib.JobConfig, verbose: int = 2,
   model_metrics = pipeline.train_and_validate(verbose=verbose, callbacks=callbacks)
   model_metrics.pop("loss")
   baseline = evaluation.evaluate_scores(
-      pipeline._dataset_builder.build_raw_valid_dataset(),  # pylint: disable=protected-access
+      pipeline.dataset_builder.build_raw_valid_dataset(),
       ranker.build_baseline(paths, config.data))
   evaluation.write_metrics(model_dir, model_metrics, baseline)
   return {"model": model_metrics, "baseline": baseline}
@@ -73,8 +73,7 @@ def export(config: config_lib.JobConfig, export_dir: str | None = None) -> str:
   _, _, pipeline = _setup(config)
   if not initialize.is_initialized():
     initialize.init()
-  model = pipeline._model_builder.build()  # pylint: disable=protected-access
-  pipeline._compile(model)  # pylint: disable=protected-access
+  model = pipeline.build_compiled_model()
   callbacks_lib.training_checkpoint(model).restore(latest).expect_partial()
   export_dir = export_dir or os.path.join(config.pipeline.model_dir, "export", "latest_model")
   return pipeline.export_saved_model(model, export_dir)
