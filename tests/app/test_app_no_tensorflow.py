@@ -58,3 +58,14 @@ def test_bad_train_config_exits_2_without_tensorflow(tmp_path, raw, overrides, m
   code, imported, _, err = _run_cli(tmp_path, *args)
   assert (code, imported) == (2, [])
   assert message in err
+
+
+def test_bad_sweep_config_exits_2_without_tensorflow(tmp_path):
+  path = tmp_path / "sweep.yaml"
+  path.write_text(yaml.safe_dump({
+      "base_config": str(REPO / "configs" / "movielens_listwise.yaml"),
+      "sweep_dir": str(tmp_path / "sweep"),
+      "search_space": {"model.nope": {"type": "int", "low": 1, "high": 2}}}))
+  code, imported, _, err = _run_cli(tmp_path, "sweep", str(path), "--set", "pipeline.num_epochs=1")
+  assert (code, imported) == (2, [])
+  assert "search_space.model.nope: not a key of the movielens_listwise job config" in err
