@@ -40,8 +40,7 @@ import tensorflow as tf
 import tensorflow_ranking as tfr
 
 from builders.base import DataPaths, RankerBuilder, MASK_FEATURE
-from builders.movielens_config import (  # pylint: disable=unused-import
-    RELEVANCES, MovieLensDataConfig, MovieLensModelConfig)
+from builders.movielens_config import RELEVANCES, MovieLensDataConfig, MovieLensModelConfig
 from mxrec_pipeline.data import fetch as fetch_lib
 from mxrec_pipeline.data import movielens
 from mxrec_pipeline.keras import model as model_lib
