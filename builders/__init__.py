@@ -1,23 +1,65 @@
-"""Ready-made rankers (tasks) the CLI runs by name; users pick or subclass them."""
+"""Ready-made rankers (tasks) the CLI runs by name; users pick or subclass them.
 
-from builders.base import DataPaths, DatasetConfig, RankerBuilder
-from builders.movielens import MovieLensListwise
-from builders.movielens_dcn import MovieLensDcn
-from builders.mslr import MslrDnn
+`REGISTRY` maps names to ranker classes and imports a ranker's module (and so
+TensorFlow) only when it is looked up; `get_config_classes` gives its config
+dataclasses without TensorFlow. Register a ranker with
+`REGISTRY[MyRanker.name] = MyRanker`, or lazily with `REGISTRY.register(name,
+RankerEntry(...))` (see builders/registry.py).
+"""
 
-REGISTRY: dict[str, type[RankerBuilder]] = {
-    MovieLensListwise.name: MovieLensListwise,
-    MovieLensDcn.name: MovieLensDcn,
-    MslrDnn.name: MslrDnn,
-}
+from builders.base_config import DatasetConfig
+from builders.registry import RankerEntry, RankerRegistry
+
+REGISTRY = RankerRegistry({
+    "movielens_listwise": RankerEntry(
+        ranker="builders.movielens:MovieLensListwise",
+        data_config="builders.movielens_config:MovieLensDataConfig",
+        model_config="builders.movielens_config:MovieLensModelConfig"),
+    "movielens_dcn": RankerEntry(
+        ranker="builders.movielens_dcn:MovieLensDcn",
+        data_config="builders.movielens_config:MovieLensDataConfig",
+        model_config="builders.movielens_dcn_config:DcnModelConfig"),
+    "mslr_dnn": RankerEntry(
+        ranker="builders.mslr:MslrDnn",
+        data_config="builders.mslr_config:MslrDataConfig",
+        model_config="builders.mslr_config:MslrModelConfig"),
+})
+
+# Imported from builders.base (and so TensorFlow) on first use, by __getattr__.
+_LAZY = ("DataPaths", "RankerBuilder")
 
 
-def get_builder(name: str) -> RankerBuilder:
-  """A ranker by name.
+def _check_known(name: str) -> None:
+  if name not in REGISTRY:
+    raise ValueError(f"unknown builder '{name}'; known: {sorted(REGISTRY)}")
+
+
+def get_builder(name: str):
+  """A ranker (a RankerBuilder instance) by name; imports its module.
 
   Raises:
     ValueError: an unknown name, listing the known ones.
   """
-  if name not in REGISTRY:
-    raise ValueError(f"unknown builder '{name}'; known: {sorted(REGISTRY)}")
+  _check_known(name)
   return REGISTRY[name]()
+
+
+def get_config_classes(name: str) -> tuple[type, type]:
+  """(DataConfig, ModelConfig) of a ranker by name, without importing TensorFlow.
+
+  Raises:
+    ValueError: an unknown name, listing the known ones.
+  """
+  _check_known(name)
+  return REGISTRY.config_classes(name)
+
+
+def __getattr__(name: str):
+  if name in _LAZY:
+    from builders import base  # pylint: disable=import-outside-toplevel
+    return getattr(base, name)
+  raise AttributeError(f"module 'builders' has no attribute {name!r}")
+
+
+__all__ = ["REGISTRY", "DatasetConfig", "RankerEntry", "RankerRegistry", "get_builder",
+           "get_config_classes", *_LAZY]

@@ -40,6 +40,7 @@ import tensorflow as tf
 import tensorflow_ranking as tfr
 
 from builders.base import DataPaths, RankerBuilder, MASK_FEATURE
+from builders.movielens_config import RELEVANCES, MovieLensDataConfig, MovieLensModelConfig
 from mxrec_pipeline.data import fetch as fetch_lib
 from mxrec_pipeline.data import movielens
 from mxrec_pipeline.keras import model as model_lib
@@ -62,7 +63,6 @@ EXAMPLE_SPEC = {
 }
 LABEL_SPEC = ("rating", _F([1], tf.float32, default_value=-1.0))
 LIKED_RATING = 4.0
-RELEVANCES = ("graded", "liked")
 USER_FEATURE, ITEM_FEATURE = "user_id", "item_id"
 
 # The dense (non-id) features, scaled to about [0, 1]; applied after the
@@ -95,90 +95,11 @@ def relevance_labels(rating: tf.Tensor, relevance: str) -> tf.Tensor:
   return tf.where(rating < 0, rating, label)
 
 
-@dataclasses.dataclass
-class MovieLensDataConfig:
-  """Where the MovieLens lists come from and what their labels mean.
-
-  Attributes:
-    data_dir: Directory of ml-100k.{inter,user,item} (RecBole atomic files);
-      None fetches the pinned copy (mxrec-pipeline data fetch movielens_100k).
-    elwc_dir: Where the ELWC files go; None: beside the fetched data.
-    valid_fraction: Share of each user's latest ratings for validation, in (0, 1).
-    max_list_size: Longer user lists are cut into consecutive lists of at
-      most this many movies (no rating dropped); None keeps them whole.
-    relevance: "graded" (rating - 1) or "liked" (max(rating - 3, 0)); see the
-      module docstring. Model and baseline are scored on the same labels.
-  """
-
-  data_dir: str | None = None
-  elwc_dir: str | None = None
-  valid_fraction: float = 0.2
-  max_list_size: int | None = 100
-  relevance: str = "graded"
-
-  def __post_init__(self):
-    if not 0.0 < self.valid_fraction < 1.0:
-      raise ValueError(f"data.valid_fraction must be in (0, 1), got {self.valid_fraction}")
-    if self.data_dir is not None and not pathlib.Path(self.data_dir).is_dir():
-      raise ValueError(f"data.data_dir: no such directory: {self.data_dir}")
-    if self.relevance not in RELEVANCES:
-      raise ValueError(f"data.relevance must be one of {RELEVANCES}, got {self.relevance!r}")
-
-
 @dataclasses.dataclass(frozen=True)
 class MovieLensPaths(DataPaths):
   """DataPaths plus the label definition the dataset builder applies."""
 
   relevance: str = "graded"
-
-
-@dataclasses.dataclass
-class MovieLensModelConfig:
-  """The ranker (MovieLensScorer) and its tables.
-
-  Attributes:
-    hidden_layer_dims: Units of the DNN's hidden layers.
-    dropout: Dropout rate of the DNN, in [0, 1).
-    use_batch_norm: Batch normalization in the DNN.
-    id_dim: Embedding dim of user_id and item_id.
-    attribute_dim: Embedding dim of the other id features.
-    device_vocabulary_size: Rows of every table (distinct ids it can hold).
-    id_device_vocabulary_size: Device rows of the user_id and item_id tables
-      (their device cache when tiered); None: device_vocabulary_size.
-    host_vocabulary_size: Host-memory rows of the user_id and item_id tables;
-      > 0 makes them tiered (docs/tiers.md).
-    ssd_vocabulary_size: SSD rows of those tables (needs host rows).
-    ssd_data_path: Directories of their SSD files.
-    cache_policy: "lru" or "lfu": the device caches' policy.
-    combiner: Combiner of genres and title tokens: mean, sum or sqrtn.
-    dot_product: Add the user_id . item_id embedding dot product to the logit.
-    id_l2: L2 penalty on the user_id and item_id embeddings, per occurrence:
-      `id_l2 * ||e||^2` averaged over the batch's (padded) examples, >= 0.
-  """
-
-  hidden_layer_dims: list[int] = dataclasses.field(default_factory=lambda: [64, 32])
-  dropout: float = 0.0
-  use_batch_norm: bool = False
-  id_dim: int = 16
-  attribute_dim: int = 8
-  device_vocabulary_size: int = 20_000
-  id_device_vocabulary_size: int | None = None
-  host_vocabulary_size: int = 0
-  ssd_vocabulary_size: int = 0
-  ssd_data_path: list[str] = dataclasses.field(default_factory=list)
-  cache_policy: str = "lru"
-  combiner: str = "mean"
-  dot_product: bool = True
-  id_l2: float = 4.0
-
-  def __post_init__(self):
-    if not 0.0 <= self.dropout < 1.0:
-      raise ValueError(f"model.dropout must be in [0, 1), got {self.dropout}")
-    if not self.hidden_layer_dims or any(d <= 0 for d in self.hidden_layer_dims):
-      raise ValueError(f"model.hidden_layer_dims must be positive ints, "
-                       f"got {self.hidden_layer_dims}")
-    if not self.id_l2 >= 0.0:
-      raise ValueError(f"model.id_l2 must be >= 0, got {self.id_l2}")
 
 
 class MovieLensScorer(tfr.keras.model.UnivariateScorer):

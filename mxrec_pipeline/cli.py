@@ -1,6 +1,6 @@
 """`mxrec-pipeline` command line: train, export, predict, sweep, data fetch.
 
-  mxrec-pipeline train configs/movielens_listwise.yaml [--set pipeline.num_epochs=3 ...]
+  mxrec-pipeline train configs/movielens_listwise.yaml [--fresh] [--set pipeline.num_epochs=3 ...]
   mxrec-pipeline export configs/movielens_listwise.yaml [--out DIR]
   mxrec-pipeline predict MODEL_DIR --input lists.json|lists.tfrecord
   mxrec-pipeline sweep configs/sweep_movielens.yaml [--n-trials N] [--n-jobs J] [--timeout S]
@@ -8,6 +8,8 @@
   mxrec-pipeline data fetch movielens_100k|mslr_5k
 
 Exit status 2 on a bad config or argument, with the culprit named on stderr.
+`--help` and config errors answer without importing TensorFlow: each command
+imports what it runs only once its config is valid.
 """
 
 from __future__ import annotations
@@ -20,17 +22,17 @@ from mxrec_pipeline import config as config_lib
 
 
 def _train(args) -> int:
+  config = config_lib.load(args.config, args.set)  # Before jobs imports TensorFlow.
   from mxrec_pipeline import jobs  # pylint: disable=import-outside-toplevel
-  config = config_lib.load(args.config, args.set)
-  result = jobs.train(config, verbose=args.verbose)
+  result = jobs.train(config, verbose=args.verbose, fresh=args.fresh)
   print(f"validation metrics ({config.pipeline.model_dir}/metrics.json):")
   print(jobs.format_metrics(result))
   return 0
 
 
 def _export(args) -> int:
-  from mxrec_pipeline import jobs  # pylint: disable=import-outside-toplevel
   config = config_lib.load(args.config, args.set)
+  from mxrec_pipeline import jobs  # pylint: disable=import-outside-toplevel
   print(jobs.export(config, args.out))
   return 0
 
@@ -64,6 +66,10 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                      help="override a config value, e.g. pipeline.learning_rate=0.01")
     sub.set_defaults(fn=fn)
+  commands.choices["train"].add_argument(
+      "--fresh", action="store_true",
+      help="start over: remove the checkpoints, logs, exports and metrics of an earlier run in "
+           "model_dir (default: resume from its latest checkpoint)")
   commands.choices["train"].add_argument("--verbose", type=int, default=2,
                                          help="Keras fit verbosity (0, 1, 2)")
   commands.choices["export"].add_argument("--out", help="export directory")
@@ -99,7 +105,7 @@ def main(argv=None) -> int:
   args = build_parser().parse_args(argv)
   try:
     return args.fn(args)
-  except (config_lib.ConfigError, FileNotFoundError, ValueError) as e:
+  except (config_lib.ConfigError, FileNotFoundError, FileExistsError, ValueError) as e:
     print(f"mxrec-pipeline {args.command}: error: {e}", file=sys.stderr)
     return 2
 

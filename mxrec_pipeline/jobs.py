@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from typing import Sequence
 
 import tensorflow as tf
@@ -32,21 +33,51 @@ def _setup(config: config_lib.JobConfig):
                                                     config.pipeline)
 
 
+# What a training run writes in its model_dir (and `--fresh` removes).
+RUN_OUTPUTS = ("checkpoints", "logs", "export", evaluation.METRICS_FILE)
+
+
+def clear_run_outputs(model_dir: str) -> list[str]:
+  """Removes a run's outputs (RUN_OUTPUTS) from model_dir; returns the paths removed.
+
+  Anything else in model_dir is left alone.
+  """
+  removed = []
+  for name in RUN_OUTPUTS:
+    path = os.path.join(model_dir, name)
+    if os.path.isdir(path):
+      shutil.rmtree(path)
+    elif os.path.exists(path):
+      os.remove(path)
+    else:
+      continue
+    removed.append(path)
+  return removed
+
+
 def train(config: config_lib.JobConfig, verbose: int = 2,
-          callbacks: Sequence[tf.keras.callbacks.Callback] = ()) -> dict:
-  """Trains, validates and exports a job; writes metrics.json in model_dir.
+          callbacks: Sequence[tf.keras.callbacks.Callback] = (), fresh: bool = False) -> dict:
+  """Trains (or resumes), validates and exports a job; writes metrics.json in model_dir.
+
+  A model_dir holding a checkpoint resumes from it (`pipeline.resume`, see
+  docs/restarts.md) unless `fresh`.
 
   Args:
     config: The job.
     verbose: Keras fit verbosity (0, 1, 2).
     callbacks: Extra Keras callbacks for model.fit (see
       `ModelFitPipeline.train_and_validate`), e.g. a sweep trial's reporter.
+    fresh: Start over: first remove the outputs of an earlier run
+      (`clear_run_outputs`).
 
   Returns:
     {"model": metrics, "baseline": metrics} on the whole validation split,
     metrics keyed as RANKING_METRICS.
   """
   model_dir = config.pipeline.model_dir
+  if fresh:
+    for path in clear_run_outputs(model_dir):
+      print(f"--fresh: removed {path}", flush=True)
   os.makedirs(model_dir, exist_ok=True)
   with open(os.path.join(model_dir, RESOLVED_CONFIG), "w", encoding="utf-8") as f:
     yaml.safe_dump(config.to_dict(), f, sort_keys=False)
@@ -54,7 +85,7 @@ def train(config: config_lib.JobConfig, verbose: int = 2,
   model_metrics = pipeline.train_and_validate(verbose=verbose, callbacks=callbacks)
   model_metrics.pop("loss")
   baseline = evaluation.evaluate_scores(
-      pipeline._dataset_builder.build_raw_valid_dataset(),  # pylint: disable=protected-access
+      pipeline.dataset_builder.build_raw_valid_dataset(),
       ranker.build_baseline(paths, config.data))
   evaluation.write_metrics(model_dir, model_metrics, baseline)
   return {"model": model_metrics, "baseline": baseline}
@@ -73,8 +104,7 @@ def export(config: config_lib.JobConfig, export_dir: str | None = None) -> str:
   _, _, pipeline = _setup(config)
   if not initialize.is_initialized():
     initialize.init()
-  model = pipeline._model_builder.build()  # pylint: disable=protected-access
-  pipeline._compile(model)  # pylint: disable=protected-access
+  model = pipeline.build_compiled_model()
   callbacks_lib.training_checkpoint(model).restore(latest).expect_partial()
   export_dir = export_dir or os.path.join(config.pipeline.model_dir, "export", "latest_model")
   return pipeline.export_saved_model(model, export_dir)

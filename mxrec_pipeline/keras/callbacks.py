@@ -28,8 +28,7 @@ def training_checkpoint(model, **extra) -> tf.train.Checkpoint:
   """
   tables = initialize.get_config_initializer().tables
   key_indexes = {name: table.key_index for name, table in tables.items()}
-  tiers = {name: table.tiers for name, table in tables.items()
-           if getattr(table, "tiers", None) is not None}
+  tiers = {name: table.tiers for name, table in tables.items() if table.is_tiered}
   generators = random_generators(model)
   return tf.train.Checkpoint(model=model, optimizer=model.optimizer,
                              sparse_optimizer=model.sparse_optimizer, key_indexes=key_indexes,
@@ -117,7 +116,7 @@ def table_stats(table) -> dict[str, float]:
   host_rows_used, ssd_rows_used, host_bytes, ssd_bytes (core/tiers.py).
   """
   stats = {name: float(value) for name, value in admission.table_stats(table).items()}
-  if getattr(table, "tiers", None) is not None:
+  if table.is_tiered:
     stats |= {name: float(value) for name, value in table.tiers.stats().items()}
     lookups = stats["hits"] + stats["misses"]
     stats["hit_rate"] = stats["hits"] / lookups if lookups else 0.0

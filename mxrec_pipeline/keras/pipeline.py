@@ -19,7 +19,6 @@ Example:
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import os
 from typing import Sequence
@@ -29,6 +28,9 @@ import tensorflow_ranking as tfr
 
 from mxrec_pipeline.core.asc import feature_spec as fs
 from mxrec_pipeline.core.asc import helper
+# Re-exported: users import PipelineHparams and RANKING_METRICS from here.
+from mxrec_pipeline.hparams import (  # pylint: disable=unused-import
+    RANKING_METRICS, STRATEGIES, PipelineHparams)
 from mxrec_pipeline.keras import callbacks as callbacks_lib
 from mxrec_pipeline.keras import export as export_lib
 from mxrec_pipeline.keras import model as model_lib
@@ -40,12 +42,6 @@ AbstractPipeline = tfr.keras.pipeline.AbstractPipeline
 AbstractDatasetBuilder = tfr.keras.pipeline.AbstractDatasetBuilder
 DatasetHparams = tfr.keras.pipeline.DatasetHparams
 
-# Ranking metrics reported by the pipeline: metrics.json key -> (tfr key, topn).
-RANKING_METRICS = {"ndcg@1": ("ndcg", 1), "ndcg@5": ("ndcg", 5), "ndcg@10": ("ndcg", 10),
-                   "mrr": ("mrr", None)}
-STRATEGIES = (None, "MirroredStrategy")
-
-
 def metric_name(key: str) -> str:
   """Keras name of a RANKING_METRICS key: "ndcg@10" -> "ndcg_10"."""
   return key.replace("@", "_")
@@ -55,90 +51,6 @@ def build_ranking_metrics() -> list[tf.keras.metrics.Metric]:
   """tfr metric objects for RANKING_METRICS, named by `metric_name`."""
   return [tfr.keras.metrics.get(key, topn=topn, name=metric_name(name))
           for name, (key, topn) in RANKING_METRICS.items()]
-
-
-@dataclasses.dataclass
-class PipelineHparams:
-  """Hyperparameters of ModelFitPipeline (tfr's, plus the sparse optimizer).
-
-  Attributes:
-    model_dir: Output directory: TensorBoard logs, checkpoints, exports.
-    num_epochs: Epochs of training, > 0.
-    num_train_steps: Total training steps over all epochs: epochs of
-      ceil(num_train_steps / num_epochs) steps, the last one shorter, so that
-      exactly num_train_steps steps run (fewer epochs than `num_epochs` when
-      num_train_steps < num_epochs); see `epoch_steps`. None trains each epoch
-      on one pass over the training data.
-    num_valid_steps: Validation steps per epoch; None validates on the whole
-      validation data.
-    learning_rate: Learning rate of the dense optimizer, > 0.
-    loss: A tfr loss key (tfr.keras.losses.RankingLossKey), e.g. "softmax_loss".
-    loss_reduction: A tf.keras.losses.Reduction value.
-    optimizer: A tf.keras.optimizers identifier for dense variables.
-    sparse_optimizer: Optimizer of the tables: "lazy_adam", "adagrad" or "sgd".
-    sparse_learning_rate: Its learning rate; None uses `learning_rate`.
-    steps_per_execution: Steps per tf.function call in model.fit, > 0.
-    export_best_model: Also export the model of the best validation epoch.
-    best_exporter_metric: RANKING_METRICS key or "loss" that picks it.
-    best_exporter_metric_higher_better: Whether higher is better for it.
-    strategy: None (default strategy) or "MirroredStrategy" (every local GPU, or
-      the CPU).
-    seed: Seed of TensorFlow, Python and NumPy, of the tables and of the order
-      of the training data (each epoch's shuffle is seeded by `seed` and the
-      epoch number); None: unseeded.
-    resume: Whether a run whose `model_dir/checkpoints` holds a checkpoint
-      continues from it (the epoch after the checkpoint's). False refuses such
-      a model_dir with FileExistsError; `mxrec-pipeline train --fresh` clears it.
-      See docs/restarts.md.
-  """
-
-  model_dir: str
-  num_epochs: int = 1
-  num_train_steps: int | None = None
-  num_valid_steps: int | None = None
-  learning_rate: float = 0.01
-  loss: str = "softmax_loss"
-  loss_reduction: str = tf.keras.losses.Reduction.AUTO
-  optimizer: str = "adam"
-  sparse_optimizer: str = factory.SparseOptimizerKey.LAZY_ADAM
-  sparse_learning_rate: float | None = None
-  steps_per_execution: int = 1
-  export_best_model: bool = False
-  best_exporter_metric: str = "ndcg@10"
-  best_exporter_metric_higher_better: bool = True
-  strategy: str | None = "MirroredStrategy"
-  seed: int | None = None
-  resume: bool = True
-
-  def __post_init__(self):
-    if not self.model_dir:
-      raise ValueError("`model_dir` must be non-empty")
-    for name in ("num_epochs", "steps_per_execution"):
-      _check_positive_int(name, getattr(self, name))
-    for name in ("num_train_steps", "num_valid_steps"):
-      if getattr(self, name) is not None:
-        _check_positive_int(name, getattr(self, name))
-    for name in ("learning_rate", "sparse_learning_rate"):
-      value = getattr(self, name)
-      if value is not None and not value > 0:
-        raise ValueError(f"`{name}` must be positive, got {value}")
-    if self.loss not in _LOSS_KEYS:
-      raise ValueError(f"`loss` must be a tfr loss key {sorted(_LOSS_KEYS)}, got {self.loss!r}")
-    if self.strategy not in STRATEGIES:
-      raise ValueError(f"`strategy` must be one of {STRATEGIES}, got {self.strategy!r}")
-    if self.best_exporter_metric not in (*RANKING_METRICS, "loss"):
-      raise ValueError(f"`best_exporter_metric` must be one of "
-                       f"{[*RANKING_METRICS, 'loss']}, got {self.best_exporter_metric!r}")
-    factory.get_optimizer(self.sparse_optimizer, 1.0)  # Raises on an unknown key.
-
-
-_LOSS_KEYS = {v for k, v in vars(tfr.keras.losses.RankingLossKey).items()
-              if not k.startswith("_") and isinstance(v, str)}
-
-
-def _check_positive_int(name, value):
-  if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-    raise ValueError(f"`{name}` must be a positive int, got {value!r}")
 
 
 def epoch_seed(seed: int | None, epoch: int) -> int | None:
@@ -359,6 +271,31 @@ class ModelFitPipeline(AbstractPipeline):
     self.checkpoint = None
     self.history = None
 
+  @property
+  def model_builder(self) -> model_lib.AbstractModelBuilder:
+    """The model builder this pipeline trains."""
+    return self._model_builder
+
+  @property
+  def dataset_builder(self) -> BaseDatasetBuilder:
+    """The dataset builder of its training and validation data."""
+    return self._dataset_builder
+
+  @property
+  def hparams(self) -> PipelineHparams:
+    """Its PipelineHparams."""
+    return self._hparams
+
+  def build_compiled_model(self) -> tf.keras.Model:
+    """A new model from the model builder, compiled with the losses, metrics and optimizers.
+
+    Build it in a strategy's scope to train under that strategy; or restore
+    a checkpoint into it to export (as `mxrec_pipeline.jobs.export` does).
+    """
+    model = self._model_builder.build()
+    self._compile(model)
+    return model
+
   def build_callbacks(self, model) -> list[tf.keras.callbacks.Callback]:
     """TensorBoard logs (table statistics too), checkpoints (tables included), best export.
 
@@ -453,8 +390,7 @@ class ModelFitPipeline(AbstractPipeline):
           "replica (one GPU, or the CPU); use strategy=None with a single device, or the "
           "TPUEmbedding-style API (mxrec_pipeline.embedding), which inserts per global batch")
     with strategy.scope():
-      model = self._model_builder.build()
-      self._compile(model)
+      model = self.build_compiled_model()
     self.model = model
     self.checkpoint = callbacks_lib.TrainingCheckpoint(
         model, os.path.join(hparams.model_dir, "checkpoints"))

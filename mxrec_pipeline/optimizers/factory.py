@@ -6,20 +6,7 @@ from mxrec_pipeline.optimizers import (adagrad, adagrad_by_addr, ftrl, gradient_
                                        gradient_descent_by_addr, lazy_adam, lazy_adam_by_addr)
 from mxrec_pipeline.optimizers.base import HashOptimizer
 from mxrec_pipeline.optimizers.by_addr import ByAddressOptimizer
-
-
-class SparseOptimizerKey:
-  """Names accepted by `get_optimizer`."""
-
-  LAZY_ADAM = "lazy_adam"
-  ADAGRAD = "adagrad"
-  SGD = "sgd"
-  FTRL = "ftrl"
-  # Dynamic-expansion tables (init(use_dynamic_expansion=True)).
-  LAZY_ADAM_BY_ADDR = "lazy_adam_by_addr"
-  ADAGRAD_BY_ADDR = "adagrad_by_addr"
-  SGD_BY_ADDR = "sgd_by_addr"
-
+from mxrec_pipeline.optimizers.keys import SparseOptimizerKey, check_sparse_optimizer
 
 _FACTORIES = {
     SparseOptimizerKey.LAZY_ADAM: lazy_adam.create_hash_optimizer,
@@ -43,6 +30,5 @@ def get_optimizer(key: str, learning_rate: float, **kwargs) -> HashOptimizer | B
   Raises:
     ValueError: an unsupported key (named, with the supported ones).
   """
-  if key not in _FACTORIES:
-    raise ValueError(f"unsupported sparse optimizer '{key}'; supported: {sorted(_FACTORIES)}")
+  check_sparse_optimizer(key)
   return _FACTORIES[key](learning_rate=learning_rate, **kwargs)

@@ -13,10 +13,10 @@
   search_space:                         # see mxrec_pipeline.sweep.space
     pipeline.learning_rate: {type: float, low: 1.0e-4, high: 0.03, log: true}
 
-Errors name the key (`sampler.name`, `search_space.model.id_dim`). That the
-search-space and override keys exist in the base config, and that the metric
-is a pipeline metric, is checked by `runner.check_against_base` (it needs
-TensorFlow; this module does not).
+Errors name the key (`sampler.name`, `search_space.model.id_dim`); sections
+and `--set` overrides are read as job configs' are (util/config_parsing.py).
+That the search-space and override keys exist in the base config, and that the
+metric is a pipeline metric, is checked by `runner.check_against_base`.
 """
 
 from __future__ import annotations
@@ -28,9 +28,9 @@ import typing
 from typing import Any
 
 import optuna
-import yaml
 
 from mxrec_pipeline.sweep import space as space_lib
+from mxrec_pipeline.util import config_parsing
 from mxrec_pipeline.util import yaml_io
 
 DEFAULT_SWEEPS_DIR = os.path.join("runs", "sweeps")
@@ -292,10 +292,8 @@ def load(path: str, *, n_trials: int | None = None, storage: str | None = None,
     raw["storage"] = storage
   raw["overrides"] = dict(raw.get("overrides") or {})
   for override in overrides:
-    if "=" not in override:
-      raise SweepConfigError(f"--set expects key=value, got {override!r}")
-    key, value = override.split("=", 1)
-    raw["overrides"][key.strip()] = yaml.safe_load(value)
+    key, value = config_parsing.parse_override(override, SweepConfigError)
+    raw["overrides"][key] = value
   if isinstance(raw.get("base_config"), str):
     raw["base_config"] = str((pathlib.Path(path).parent / raw["base_config"]).resolve())
   return from_dict(raw)
@@ -324,22 +322,10 @@ def from_dict(raw: dict) -> SweepConfig:
   except ValueError as e:
     raise SweepConfigError(str(e)) from e
   for name, cls in _SECTIONS.items():
-    values[name] = _build_section(cls, raw.get(name) or {}, name)
+    values[name] = config_parsing.build_dataclass(cls, raw.get(name) or {}, name,
+                                                  SweepConfigError)
   try:
     return SweepConfig(**values)
   except (TypeError, ValueError) as e:
     raise SweepConfigError(f"sweep config: {e}") from e
 
-
-def _build_section(cls, values, where):
-  if not isinstance(values, dict):
-    raise SweepConfigError(f"{where} must be a mapping, got {values!r}")
-  fields = {f.name for f in dataclasses.fields(cls)}
-  unknown = sorted(set(values) - fields)
-  if unknown:
-    raise SweepConfigError(f"unknown keys {[f'{where}.{k}' for k in unknown]}; "
-                           f"{where} takes {sorted(fields)}")
-  try:
-    return cls(**values)
-  except (TypeError, ValueError) as e:
-    raise SweepConfigError(f"{where}: {e}") from e

@@ -59,7 +59,7 @@ def check_against_base(config: config_lib.SweepConfig):
   """
   # pylint: disable=import-outside-toplevel
   from mxrec_pipeline import config as job_config
-  from mxrec_pipeline.keras.pipeline import RANKING_METRICS
+  from mxrec_pipeline.hparams import RANKING_METRICS
   if config.objective.metric not in RANKING_METRICS:
     raise config_lib.SweepConfigError(
         f"objective.metric must be one of {list(RANKING_METRICS)}, "

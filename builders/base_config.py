@@ -1,0 +1,29 @@
+"""DatasetConfig: batching of a ranker's data, TensorFlow-free (config validation uses it)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+
+@dataclasses.dataclass
+class DatasetConfig:
+  """Batching of a task's ELWC data (tfr's DatasetHparams, minus the paths).
+
+  Attributes:
+    train_batch_size: Lists per training batch, > 0.
+    valid_batch_size: Lists per validation batch, > 0.
+    list_size: Examples per list (truncated or padded); None pads to the
+      longest list of each batch.
+    valid_list_size: list_size of validation; None uses list_size.
+  """
+
+  train_batch_size: int = 32
+  valid_batch_size: int = 32
+  list_size: int | None = None
+  valid_list_size: int | None = None
+
+  def __post_init__(self):
+    for name in ("train_batch_size", "valid_batch_size", "list_size", "valid_list_size"):
+      value = getattr(self, name)
+      if value is not None and (not isinstance(value, int) or value <= 0):
+        raise ValueError(f"dataset.{name} must be a positive int, got {value!r}")

@@ -1,0 +1,73 @@
+"""The mslr_dnn ranker's DataConfig and ModelConfig, TensorFlow-free (see builders/mslr.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+
+NUM_FEATURES = 136
+BM25_WHOLE_DOCUMENT = 110
+FETCHED = "mslr_5k"
+
+
+@dataclasses.dataclass
+class MslrDataConfig:
+  """Where the LETOR files come from.
+
+  Attributes:
+    train_path: LETOR text file of the training queries (e.g. MSLR-WEB10K
+      Fold1/train.txt); None fetches the pinned 5k-line subset (`mslr_5k`).
+    valid_path: LETOR text file of the validation queries (e.g. Fold1/vali.txt);
+      required with train_path, None with it.
+    elwc_dir: Directory of the cached ELWC conversions; None: `elwc/` beside
+      the fetched files, or ~/.cache/mxrec_pipeline/mslr_elwc for given files.
+    baseline_feature: 1-based id of the feature the baseline ranks by, in
+      [1, 136] (110: BM25 of the whole document).
+  """
+
+  train_path: str | None = None
+  valid_path: str | None = None
+  elwc_dir: str | None = None
+  baseline_feature: int = BM25_WHOLE_DOCUMENT
+
+  def __post_init__(self):
+    if (self.train_path is None) != (self.valid_path is None):
+      missing = "valid_path" if self.valid_path is None else "train_path"
+      raise ValueError(f"data.{missing} is required when the other of data.train_path and "
+                       f"data.valid_path is set (leave both null to fetch {FETCHED})")
+    for name in ("train_path", "valid_path"):
+      path = getattr(self, name)
+      if path is not None and not pathlib.Path(path).is_file():
+        raise ValueError(f"data.{name}: no such file: {path}")
+    if not 1 <= self.baseline_feature <= NUM_FEATURES:
+      raise ValueError(f"data.baseline_feature must be in [1, {NUM_FEATURES}], "
+                       f"got {self.baseline_feature}")
+
+
+@dataclasses.dataclass
+class MslrModelConfig:
+  """tfr's DNNScorer, as in its DNN example.
+
+  Attributes:
+    hidden_layer_dims: Units of the hidden layers, each > 0.
+    dropout: Dropout rate after each hidden layer, in [0, 1).
+    use_batch_norm: Batch normalization of the inputs and hidden layers.
+    batch_norm_moment: Momentum of the batch normalization's moving averages.
+    use_log1p: Apply `sign(x) * log1p(|x|)` to every feature first.
+  """
+
+  hidden_layer_dims: list[int] = dataclasses.field(default_factory=lambda: [64, 32, 16])
+  dropout: float = 0.5
+  use_batch_norm: bool = True
+  batch_norm_moment: float = 0.99
+  use_log1p: bool = True
+
+  def __post_init__(self):
+    if not self.hidden_layer_dims or any(d <= 0 for d in self.hidden_layer_dims):
+      raise ValueError(f"model.hidden_layer_dims must be positive ints, "
+                       f"got {self.hidden_layer_dims}")
+    if not 0.0 <= self.dropout < 1.0:
+      raise ValueError(f"model.dropout must be in [0, 1), got {self.dropout}")
+    if not 0.0 < self.batch_norm_moment < 1.0:
+      raise ValueError(f"model.batch_norm_moment must be in (0, 1), got "
+                       f"{self.batch_norm_moment}")

@@ -1,0 +1,109 @@
+"""PipelineHparams and the names it accepts, TensorFlow-free.
+
+Job configs validate their `pipeline` section into PipelineHparams before
+anything imports TensorFlow, so its checks compare names with the constant
+lists here instead of constructing Keras objects. Users import the class as
+`mxrec_pipeline.keras.pipeline.PipelineHparams` (re-exported there).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from mxrec_pipeline.optimizers.keys import SparseOptimizerKey, check_sparse_optimizer
+
+# Ranking metrics reported by the pipeline: metrics.json key -> (tfr key, topn).
+RANKING_METRICS = {"ndcg@1": ("ndcg", 1), "ndcg@5": ("ndcg", 5), "ndcg@10": ("ndcg", 10),
+                   "mrr": ("mrr", None)}
+STRATEGIES = (None, "MirroredStrategy")
+# The values of tfr.keras.losses.RankingLossKey (tensorflow-ranking 0.5.5); a
+# test keeps them equal.
+LOSS_KEYS = frozenset({
+    "pairwise_hinge_loss", "pairwise_logistic_loss", "pairwise_soft_zero_one_loss",
+    "pairwise_mse_loss", "yeti_logistic_loss", "softmax_loss", "calibrated_softmax_loss",
+    "unique_softmax_loss", "sigmoid_cross_entropy_loss", "mean_squared_loss", "ordinal_loss",
+    "list_mle_loss", "approx_ndcg_loss", "approx_mrr_loss", "gumbel_approx_ndcg_loss",
+    "coupled_rankdistil_loss"})
+# tf.keras.losses.Reduction.AUTO.
+AUTO_REDUCTION = "auto"
+
+
+@dataclasses.dataclass
+class PipelineHparams:
+  """Hyperparameters of ModelFitPipeline (tfr's, plus the sparse optimizer).
+
+  Attributes:
+    model_dir: Output directory: TensorBoard logs, checkpoints, exports.
+    num_epochs: Epochs of training, > 0.
+    num_train_steps: Total training steps over all epochs: epochs of
+      ceil(num_train_steps / num_epochs) steps, the last one shorter, so that
+      exactly num_train_steps steps run (fewer epochs than `num_epochs` when
+      num_train_steps < num_epochs; see keras.pipeline.epoch_steps). None
+      trains each epoch on one pass over the training data.
+    num_valid_steps: Validation steps per epoch; None validates on the whole
+      validation data.
+    learning_rate: Learning rate of the dense optimizer, > 0.
+    loss: A tfr loss key (tfr.keras.losses.RankingLossKey), e.g. "softmax_loss".
+    loss_reduction: A tf.keras.losses.Reduction value.
+    optimizer: A tf.keras.optimizers identifier for dense variables (checked
+      when the model compiles, so registered custom optimizers work too).
+    sparse_optimizer: Optimizer of the tables: "lazy_adam", "adagrad" or "sgd".
+    sparse_learning_rate: Its learning rate; None uses `learning_rate`.
+    steps_per_execution: Steps per tf.function call in model.fit, > 0.
+    export_best_model: Also export the model of the best validation epoch.
+    best_exporter_metric: RANKING_METRICS key or "loss" that picks it.
+    best_exporter_metric_higher_better: Whether higher is better for it.
+    strategy: None (default strategy) or "MirroredStrategy" (every local GPU, or
+      the CPU).
+    seed: Seed of TensorFlow, Python and NumPy, of the tables, of dropout
+      and of the order of the training data (each epoch's shuffle is seeded
+      by `seed` and the epoch number); None: unseeded.
+    resume: Whether a run whose `model_dir/checkpoints` holds a checkpoint
+      continues from it (at the epoch after the checkpoint's). False refuses
+      such a model_dir with FileExistsError; `mxrec-pipeline train --fresh`
+      clears it. See docs/restarts.md.
+  """
+
+  model_dir: str
+  num_epochs: int = 1
+  num_train_steps: int | None = None
+  num_valid_steps: int | None = None
+  learning_rate: float = 0.01
+  loss: str = "softmax_loss"
+  loss_reduction: str = AUTO_REDUCTION
+  optimizer: str = "adam"
+  sparse_optimizer: str = SparseOptimizerKey.LAZY_ADAM
+  sparse_learning_rate: float | None = None
+  steps_per_execution: int = 1
+  export_best_model: bool = False
+  best_exporter_metric: str = "ndcg@10"
+  best_exporter_metric_higher_better: bool = True
+  strategy: str | None = "MirroredStrategy"
+  seed: int | None = None
+  resume: bool = True
+
+  def __post_init__(self):
+    if not self.model_dir:
+      raise ValueError("`model_dir` must be non-empty")
+    for name in ("num_epochs", "steps_per_execution"):
+      _check_positive_int(name, getattr(self, name))
+    for name in ("num_train_steps", "num_valid_steps"):
+      if getattr(self, name) is not None:
+        _check_positive_int(name, getattr(self, name))
+    for name in ("learning_rate", "sparse_learning_rate"):
+      value = getattr(self, name)
+      if value is not None and not value > 0:
+        raise ValueError(f"`{name}` must be positive, got {value}")
+    if self.loss not in LOSS_KEYS:
+      raise ValueError(f"`loss` must be a tfr loss key {sorted(LOSS_KEYS)}, got {self.loss!r}")
+    if self.strategy not in STRATEGIES:
+      raise ValueError(f"`strategy` must be one of {STRATEGIES}, got {self.strategy!r}")
+    if self.best_exporter_metric not in (*RANKING_METRICS, "loss"):
+      raise ValueError(f"`best_exporter_metric` must be one of "
+                       f"{[*RANKING_METRICS, 'loss']}, got {self.best_exporter_metric!r}")
+    check_sparse_optimizer(self.sparse_optimizer)
+
+
+def _check_positive_int(name, value):
+  if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+    raise ValueError(f"`{name}` must be a positive int, got {value!r}")
