@@ -96,7 +96,7 @@ DEMO_DIR    := runs/movielens_listwise
 # baseline, export a SavedModel, score a sample list with it.
 demo: native
 	$(VENV)/bin/mxrec-pipeline data fetch movielens_100k
-	$(VENV)/bin/mxrec-pipeline train $(DEMO_CONFIG) --set pipeline.model_dir=$(DEMO_DIR)
+	$(VENV)/bin/mxrec-pipeline train $(DEMO_CONFIG) --fresh --set pipeline.model_dir=$(DEMO_DIR)
 	$(VENV)/bin/mxrec-pipeline predict $(DEMO_DIR)/export/latest_model --input examples/sample_lists.json
 
 bench: native

@@ -20,6 +20,7 @@ LAYERS = (
     ("util",),  # The run (init, table registry) and small helpers.
     ("core",),  # create_table, sparse_lookup, the key process, tiers, lookup.
     ("optimizers", "saver"),  # Hash optimizers and the TF1 Saver over the core's tables.
+    ("hparams",),  # PipelineHparams (TF-free, checked against constant name lists).
     ("graph",),  # mx_rec's graph modification, on top of the core.
     ("embedding",),  # TPUEmbedding's mid-level API.
     ("keras",),  # tfr-shaped layers, models and pipelines.

@@ -32,7 +32,9 @@ TABLES = [TableSpec("user", 4, 100), TableSpec("item", 4, 200),
           TableSpec("word", 4, 100, key_dtype="string")]
 
 
-def make_lists(num_lists: int, seed: int, unseen_items: bool = False) -> list:
+def make_lists(num_lists: int, seed: int, unseen_items: bool = False,
+               first_user: int | None = None) -> list:
+  """ELWC lists; user i % 7 of list i, or user first_user + i (one list each)."""
   rng = np.random.default_rng(seed)
   lists = []
   for i in range(num_lists):
@@ -43,7 +45,8 @@ def make_lists(num_lists: int, seed: int, unseen_items: bool = False) -> list:
     examples = [{"item_id": int(item), "price": float(item) / 10.0,
                  "tags": [f"t{item % 3}", f"t{item % 5}"][: 1 + item % 2],
                  "label": float((item + i) % 3)} for item in items]
-    lists.append(elwc.make_elwc({"user_id": i % 7, "city": f"c{i % 3}"}, examples))
+    user = i % 7 if first_user is None else first_user + i
+    lists.append(elwc.make_elwc({"user_id": user, "city": f"c{i % 3}"}, examples))
   return lists
 
 

@@ -1,0 +1,212 @@
+"""Restarts: a killed run resumes exactly, seeded runs reproduce, untrained keys serve as unseen.
+
+The runs train keras_testlib's task in processes of their own (resume_worker.py)
+so that a run can SIGKILL itself mid-epoch, as a preempted job dies.
+"""
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import keras_testlib as lib
+from mxrec_pipeline import jobs
+from mxrec_pipeline.data import elwc
+from mxrec_pipeline.keras import pipeline as pipeline_lib
+from mxrec_pipeline.util import initialize
+
+HERE = pathlib.Path(__file__).parent
+WORKER_TIMEOUT_S = 300  # A guard against a hung worker; nothing asserts on time.
+
+
+def run_worker(task_dir, model_dir, out_json, *args) -> subprocess.CompletedProcess:
+  return subprocess.run(
+      [sys.executable, str(HERE / "resume_worker.py"), str(task_dir), str(model_dir),
+       str(out_json), *map(str, args)],
+      capture_output=True, text=True, cwd=HERE, timeout=WORKER_TIMEOUT_S, check=False)
+
+
+def assert_same_state(a: dict, b: dict) -> None:
+  """Keys, rows, row values, slots, dense weights and step counts are equal."""
+  assert a["iterations"] == b["iterations"]
+  assert a["sparse_iterations"] == b["sparse_iterations"]
+  assert a["tables"].keys() == b["tables"].keys()
+  for name, table in a["tables"].items():
+    other = b["tables"][name]
+    assert table["keys"] == other["keys"], name
+    assert table["rows"] == other["rows"], name
+    np.testing.assert_array_equal(table["values"], other["values"], err_msg=name)
+    for slot in ("m", "v"):
+      np.testing.assert_array_equal(table["slots"][slot], other["slots"][slot],
+                                    err_msg=f"{name}/{slot}")
+  assert len(a["dense"]) == len(b["dense"])
+  for x, y in zip(a["dense"], b["dense"]):
+    np.testing.assert_array_equal(x, y)
+
+
+@pytest.fixture(scope="module")
+def task(tmp_path_factory):
+  tmp = tmp_path_factory.mktemp("resume_task")
+  lib.write_task(tmp)
+  return tmp
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(task, tmp_path_factory):
+  """Three epochs of 6 steps in one process: the reference run."""
+  tmp = tmp_path_factory.mktemp("uninterrupted")
+  done = run_worker(task, tmp / "model", tmp / "state.json")
+  assert done.returncode == 0, done.stderr[-3000:]
+  return {"dir": tmp / "model", "state": json.loads((tmp / "state.json").read_text())}
+
+
+def test_epoch_steps_make_num_train_steps_the_total():
+  assert pipeline_lib.epoch_steps(2, 8) == [4, 4]
+  assert pipeline_lib.epoch_steps(3, 8) == [3, 3, 2]
+  assert pipeline_lib.epoch_steps(20, 1) == [1]
+  assert pipeline_lib.epoch_steps(3, 3) == [1, 1, 1]
+  assert pipeline_lib.epoch_steps(3, None) == [None, None, None]
+  for epochs in range(1, 7):
+    for steps in range(1, 30):
+      assert sum(pipeline_lib.epoch_steps(epochs, steps)) == steps
+
+
+def test_epoch_seeds_differ_by_epoch_and_need_a_seed():
+  assert pipeline_lib.epoch_seed(None, 3) is None
+  seeds = [pipeline_lib.epoch_seed(7, e) for e in range(100)]
+  assert len(set(seeds)) == 100
+  assert pipeline_lib.epoch_seed(7, 5) == (7 * 1_000_003 + 5) % 2**31
+
+
+@pytest.mark.parametrize("kill_at", ["1:2", "2:4"])
+def test_sigkilled_run_resumes_to_the_uninterrupted_state(task, uninterrupted, tmp_path,
+                                                          kill_at):
+  killed = run_worker(task, tmp_path / "model", tmp_path / "state.json", "--kill-at", kill_at)
+  assert killed.returncode == -9, killed.stderr[-3000:]
+  epochs_done = int(kill_at.split(":")[0])
+  latest = tf.train.latest_checkpoint(str(tmp_path / "model" / "checkpoints"))
+  assert latest.endswith(f"ckpt-{epochs_done}")
+  resumed = run_worker(task, tmp_path / "model", tmp_path / "state.json")
+  assert resumed.returncode == 0, resumed.stderr[-3000:]
+  assert (f"Resumed from {latest}: {epochs_done} epoch(s) and {6 * epochs_done} step(s) done"
+          in resumed.stdout)
+  state = json.loads((tmp_path / "state.json").read_text())
+  assert state["epochs"] == list(range(epochs_done, 3))
+  reference = uninterrupted["state"]
+  # The losses of the epochs the resumed run trained equal the reference's.
+  assert state["loss"] == reference["loss"][epochs_done:]
+  assert state["metrics"] == reference["metrics"]
+  assert_same_state(state, reference)
+  # It wrote its own checkpoints after the restored one and kept that one.
+  names = sorted(p.name for p in (tmp_path / "model" / "checkpoints").glob("ckpt-*.index"))
+  assert names == [f"ckpt-{e}.index" for e in range(1, 4)]
+
+
+def test_seeded_runs_export_bit_identical_models(task, uninterrupted, tmp_path):
+  again = run_worker(task, tmp_path / "model", tmp_path / "state.json")
+  assert again.returncode == 0, again.stderr[-3000:]
+  assert_same_state(json.loads((tmp_path / "state.json").read_text()), uninterrupted["state"])
+  exports = [d / "export" / "latest_model" for d in (uninterrupted["dir"], tmp_path / "model")]
+  readers = [tf.train.load_checkpoint(str(e / "variables" / "variables")) for e in exports]
+  names = readers[0].get_variable_to_shape_map()
+  assert names == readers[1].get_variable_to_shape_map()
+  for name in names:
+    if name != "_CHECKPOINTABLE_OBJECT_GRAPH":
+      np.testing.assert_array_equal(readers[0].get_tensor(name), readers[1].get_tensor(name),
+                                    err_msg=name)
+  serialized = tf.constant([r.SerializeToString()
+                            for r in elwc.read_elwc_tfrecord(str(task / "valid.tfrecord"))])
+  scores = [tf.saved_model.load(str(e)).signatures["serving_default"](
+      examples=serialized)["scores"].numpy() for e in exports]
+  np.testing.assert_array_equal(scores[0], scores[1])
+
+
+def test_finished_run_resumes_without_training(task, uninterrupted, tmp_path):
+  again = run_worker(task, uninterrupted["dir"], tmp_path / "state.json")
+  assert again.returncode == 0, again.stderr[-3000:]
+  assert "Resumed from" in again.stdout and "3 epoch(s) and 18 step(s) done" in again.stdout
+  state = json.loads((tmp_path / "state.json").read_text())
+  assert state["epochs"] == []
+  assert_same_state(state, uninterrupted["state"])
+
+
+def test_resume_false_refuses_a_model_dir_with_a_checkpoint(task, uninterrupted, tmp_path):
+  refused = run_worker(task, uninterrupted["dir"], tmp_path / "state.json", "--no-resume")
+  assert refused.returncode == 3
+  assert "holds checkpoint ckpt-3" in refused.stderr and "--fresh" in refused.stderr
+  assert not (tmp_path / "state.json").exists()
+
+
+def test_num_train_steps_is_the_total_over_epochs(tmp_path):
+  train, valid = lib.write_task(tmp_path)
+  hparams = pipeline_lib.PipelineHparams(
+      model_dir=str(tmp_path / "model"), num_epochs=3, num_train_steps=5, learning_rate=0.05,
+      seed=3)
+  pipe = pipeline_lib.SimplePipeline(lib.model_builder(), lib.dataset_builder(train, valid),
+                                     hparams)
+  pipe.train_and_validate()
+  assert int(pipe.model.optimizer.iterations.numpy()) == 5
+  assert int(pipe.model.sparse_optimizer.iterations.numpy()) == 5
+  assert pipe.history.epoch == [0, 1, 2]
+  hparams.num_epochs, hparams.num_train_steps = 20, 1
+  initialize.terminate_config_initializer()
+  pipe = pipeline_lib.SimplePipeline(lib.model_builder(), lib.dataset_builder(train, valid),
+                                     hparams)
+  hparams.model_dir = str(tmp_path / "model_1_step")
+  pipe.train_and_validate()
+  assert int(pipe.model.optimizer.iterations.numpy()) == 1
+  assert pipe.history.epoch == [0]
+
+
+def test_keys_of_untrained_batches_take_no_row_and_serve_as_unseen(tmp_path):
+  """48 lists, one user each; 2 steps of 8 lists train at most 16 users, the rest stay unseen.
+
+  With insertion running ahead of training, batches past the last step used to
+  insert their users too (prefetch), which then served their initial rows.
+  """
+  train, valid = str(tmp_path / "train.tfrecord"), str(tmp_path / "valid.tfrecord")
+  elwc.write_elwc_tfrecord(train, lib.make_lists(48, seed=0, first_user=100))
+  elwc.write_elwc_tfrecord(valid, lib.make_lists(4, seed=1))
+  hparams = pipeline_lib.PipelineHparams(
+      model_dir=str(tmp_path / "model"), num_epochs=1, num_train_steps=2, learning_rate=0.05,
+      seed=11)
+  pipe = pipeline_lib.SimplePipeline(lib.model_builder(), lib.dataset_builder(train, valid),
+                                     hparams)
+  pipe.train_and_validate()
+  keys, _ = initialize.get_config_initializer().tables["user"].key_index.export()
+  trained = set(keys.numpy().tolist())
+  # (tfr shuffles the repeated stream, so a list may come twice in 2 steps.)
+  assert 8 <= len(trained) <= 16 and trained <= set(range(100, 148))
+  untrained = sorted(set(range(100, 148)) - trained)
+  serve = tf.saved_model.load(os.path.join(hparams.model_dir, "export", "latest_model"))
+
+  def score(user):
+    lst = elwc.make_elwc({"user_id": user, "city": "c0"},
+                         [{"item_id": 3, "price": 0.3, "tags": ["t0"], "label": 1.0},
+                          {"item_id": 4, "price": 0.4, "tags": ["t1"], "label": 0.0}])
+    return serve.signatures["serving_default"](
+        examples=tf.constant([lst.SerializeToString()]))["scores"].numpy()
+
+  never_seen = score(10_000)
+  for user in untrained[:3]:
+    np.testing.assert_array_equal(score(user), never_seen)
+  assert not np.array_equal(score(min(trained)), never_seen)
+
+
+def test_clear_run_outputs_removes_only_run_outputs(tmp_path):
+  for name in ("checkpoints", "logs", "export/latest_model"):
+    (tmp_path / name).mkdir(parents=True)
+    (tmp_path / name / "f").write_text("x")
+  (tmp_path / "metrics.json").write_text("{}")
+  (tmp_path / "config.yaml").write_text("a: 1")
+  (tmp_path / "notes.txt").write_text("mine")
+  removed = jobs.clear_run_outputs(str(tmp_path))
+  assert sorted(os.path.basename(p) for p in removed) == [
+      "checkpoints", "export", "logs", "metrics.json"]
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["config.yaml", "notes.txt"]
+  assert jobs.clear_run_outputs(str(tmp_path)) == []
