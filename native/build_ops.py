@@ -49,6 +49,7 @@ def write_make_vars(path):
   header = f"# Written by native/build_ops.py for {_fingerprint()}.\n"
   if path.exists() and path.read_text().startswith(header):
     return
+  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # Keep TF's start-up logs out of the build.
   import tensorflow as tf  # pylint: disable=import-outside-toplevel
   path.write_text(header +
                   f"TF_VERSION := {tf.__version__}\n"
