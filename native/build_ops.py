@@ -43,13 +43,16 @@ def write_make_vars(path):
   """Writes TF_VERSION, TF_CFLAGS and TF_LFLAGS to `path` for native/ops.mk.
 
   Leaves `path` untouched (so make neither restarts nor rebuilds) when it was
-  written for the same TensorFlow; imports TensorFlow only otherwise.
+  written for the same TensorFlow by this same script; imports TensorFlow only
+  otherwise.
   """
   path = pathlib.Path(path)
-  header = f"# Written by native/build_ops.py for {_fingerprint()}.\n"
+  script = pathlib.Path(__file__)
+  header = (f"# Written by {script.name} of mtime {script.stat().st_mtime_ns} "
+            f"for {_fingerprint()}.\n")
   if path.exists() and path.read_text().startswith(header):
     return
-  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # Keep TF's start-up logs out of the build.
+  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")  # Keep TF's start-up logs out of the build.
   import tensorflow as tf  # pylint: disable=import-outside-toplevel
   path.write_text(header +
                   f"TF_VERSION := {tf.__version__}\n"
