@@ -12,9 +12,10 @@
 #   make -f native/ops.mk -j2 PY=.venv/bin/python [MODE=debug]
 # The compile and link flags of the installed TensorFlow (tf.sysconfig) are
 # written to native/build/tf_flags.mk by `native/build_ops.py --make-vars`,
-# again only when the TensorFlow that PY imports (or build_ops.py) changes. Every object depends
-# on the full compile command (native/build/ops/compile_flags), so a new
-# TensorFlow, MODE or CXX rebuilds everything.
+# again only when the TensorFlow that PY imports (or build_ops.py) changes.
+# Every object depends on the full compile command
+# (native/build/ops/compile_flags), so a new TensorFlow, MODE or CXX rebuilds
+# everything.
 
 PY    ?= python3
 MODE  ?= release
