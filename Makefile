@@ -7,7 +7,10 @@ VENV      := .venv
 PY        := $(VENV)/bin/python
 STAMP     := $(VENV)/.installed
 OPS_SO    := mxrec_pipeline/ops/_mxrec_ops.so
-NATIVE_SRC := $(wildcard native/core/*.cc native/core/*.h native/ops/*.cc native/ops/*.h native/kernels/*.cc native/kernels/*.h)
+# Parallel compiles of `make native` when the caller gave no -j (with -jN, or
+# under a parallel make, native/ops.mk shares the caller's job slots instead).
+NATIVE_JOBS ?= $(shell nproc 2>/dev/null || echo 1)
+NATIVE_J = $(if $(filter -j% --jobserver%,$(MAKEFLAGS)),,-j$(NATIVE_JOBS))
 GTEST_BIN := native/build/key_index_test
 ROW_STORE_TEST := native/build/row_store_test
 TIER_STORE_TEST := native/build/tier_store_test
@@ -37,25 +40,26 @@ $(STAMP): requirements.txt pyproject.toml | system-deps
 
 venv: $(STAMP)
 
-$(OPS_SO): $(NATIVE_SRC) native/build_ops.py $(STAMP)
-	$(PY) native/build_ops.py
+# The op library, one object per source file under native/build/ops (see
+# native/ops.mk): a no-op when nothing changed, one compile per edited file.
+native: $(STAMP)
+	$(MAKE) -f native/ops.mk $(NATIVE_J) PY=$(PY)
 
-native: $(OPS_SO)
-
-$(GTEST_BIN): native/core/key_index.cc native/core/key_index.h native/tests/key_index_test.cc | system-deps
+$(GTEST_BIN): native/core/key_index.cc native/core/key_index.h native/core/status.h \
+    native/tests/key_index_test.cc | system-deps
 	mkdir -p native/build
 	g++ -std=c++20 -O1 -g -Wall -Wextra -Werror $(SANITIZE) \
 	  native/core/key_index.cc native/tests/key_index_test.cc \
 	  -lgtest -lgtest_main -pthread -o $@
 
 $(ROW_STORE_TEST): native/core/row_store.cc native/core/row_store.h native/core/key_index.cc \
-    native/core/key_index.h native/tests/row_store_test.cc | system-deps
+    native/core/key_index.h native/core/status.h native/tests/row_store_test.cc | system-deps
 	mkdir -p native/build
 	g++ -std=c++20 -O1 -g -Wall -Wextra -Werror $(SANITIZE) \
 	  native/core/row_store.cc native/core/key_index.cc native/tests/row_store_test.cc \
 	  -lgtest -lgtest_main -pthread -o $@
 
-$(TIER_STORE_TEST): native/core/tier_store.cc native/core/tier_store.h native/core/key_index.h \
+$(TIER_STORE_TEST): native/core/tier_store.cc native/core/tier_store.h native/core/status.h \
     native/tests/tier_store_test.cc | system-deps
 	mkdir -p native/build
 	g++ -std=c++20 -O1 -g -Wall -Wextra -Werror $(SANITIZE) \
@@ -63,7 +67,7 @@ $(TIER_STORE_TEST): native/core/tier_store.cc native/core/tier_store.h native/co
 	  -lgtest -lgtest_main -pthread -o $@
 
 $(DEVICE_CACHE_TEST): native/core/device_cache.cc native/core/device_cache.h \
-    native/core/key_index.h native/tests/device_cache_test.cc | system-deps
+    native/core/status.h native/tests/device_cache_test.cc | system-deps
 	mkdir -p native/build
 	g++ -std=c++20 -O1 -g -Wall -Wextra -Werror $(SANITIZE) \
 	  native/core/device_cache.cc native/tests/device_cache_test.cc \

@@ -1,7 +1,7 @@
 """Builds the native ops against the installed TensorFlow during `pip install`.
 
 Install with `pip install --no-build-isolation .` (or `-e .`) so the build sees
-the TensorFlow it must match; see native/build_ops.py.
+the TensorFlow it must match; the build needs g++ and make (see native/build_ops.py).
 """
 
 import subprocess

@@ -1,38 +1,87 @@
-"""Compiles the TF custom-op library against the installed TensorFlow.
+"""Builds the TF custom-op library against the installed TensorFlow.
 
-Used by `make native` and by setup.py's build_ext. Writes
-mxrec_pipeline/ops/_mxrec_ops.so and, beside it, the TensorFlow version it was
-built for, which mxrec_pipeline.ops checks at load time.
+The build is native/ops.mk: one object per translation unit under
+native/build/ops/, compiled in parallel, linked into
+mxrec_pipeline/ops/_mxrec_ops.so, with the TensorFlow version it was built for
+beside it (_mxrec_ops.tf_version, checked by mxrec_pipeline.ops at load time).
+`make native` runs ops.mk directly; setup.py's build_py runs this script, which
+runs ops.mk (so `pip install` needs `make` and `g++`).
 
-Usage: python native/build_ops.py [--debug]
+This script also gives ops.mk the flags of the TensorFlow the running Python
+imports (tf.sysconfig.get_compile_flags / get_link_flags), as make variables.
+
+Usage:
+  python native/build_ops.py [--debug] [--jobs N]  # build (default: all CPUs)
+  python native/build_ops.py --make-vars FILE      # (re)write ops.mk's TF flags
 """
 
+import argparse
+import importlib.util
+import os
 import pathlib
 import subprocess
 import sys
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-SOURCES = ["native/core/key_index.cc", "native/ops/key_index_ops.cc",
-           "native/kernels/key_index_kernels.cc", "native/core/row_store.cc",
-           "native/ops/row_store_ops.cc", "native/kernels/row_store_kernels.cc"]
-SOURCES += ["native/core/tier_store.cc", "native/ops/tier_store_ops.cc",
-            "native/kernels/tier_store_kernels.cc"]
-SOURCES += ["native/core/device_cache.cc", "native/ops/device_cache_ops.cc",
-            "native/kernels/device_cache_kernels.cc"]
-SOURCES += ["native/core/row_init.cc", "native/ops/row_init_ops.cc",
-            "native/kernels/row_init_kernels.cc"]
-OUTPUT = ROOT / "mxrec_pipeline" / "ops" / "_mxrec_ops.so"
+
+
+def _fingerprint():
+  """Where the installed TensorFlow is and when it was installed, without importing it."""
+  spec = importlib.util.find_spec("tensorflow")
+  if spec is None or not spec.origin:
+    raise SystemExit(f"TensorFlow is not installed for {sys.executable}; "
+                     "the native ops are built against it (see requirements.txt).")
+  return f"{spec.origin} of mtime {os.stat(spec.origin).st_mtime_ns}"
+
+
+def _make_value(flags):
+  """`flags` as one make variable value ('$' and '#' escaped)."""
+  return " ".join(flags).replace("$", "$$").replace("#", r"\#")
+
+
+def write_make_vars(path):
+  """Writes TF_VERSION, TF_CFLAGS and TF_LFLAGS to `path` for native/ops.mk.
+
+  Leaves `path` untouched (so make neither restarts nor rebuilds) when it was
+  written for the same TensorFlow by this same script; imports TensorFlow only
+  otherwise.
+  """
+  path = pathlib.Path(path)
+  script = pathlib.Path(__file__)
+  header = (f"# Written by {script.name} of mtime {script.stat().st_mtime_ns} "
+            f"for {_fingerprint()}.\n")
+  if path.exists() and path.read_text().startswith(header):
+    return
+  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")  # Keep TF's start-up logs out of the build.
+  import tensorflow as tf  # pylint: disable=import-outside-toplevel
+  path.write_text(header +
+                  f"TF_VERSION := {tf.__version__}\n"
+                  f"TF_CFLAGS := {_make_value(tf.sysconfig.get_compile_flags())}\n"
+                  f"TF_LFLAGS := {_make_value(tf.sysconfig.get_link_flags())}\n")
+
+
+def build(debug, jobs):
+  """Runs native/ops.mk with this Python's TensorFlow, `jobs` compiles at once."""
+  # A parent make's jobserver does not reach us through pip: drop its flags.
+  env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
+  command = ["make", "-f", "native/ops.mk", f"-j{jobs}", f"PY={sys.executable}",
+             f"MODE={'debug' if debug else 'release'}"]
+  print(" ".join(command), flush=True)
+  subprocess.run(command, cwd=ROOT, env=env, check=True)
 
 
 def main(argv):
-  import tensorflow as tf  # pylint: disable=import-outside-toplevel
-  optimize = ["-O0", "-g"] if "--debug" in argv else ["-O3", "-DNDEBUG"]
-  command = (["g++", "-shared", "-fPIC", "-Wall", "-Wno-sign-compare", *optimize,
-              *tf.sysconfig.get_compile_flags(), *[str(ROOT / s) for s in SOURCES],
-              "-o", str(OUTPUT), *tf.sysconfig.get_link_flags()])
-  print(" ".join(command), flush=True)
-  subprocess.run(command, check=True)
-  OUTPUT.with_suffix(".tf_version").write_text(tf.__version__ + "\n")
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--debug", action="store_true", help="-O0 -g instead of -O3")
+  parser.add_argument("--jobs", type=int, default=len(os.sched_getaffinity(0)),
+                      help="parallel compiles (default: the CPUs available)")
+  parser.add_argument("--make-vars", metavar="FILE",
+                      help="write the TF flags for native/ops.mk to FILE and exit")
+  args = parser.parse_args(argv)
+  if args.make_vars:
+    write_make_vars(args.make_vars)
+  else:
+    build(args.debug, args.jobs)
 
 
 if __name__ == "__main__":

@@ -59,7 +59,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "key_index.h"  // Status
+#include "status.h"
 
 namespace mxrec {
 

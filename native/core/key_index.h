@@ -33,44 +33,9 @@
 #include <unordered_map>
 #include <vector>
 
+#include "status.h"
+
 namespace mxrec {
-
-// Result of an operation that can fail; never thrown.
-class Status {
- public:
-  enum class Code {
-    kOk, kInvalidArgument, kResourceExhausted, kFailedPrecondition, kInternal, kCancelled
-  };
-
-  static Status Ok() { return Status(); }
-  static Status InvalidArgument(std::string message) {
-    return Status(Code::kInvalidArgument, std::move(message));
-  }
-  static Status ResourceExhausted(std::string message) {
-    return Status(Code::kResourceExhausted, std::move(message));
-  }
-  static Status FailedPrecondition(std::string message) {
-    return Status(Code::kFailedPrecondition, std::move(message));
-  }
-  // I/O errors (e.g. of the SSD tier, native/core/tier_store.h).
-  static Status Internal(std::string message) {
-    return Status(Code::kInternal, std::move(message));
-  }
-  static Status Cancelled(std::string message) {
-    return Status(Code::kCancelled, std::move(message));
-  }
-
-  bool ok() const { return code_ == Code::kOk; }
-  Code code() const { return code_; }
-  const std::string& message() const { return message_; }
-
- private:
-  Status() = default;
-  Status(Code code, std::string message) : code_(code), message_(std::move(message)) {}
-
-  Code code_ = Code::kOk;
-  std::string message_;
-};
 
 // Row id given to keys that are absent (Find) : reads get the default value.
 inline constexpr int64_t kMissingRow = -1;

@@ -24,7 +24,8 @@
 #include <string>
 #include <vector>
 
-#include "key_index.h"  // Status, kMissingRow
+#include "key_index.h"  // kMissingRow
+#include "status.h"
 
 namespace mxrec {
 

@@ -32,7 +32,7 @@
 #include <string>
 #include <vector>
 
-#include "key_index.h"  // Status
+#include "status.h"
 
 namespace mxrec {
 

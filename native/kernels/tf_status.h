@@ -8,7 +8,7 @@
 #include <type_traits>
 #include <utility>
 
-#include "../core/key_index.h"
+#include "../core/status.h"
 #include "tensorflow/core/platform/errors.h"
 #include "tensorflow/core/platform/status.h"
 

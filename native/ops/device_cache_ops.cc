@@ -108,7 +108,10 @@ REGISTER_OP("MxDeviceCacheFinish")
     .Input("handle: resource")
     .Input("token: int64")
     .SetIsStateful()
-    .SetShapeFn([](InferenceContext* c) -> Status { return ScalarInput(c, 1); })
+    .SetShapeFn([](InferenceContext* c) -> Status {
+      TF_RETURN_IF_ERROR(ScalarHandle(c));
+      return ScalarInput(c, 1);
+    })
     .Doc(R"doc(
 The training step of the plan `token` finished (its optimizer update ran): that
 batch's device rows stop being pinned, so the key process may evict them for the
