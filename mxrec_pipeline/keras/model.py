@@ -70,15 +70,14 @@ class SparseRankingModel(tf.keras.Model):
   def compile(self, *args, sparse_optimizer=None, **kwargs):
     """Keras compile, plus `sparse_optimizer` (a HashOptimizer) for the tables.
 
-    Tiered tables get the optimizer's slots now: they move between tiers with
-    the rows, so they must exist before the first step.
+    The tables' optimizer slots are created now (`HashOptimizer.build`):
+    tiered tables move them between tiers with the rows, and a checkpoint
+    restore fills them at once.
     """
     super().compile(*args, **kwargs)
     self.sparse_optimizer = sparse_optimizer or factory.get_optimizer(
         "lazy_adam", learning_rate=0.001)
-    for layer in self._sparse_layers:
-      if layer.tiers is not None:
-        layer.tiers.attach(self.sparse_optimizer, layer.embeddings)
+    self.sparse_optimizer.build(self.table_variables)
 
   @property
   def table_variables(self) -> list[tf.Variable]:

@@ -73,6 +73,23 @@ class HashOptimizer(tf.Module):
     """
     return self._slots[table_name][slot_name]
 
+  def build(self, var_list) -> None:
+    """Creates the slots of these table variables now (Keras' `Optimizer.build`).
+
+    apply_gradients creates missing slots itself; building first makes a
+    checkpoint restore fill the slots at once (a run resumed after its last
+    epoch trains no step but exports and saves them).
+
+    Args:
+      var_list: Table variables of the current run.
+
+    Raises:
+      ValueError: a variable that is not a table's.
+    """
+    with tf.init_scope():
+      for var in var_list:
+        self._create_slots(var, self._table_of(var).table_name)
+
   def apply_gradients(self, grads_and_vars, global_step=None, name=None):
     """Applies gradients of table variables, row-wise.
 
@@ -100,9 +117,7 @@ class HashOptimizer(tf.Module):
             f"{self.optimizer_name}: the gradient of table '{table.table_name}' is dense "
             f"({type(grad).__name__}); look tables up with sparse_lookup, which gives "
             "IndexedSlices")
-    with tf.init_scope():
-      for (_, var), table in zip(pairs, tables):
-        self._create_slots(var, table.table_name)
+    self.build([v for _, v in pairs])
     with tf.name_scope(name or self.optimizer_name):
       if tf.distribute.has_strategy() and tf.distribute.in_cross_replica_context() is False:
         context = tf.distribute.get_replica_context()
