@@ -96,7 +96,7 @@ class TrainingCheckpoint:
       raise FileNotFoundError(f"no checkpoint in {self.directory}")
     try:
       self._checkpoint.restore(latest).assert_existing_objects_matched()
-    except (AssertionError, ValueError) as e:
+    except (AssertionError, ValueError, tf.errors.InvalidArgumentError) as e:
       raise ValueError(f"checkpoint {latest} does not match this model and its tables "
                        f"(another config?): {e}") from e
     return int(self.epoch.numpy())
