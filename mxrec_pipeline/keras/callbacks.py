@@ -44,7 +44,7 @@ def random_generators(model) -> list:
   generator is not in the model's checkpoint; saving these with it lets a
   resumed run draw the same dropout masks as an uninterrupted one (when Keras
   uses tf.random.Generator: `tf.keras.backend.experimental.
-  enable_tf_random_generator()`, which a seeded pipeline turns on).
+  enable_tf_random_generator()`, on while a seeded pipeline builds its model).
   """
   # `_random_generator` is the one attribute through which Keras 2's
   # BaseRandomLayer exposes its generator.
