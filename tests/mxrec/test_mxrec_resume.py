@@ -27,17 +27,11 @@ WORKER_TIMEOUT_S = 300  # A guard against a hung worker; nothing asserts on time
 def run_worker(model_dir, out_json, *args) -> subprocess.CompletedProcess:
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2",
              PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-  process = subprocess.Popen(
+  # On a timeout subprocess.run kills the worker before raising.
+  return subprocess.run(
       [sys.executable, str(HERE / "saver_resume_worker.py"), str(model_dir), str(out_json),
        "--steps", str(STEPS), "--save-every", str(SAVE_EVERY), *map(str, args)],
-      cwd=HERE, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-  try:
-    stdout, stderr = process.communicate(timeout=WORKER_TIMEOUT_S)
-  finally:
-    if process.poll() is None:
-      process.kill()
-      process.communicate()
-  return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
+      cwd=HERE, env=env, capture_output=True, text=True, timeout=WORKER_TIMEOUT_S, check=False)
 
 
 def train(tmp_path, name, *args) -> dict:
