@@ -30,14 +30,16 @@ class UniqueKeyLoader(yaml.SafeLoader):  # pylint: disable=too-many-ancestors
         if key_node.tag == _MERGE_TAG:
           continue
         key = self.construct_object(key_node, deep=True)
+        line = key_node.start_mark.line + 1
         try:
-          line = first_line.setdefault(key, key_node.start_mark.line + 1)
+          if key in first_line:
+            where = (f"lines {first_line[key]} and {line}" if first_line[key] != line
+                     else f"twice on line {line}")
+            raise DuplicateKeyError(None, None,
+                                    f"duplicate key {key!r} ({where}): remove one of them")
+          first_line[key] = line
         except TypeError:
           continue  # An unhashable key: SafeLoader's own error names it.
-        if line != key_node.start_mark.line + 1:
-          raise DuplicateKeyError(
-              None, None, f"duplicate key {key!r} (lines {line} and "
-              f"{key_node.start_mark.line + 1}): remove one of them")
     return super().construct_mapping(node, deep=deep)
 
 
