@@ -108,7 +108,8 @@ class PipelineHparams:
     if self.loss_reduction not in LOSS_REDUCTIONS:
       raise ValueError(f"`loss_reduction` must be one of {list(LOSS_REDUCTIONS)}, "
                        f"got {self.loss_reduction!r}")
-    if self.optimizer.lower() not in DENSE_OPTIMIZERS and ">" not in self.optimizer:
+    if not isinstance(self.optimizer, str) or (
+        self.optimizer.lower() not in DENSE_OPTIMIZERS and ">" not in self.optimizer):
       raise ValueError(f"`optimizer` must be one of {list(DENSE_OPTIMIZERS)} (or a registered "
                        f"custom optimizer 'package>Name'), got {self.optimizer!r}")
     if self.strategy not in STRATEGIES:

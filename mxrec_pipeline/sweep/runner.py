@@ -113,9 +113,9 @@ def open_study(config: config_lib.SweepConfig,
     if stored["objective"] != definition["objective"]:
       changed.append("objective")
     raise config_lib.SweepConfigError(
-        f"study '{config.study_name}' in {storage_lib.printable(config.storage_url)} holds a sweep with "
-        f"another search space or objective (differs in {changed}); resume it with its own "
-        "config or give this sweep a new study_name")
+        f"study '{config.study_name}' in {storage_lib.printable(config.storage_url)} holds a "
+        f"sweep with another search space or objective (differs in {changed}); resume it with "
+        "its own config or give this sweep a new study_name")
   return study
 
 
