@@ -84,14 +84,15 @@ def check_storage(url: str) -> None:
   """
   parsed = sqlalchemy.engine.make_url(resolve_url(url))
   shown = printable(url)
-  if parsed.get_backend_name() == "sqlite":
+  backend = parsed.get_backend_name()
+  if backend == "sqlite":
     directory = os.path.dirname(os.path.abspath(parsed.database))
     if not os.path.isdir(directory):
       raise StorageError(f"storage {shown}: the directory {directory} of the SQLite file does "
                          "not exist (create it, or give a file in an existing directory)")
-    connect_args = {}
-  else:
-    connect_args = {"connect_timeout": CONNECT_TIMEOUT_S}
+  # psycopg2, pymysql and mysqlclient take connect_timeout; other drivers may not.
+  connect_args = ({"connect_timeout": CONNECT_TIMEOUT_S}
+                  if backend in ("postgresql", "mysql", "mariadb") else {})
   try:
     parsed.get_dialect().import_dbapi()
   except sqlalchemy.exc.NoSuchModuleError as e:
