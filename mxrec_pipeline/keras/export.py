@@ -28,6 +28,7 @@ Signatures:
 
 from __future__ import annotations
 
+import functools
 from typing import Callable, Sequence
 
 import tensorflow as tf
@@ -78,7 +79,7 @@ class ServingModule(tf.Module):
     for name in self._by_table:
       table = tables[name]
       positions, rows = table.key_index.to_compact_table(
-          lambda rows, table=table: core_lookup.unique_embeddings(table, rows, training=False))
+          functools.partial(core_lookup.unique_embeddings, table, training=False))
       self.lookup_tables[name] = positions
       self.serving_rows[name] = tf.Variable(rows, trainable=False,
                                             name=f"{name}_serving_rows")

@@ -12,6 +12,7 @@ import pytest
 import tensorflow as tf
 
 import keras_testlib as lib
+from mxrec_pipeline import embedding as mx_embedding
 from mxrec_pipeline.keras import export as export_lib
 from mxrec_pipeline.util import atomic_dir
 from mxrec_pipeline.util import initialize
@@ -23,6 +24,25 @@ WORKER = str(pathlib.Path(__file__).parent / "export_worker.py")
 def _no_run_leaks():
   """Overrides the suite's per-test run reset: these tests share one trained run."""
   yield
+
+
+def test_embedding_serving_tables_hold_used_rows_and_zeros():
+  initialize.terminate_config_initializer()
+  try:
+    table = mx_embedding.TableConfig(vocabulary_size=10, dim=2, name="served")
+    embedding = mx_embedding.Embedding(mx_embedding.FeatureConfig(table), optimizer=None)
+    embedding(tf.constant([7, 3, 7], tf.int64), training=True)
+    full = embedding.embedding_tables[table]
+    full.assign(tf.reshape(tf.range(20, dtype=tf.float32), [10, 2]))
+    positions, rows = embedding.serving_tables()[table]
+    assert rows.shape == [3, 2]
+    found = positions.lookup(tf.constant([7, 3, 99], tf.int64))
+    expected = tf.nn.embedding_lookup(full, embedding.row_lookup_tables()[table].lookup(
+        tf.constant([7, 3], tf.int64)))
+    np.testing.assert_array_equal(tf.gather(rows, found).numpy(),
+                                  np.concatenate([expected.numpy(), [[0.0, 0.0]]]))
+  finally:
+    initialize.terminate_config_initializer()
 
 
 @pytest.fixture(scope="module")
