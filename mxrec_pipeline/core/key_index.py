@@ -172,9 +172,11 @@ class KeyIndex(tf.Module):
     Returns:
       (positions, rows): StaticHashTable int64 key -> int64 position in
       `rows` (num_keys when absent); rows [num_keys + 1, dim] of read_rows'
-      dtype, the keys' rows in the order of `export()`, then the default row.
+      dtype, the keys' rows in increasing key order, then the default row.
     """
     keys, rows = self.export()
+    order = tf.argsort(keys)  # Deterministic exports: the index's order is its own.
+    keys, rows = tf.gather(keys, order), tf.gather(rows, order)
     num_keys = tf.size(keys, out_type=tf.int64)
     compact = read_rows(tf.concat([rows, tf.constant([-1], tf.int64)], 0))
     positions = tf.lookup.StaticHashTable(
