@@ -8,6 +8,8 @@ the table object exists, as mxRec's key process does.
 
 from __future__ import annotations
 
+from typing import Callable
+
 import tensorflow as tf
 # TF1 Savers take SaveableObjects; TensorFlow exposes the class only here.
 from tensorflow.python.training.saving import saveable_object  # pylint: disable=g-direct-tensorflow-import
@@ -152,6 +154,35 @@ class KeyIndex(tf.Module):
     keys, rows = self.export()
     return tf.lookup.StaticHashTable(tf.lookup.KeyValueTensorInitializer(keys, rows),
                                      default_value=-1, name=f"{self._table_name}_rows")
+
+  def to_compact_table(self, read_rows: Callable[[tf.Tensor], tf.Tensor]
+                       ) -> tuple[tf.lookup.StaticHashTable, tf.Tensor]:
+    """A snapshot holding only the used rows, for serving with plain TensorFlow.
+
+    Gathers the rows of the index's keys into a compact block whose last row,
+    at position `num_keys`, is the default row; a stock StaticHashTable maps
+    each key to its position and every other key to `num_keys`. A table of
+    capacity C with n keys exports n + 1 rows instead of C.
+
+    Args:
+      read_rows: Reads rows: [m] int64 rows of the table (-1: the default
+        row) -> [m, dim] their embeddings, e.g. a gather from the table's
+        variable, or a tiered table's read from every tier.
+
+    Returns:
+      (positions, rows): StaticHashTable int64 key -> int64 position in
+      `rows` (num_keys when absent); rows [num_keys + 1, dim] of read_rows'
+      dtype, the keys' rows in increasing key order, then the default row.
+    """
+    keys, rows = self.export()
+    order = tf.argsort(keys)  # Deterministic exports: the index's order is its own.
+    keys, rows = tf.gather(keys, order), tf.gather(rows, order)
+    num_keys = tf.size(keys, out_type=tf.int64)
+    compact = read_rows(tf.concat([rows, tf.constant([-1], tf.int64)], 0))
+    positions = tf.lookup.StaticHashTable(
+        tf.lookup.KeyValueTensorInitializer(keys, tf.range(num_keys)),
+        default_value=num_keys, name=f"{self._table_name}_positions")
+    return positions, compact
 
   def import_(self, keys: tf.Tensor, rows: tf.Tensor):
     """Replaces the content with (keys, rows); creates the index if needed.

@@ -50,6 +50,7 @@ parsing ahead of it.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import threading
 
 import tensorflow as tf
@@ -270,6 +271,23 @@ class Embedding(tf.Module):
       emb *= tf.cast(rows >= 0, emb.dtype)[..., None]      # unseen ids: zeros
     """
     return {config: self._tables[name].key_index.to_stock_table()
+            for config, name in zip(self._table_configs, self._table_names)}
+
+  def serving_tables(self) -> dict[TableConfig, tuple[tf.lookup.StaticHashTable, tf.Tensor]]:
+    """TableConfig -> (positions, rows): compact snapshots for serving, only the used rows.
+
+    `rows` is [num_keys + 1, dim] float32: the rows of the ids the table
+    holds, then a default row of zeros; `positions` is a stock
+    `tf.lookup.StaticHashTable` int64 id -> int64 position in `rows`
+    (num_keys, the default row, for absent ids). See
+    `KeyIndex.to_compact_table`. Saved in a SavedModel (rows as a
+    tf.Variable) instead of `embedding_tables` and `row_lookup_tables()`, a
+    table of vocabulary_size V with n ids stores n + 1 rows instead of V:
+
+      emb = tf.nn.embedding_lookup(rows, positions.lookup(ids))  # unseen: zeros
+    """
+    return {config: self._tables[name].key_index.to_compact_table(functools.partial(
+        core_lookup.unique_embeddings, self._tables[name], training=False))
             for config, name in zip(self._table_configs, self._table_names)}
 
   # ------------------------------------------------------------ train step --

@@ -1,14 +1,21 @@
 """SavedModel export that serves raw ids with plain TensorFlow.
 
-Each table's native key index is turned, at export time, into a stock
-`tf.lookup.StaticHashTable` (key -> row, -1 when absent). A tiered table
-(core/tiers.py) is exported as a compact snapshot of its rows from every tier,
-[num_keys, dim], with a stock table key -> position in it. The exported
-functions map raw ids to (unique rows, restore indices) with `tf.unique` and
-those tables, through the same `insert_ids` layout the input pipeline uses, then
-run the trained Keras model with training=False, so ids never trained read the
-default (zero) embedding. Loading needs only `tensorflow`: no custom-op library,
-no import of this project.
+Each table is exported as a compact snapshot: the rows of its key index's keys
+plus a default row, [num_keys + 1, dim] (core/key_index.py
+`to_compact_table`), with a stock `tf.lookup.StaticHashTable` key -> position
+in it (num_keys, the default row, for absent keys). Flat and tiered tables
+(core/tiers.py, rows read from every tier) take the same path, so a table of
+capacity 5M with 100k keys exports 100k + 1 rows. The exported functions map raw
+ids to (unique positions, restore indices) with `tf.unique` and those tables,
+through the same `insert_ids` layout the input pipeline uses, then run the
+trained Keras model with training=False, so ids never trained read the default
+(zero) embedding, as in evaluation. The SavedModel holds the model's layers
+but not its tables' full variables, optimizers or metrics. Loading needs only
+`tensorflow`: no custom-op library, no import of this project.
+
+The export is written beside its directory and renamed into place
+(util/atomic_dir.py): a process killed while exporting leaves the previous
+export intact, and the next export removes the leftovers.
 
 Signatures:
   serving_default(examples: [batch_size] string, serialized ELWC protos)
@@ -21,23 +28,31 @@ Signatures:
 
 from __future__ import annotations
 
-from typing import Sequence
+import functools
+from typing import Callable, Sequence
 
 import tensorflow as tf
 import tensorflow_ranking as tfr
 
+from mxrec_pipeline.core import lookup as core_lookup
 from mxrec_pipeline.core.asc import feature_spec as fs
 from mxrec_pipeline.core.asc import helper
-from mxrec_pipeline.keras.layers import SparseFeature
+from mxrec_pipeline.keras.layers import SparseFeature, SparseLookup
+from mxrec_pipeline.util import atomic_dir
 from mxrec_pipeline.util import initialize
 
 SERVING_INPUT = "examples"
 OUTPUT_KEY = "scores"
 
 
-
 class ServingModule(tf.Module):
-  """What the SavedModel holds: the Keras model and one stock table per table.
+  """What the SavedModel holds: the model's layers and one compact snapshot per table.
+
+  Tracks (hence saves) the model's layers other than its SparseLookups, and
+  per table `serving_rows[table]` ([num_keys + 1, dim] float32 variable) and
+  `lookup_tables[table]` (StaticHashTable int64 key -> int64 position in it);
+  the model itself is not tracked, so its tables' full variables, optimizers
+  and metrics stay out of the SavedModel.
 
   Args:
     model: The trained SparseRankingModel.
@@ -50,29 +65,24 @@ class ServingModule(tf.Module):
   def __init__(self, model, context_feature_spec, example_feature_spec, mask_feature_name: str,
                sparse_features: Sequence[SparseFeature]):
     super().__init__(name="mxrec_serving")
-    self.model = model
+    object.__setattr__(self, "_model", model)  # Untracked: see the class docstring.
+    self.model_layers = [layer for layer in model.layers if not isinstance(layer, SparseLookup)]
     self._context_spec = dict(context_feature_spec)
     self._example_spec = dict(example_feature_spec)
     self._mask = mask_feature_name
     specs = [fs.FeatureSpec(f.name, table_name=f.table) for f in sparse_features]
     self._by_table = helper.group_by_table(specs)
     tables = initialize.get_config_initializer().tables
+    self._tiered = [name for name in self._by_table if tables[name].is_tiered]
     self.lookup_tables = {}
     self.serving_rows = {}
     for name in self._by_table:
       table = tables[name]
-      if not table.is_tiered:
-        self.lookup_tables[name] = table.key_index.to_stock_table()
-        continue
-      # A tiered table's rows live in three tiers: export a compact snapshot,
-      # key -> position in it, which plain TensorFlow serves.
-      keys, global_rows = table.key_index.export()
-      self.serving_rows[name] = tf.Variable(
-          table.tiers.read(table.variable, global_rows), trainable=False,
-          name=f"{name}_serving_rows")
-      self.lookup_tables[name] = tf.lookup.StaticHashTable(
-          tf.lookup.KeyValueTensorInitializer(keys, tf.range(tf.size(keys, out_type=tf.int64))),
-          default_value=-1, name=f"{name}_rows")
+      positions, rows = table.key_index.to_compact_table(
+          functools.partial(core_lookup.unique_embeddings, table, training=False))
+      self.lookup_tables[name] = positions
+      self.serving_rows[name] = tf.Variable(rows, trainable=False,
+                                            name=f"{name}_serving_rows")
 
   def _stock_insert(self, table_name, keys):
     unique_keys, restore = tf.unique(keys, out_idx=tf.int32)
@@ -81,10 +91,10 @@ class ServingModule(tf.Module):
   def score(self, features: dict) -> dict:
     """Scores raw features (as tfr's ELWC parsing gives them): {"scores": [B, L]}."""
     inputs = helper.insert_ids(dict(features), self._by_table, self._stock_insert)
-    for name in self.serving_rows:  # Tiered tables' plan input: unused when serving.
+    for name in self._tiered:  # Tiered tables' plan input: unused when serving.
       inputs[fs.plan_key(name)] = tf.zeros([1], tf.int64)
-    model_inputs = {name: inputs[name] for name in self.model.input_names}
-    return {OUTPUT_KEY: self.model(model_inputs, training=False)}
+    model_inputs = {name: inputs[name] for name in self._model.input_names}
+    return {OUTPUT_KEY: self._model(model_inputs, training=False)}
 
   def serve_elwc(self, serialized: tf.Tensor) -> dict:
     """Parses [batch_size] serialized ELWC protos with tfr, then scores them."""
@@ -107,9 +117,14 @@ class ServingModule(tf.Module):
 
 
 def export_serving_model(model, export_dir: str, context_feature_spec, example_feature_spec,
-                         mask_feature_name: str,
-                         sparse_features: Sequence[SparseFeature]) -> str:
+                         mask_feature_name: str, sparse_features: Sequence[SparseFeature],
+                         before_rename: Callable[[str], None] | None = None) -> str:
   """Writes a SavedModel that scores raw ids; see the module docstring.
+
+  The SavedModel is written to a temporary directory beside `export_dir`,
+  then renamed into place, replacing an earlier export
+  (`atomic_dir.write_dir_atomically`); leftovers of killed exports to
+  `export_dir` are removed first.
 
   Args:
     model: The trained SparseRankingModel.
@@ -117,16 +132,18 @@ def export_serving_model(model, export_dir: str, context_feature_spec, example_f
     context_feature_spec, example_feature_spec: Raw feature specs.
     mask_feature_name: Name of the list mask.
     sparse_features: The model's SparseFeatures.
+    before_rename: Test seam: called with the temporary directory once the
+      SavedModel is written there, before it is renamed to export_dir.
 
   Returns:
     export_dir.
   """
   module = ServingModule(model, context_feature_spec, example_feature_spec, mask_feature_name,
                          sparse_features)
-  tiered_layers = [layer for layer in getattr(model, "_sparse_layers", [])
+  sparse_layers = [layer for layer in getattr(model, "_sparse_layers", [])
                    if layer.feature.table in module.serving_rows]
   try:
-    for layer in tiered_layers:  # The serving functions read the snapshots.
+    for layer in sparse_layers:  # The serving functions read the snapshots.
       layer.serving_rows = module.serving_rows[layer.feature.table]
     signatures = {"serving_default": tf.function(
         module.serve_elwc,
@@ -135,10 +152,10 @@ def export_serving_model(model, export_dir: str, context_feature_spec, example_f
     if raw is not None:
       signatures["predict"] = tf.function(
           lambda **features: module.score(features)).get_concrete_function(**raw)
-    tf.io.gfile.makedirs(export_dir)
-    tf.saved_model.save(module, export_dir, signatures=signatures)
+    atomic_dir.write_dir_atomically(
+        export_dir, lambda path: tf.saved_model.save(module, path, signatures=signatures),
+        before_rename=before_rename)
   finally:
-    for layer in tiered_layers:
+    for layer in sparse_layers:
       layer.serving_rows = None
   return export_dir
-

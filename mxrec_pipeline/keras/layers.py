@@ -163,8 +163,8 @@ class SparseLookup(tf.keras.layers.Layer):
                        f"'{self.feature.table}', got TableSpec '{self.table_spec.name}'")
     self.seed = seed
     self.embeddings = None
-    # Export of a tiered table (keras/export.py): a compact [num_keys, dim]
-    # snapshot of every tier, indexed by the stock serving table's positions.
+    # During export (keras/export.py): the table's compact [num_keys + 1, dim]
+    # snapshot, indexed by the stock serving table's positions.
     self.serving_rows = None
 
   def build(self, input_shape):

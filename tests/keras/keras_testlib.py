@@ -17,6 +17,7 @@ from mxrec_pipeline.data import elwc
 from mxrec_pipeline.keras import model as model_lib
 from mxrec_pipeline.keras import pipeline as pipeline_lib
 from mxrec_pipeline.keras.layers import SparseFeature, TableSpec
+from mxrec_pipeline.util import initialize
 
 F = tf.io.FixedLenFeature
 CONTEXT_SPEC = {"user_id": F([1], tf.int64, default_value=0),
@@ -112,3 +113,31 @@ def assert_served_match(served: np.ndarray, expected: np.ndarray, valid_path: st
              if np.allclose(served[row, :n], expected[j, :n], rtol=1e-5, atol=1e-5)]
     assert match, f"served list {row} {served[row, :n]} matches no in-process list"
     unmatched.remove(match[0])
+
+
+def train_task(tmp_path, **hparams) -> dict:
+  """Writes the task to tmp_path and trains it with SimplePipeline in a new run.
+
+  Args:
+    tmp_path: pathlib.Path of the task files and `model/` (the model_dir).
+    **hparams: PipelineHparams fields besides model_dir.
+
+  Returns:
+    {"tmp": tmp_path, "valid": validation file, "pipeline": the trained
+    SimplePipeline, "metrics": train_and_validate's, "in_process":
+    [num_lists, list_size] float32 eval-mode scores of the validation lists
+    (seen items and unseen ones), through the training-side path (insertion
+    in the dataset), zero-padded}.
+  """
+  train, valid = write_task(tmp_path)
+  initialize.terminate_config_initializer()
+  pipe = pipeline_lib.SimplePipeline(
+      model_builder(), dataset_builder(train, valid),
+      pipeline_lib.PipelineHparams(model_dir=str(tmp_path / "model"), **hparams))
+  metrics = pipe.train_and_validate()
+  dataset = dataset_builder(train, valid).build_valid_dataset(num_epochs=1)
+  scores = [pipe.model(features, training=False).numpy() for features, _ in dataset]
+  longest = max(s.shape[1] for s in scores)
+  return {"tmp": tmp_path, "valid": valid, "pipeline": pipe, "metrics": metrics,
+          "in_process": np.concatenate(
+              [np.pad(s, ((0, 0), (0, longest - s.shape[1]))) for s in scores])}

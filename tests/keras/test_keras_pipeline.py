@@ -8,7 +8,6 @@ import tensorflow as tf
 
 import keras_testlib as lib
 from mxrec_pipeline.data import elwc
-from mxrec_pipeline.keras import pipeline as pipeline_lib
 from mxrec_pipeline.util import initialize
 
 
@@ -21,23 +20,9 @@ def _no_run_leaks():
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
   tmp = tmp_path_factory.mktemp("pipeline")
-  train, valid = lib.write_task(tmp)
-  hparams = pipeline_lib.PipelineHparams(
-      model_dir=str(tmp / "model"), num_epochs=2, num_train_steps=8, learning_rate=0.05,
-      seed=3, export_best_model=True)
-  initialize.terminate_config_initializer()
-  pipe = pipeline_lib.SimplePipeline(lib.model_builder(), lib.dataset_builder(train, valid),
-                                     hparams)
-  metrics = pipe.train_and_validate()
-  # Scores of the validation lists through the training-side path (insertion
-  # in the dataset, eval mode), for comparison with the SavedModel.
-  dataset = lib.dataset_builder(train, valid).build_valid_dataset(num_epochs=1)
-  in_process = [pipe.model(features, training=False).numpy() for features, _ in dataset]
-  longest = max(s.shape[1] for s in in_process)
-  yield {"tmp": tmp, "valid": valid, "metrics": metrics, "pipeline": pipe,
-         "run": initialize.get_config_initializer(),
-         "in_process": np.concatenate(
-             [np.pad(s, ((0, 0), (0, longest - s.shape[1]))) for s in in_process])}
+  run = lib.train_task(tmp, num_epochs=2, num_train_steps=8, learning_rate=0.05, seed=3,
+                       export_best_model=True)
+  yield run | {"run": initialize.get_config_initializer()}
   initialize.terminate_config_initializer()
 
 
