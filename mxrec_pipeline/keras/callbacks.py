@@ -10,6 +10,7 @@ import tensorflow as tf
 
 from mxrec_pipeline.core import admission
 from mxrec_pipeline.core import feature_process
+from mxrec_pipeline.util import atomic_dir
 from mxrec_pipeline.util import initialize
 
 
@@ -71,6 +72,8 @@ class TrainingCheckpoint:
 
   def __init__(self, model, directory: str, max_to_keep: int = 3):
     self.directory = directory
+    # Saves killed mid-write leave ckpt-N_temp* directories: never current, removed here.
+    atomic_dir.remove_checkpoint_temp_dirs(directory)
     self.epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="epochs_done")
     self._checkpoint = training_checkpoint(model, epoch=self.epoch)
     self._manager = tf.train.CheckpointManager(self._checkpoint, directory,

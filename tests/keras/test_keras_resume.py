@@ -149,9 +149,13 @@ def test_seeded_runs_export_bit_identical_models(task, uninterrupted, tmp_path):
 
 
 def test_finished_run_resumes_without_training(task, uninterrupted, tmp_path):
+  leftover = uninterrupted["dir"] / "checkpoints" / "ckpt-4_temp"  # A save killed mid-write.
+  leftover.mkdir()
+  (leftover / "part-00000-of-00001.index").write_text("partial")
   again = run_worker(task, uninterrupted["dir"], tmp_path / "state.json")
   assert again.returncode == 0, again.stderr[-3000:]
   assert "Resumed from" in again.stdout and "3 epoch(s) and 18 step(s) done" in again.stdout
+  assert not leftover.exists()
   state = json.loads((tmp_path / "state.json").read_text())
   assert state["epochs"] == []
   assert_same_state(state, uninterrupted["state"])
