@@ -1,7 +1,7 @@
 """Fetches the real data sets that ship inside pinned PyPI archives.
 
 No machine here reaches the internet, only the package registries, so the data
-comes from archives that carry it (source: /work/shared/data.md):
+comes from archives that carry it (source: docs/data.md):
 
 - `mslr_5k`: the first 5,000 lines of the train and test splits of Microsoft's
   MSLR-WEB Fold1 (43 queries each, 136 features, labels 0-4), from the sdist

@@ -7,7 +7,7 @@ Format, one query-document pair per line, a query's lines consecutive:
 e.g. `2 qid:1 1:3 2:3 ... 136:0` in MSLR-WEB (136 features, ids 1-136,
 graded labels 0-4). Feature ids are 1-based; a missing feature is 0. Source of
 the files: `fetch("mslr_5k")`, or MSLR-WEB10K/30K from Microsoft
-(/work/shared/data.md). Lines may end in CRLF, as in the MSLR files.
+(docs/data.md). Lines may end in CRLF, as in the MSLR files.
 """
 
 import dataclasses

@@ -1,7 +1,7 @@
 """MovieLens-100k as a ranking task: one list per user, split by time.
 
 Reads GroupLens ml-100k in RecBole's atomic-file form
-(`fetch("movielens_100k")`, source /work/shared/data.md): tab-separated UTF-8
+(`fetch("movielens_100k")`, source docs/data.md): tab-separated UTF-8
 files whose header row is `name:type` per column. The real files have
 
     ml-100k.inter  user_id:token  item_id:token  rating:float  timestamp:float
