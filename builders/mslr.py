@@ -35,8 +35,7 @@ import tensorflow as tf
 import tensorflow_ranking as tfr
 
 from builders.base import MASK_FEATURE, DataPaths, RankerBuilder
-from builders.mslr_config import (  # pylint: disable=unused-import
-    BM25_WHOLE_DOCUMENT, FETCHED, NUM_FEATURES, MslrDataConfig, MslrModelConfig)
+from builders.mslr_config import FETCHED, NUM_FEATURES, MslrDataConfig, MslrModelConfig
 from mxrec_pipeline.data import fetch as fetch_lib
 from mxrec_pipeline.data import letor
 from mxrec_pipeline.keras import model as model_lib

@@ -9,8 +9,9 @@ a table is that map's transpose (see Embedding.apply_gradients).
 
 The ids of one position are reduced by the sparse core's combiner
 (core/combiner.py: sum, mean or sqrtn, weighted as in
-tf.nn.embedding_lookup_sparse; empty positions give zeros). Sequence features place each id's embedding at its
-position instead, padded with zeros and truncated to the sequence length.
+tf.nn.embedding_lookup_sparse; empty positions give zeros). Sequence features
+place each id's embedding at its position instead, padded with zeros and
+truncated to the sequence length.
 """
 
 from __future__ import annotations

@@ -30,7 +30,7 @@ from mxrec_pipeline.core.asc import feature_spec as fs
 from mxrec_pipeline.core.asc import helper
 # Re-exported: users import PipelineHparams and RANKING_METRICS from here.
 from mxrec_pipeline.hparams import (  # pylint: disable=unused-import
-    RANKING_METRICS, STRATEGIES, PipelineHparams)
+    RANKING_METRICS, PipelineHparams)
 from mxrec_pipeline.keras import callbacks as callbacks_lib
 from mxrec_pipeline.keras import export as export_lib
 from mxrec_pipeline.keras import model as model_lib

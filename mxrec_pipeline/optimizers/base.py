@@ -204,7 +204,7 @@ class HashOptimizer(tf.Module):
     for slot_name, initial in self.slot_initial_values.items():
       with tf.distribute.get_strategy().extended.colocate_vars_with(var):
         slots[slot_name] = tf.compat.v1.Variable(
-            lambda: tf.fill(tf.shape(var), tf.cast(initial, var.dtype)),
+            lambda initial=initial: tf.fill(tf.shape(var), tf.cast(initial, var.dtype)),
             dtype=var.dtype, trainable=False, use_resource=True,
             name=f"{table_name}/{self.optimizer_name}/{slot_name}")
     self._slots[table_name] = slots

@@ -99,8 +99,8 @@ class ParamSpec:
     for name in ("low", "high"):
       value = getattr(self, name)
       if not isinstance(value, number) or isinstance(value, bool):
-        raise ValueError(f"{where}: `{name}` must be {'an int' if self.type == 'int' else 'a number'}"
-                         f", got {value!r}")
+        kind = "an int" if self.type == "int" else "a number"
+        raise ValueError(f"{where}: `{name}` must be {kind}, got {value!r}")
     if not self.low <= self.high:
       raise ValueError(f"{where}: `low` must be <= `high`, got low={self.low}, high={self.high}")
     if not isinstance(self.log, bool):

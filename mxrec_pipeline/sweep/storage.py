@@ -233,5 +233,5 @@ def trial_start_lock(url: str, study_name: str) -> TrialStartLock:
     return _SqlLock(url, "SELECT GET_LOCK(:key, -1)", "SELECT RELEASE_LOCK(:key)",
                     "mxrec_sweep_" + digest.hex()[:32])
   warnings.warn(f"no trial-start lock for {backend} databases: parallel workers may run up to "
-                "one trial each beyond n_trials", RuntimeWarning)
+                "one trial each beyond n_trials", RuntimeWarning, stacklevel=2)
   return TrialStartLock()

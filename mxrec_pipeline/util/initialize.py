@@ -142,9 +142,10 @@ def init(**kwargs) -> ConfigInitializer:
 def terminate_config_initializer() -> None:
   """Ends the run started by init(): forgets its tables. Safe to call twice.
 
-  Key indexes (and tiered tables' caches and stores) created eagerly are freed here (nothing else would free them:
-  they live in the process's resource manager, not in the table objects);
-  those of tf.compat.v1 graphs are freed with their session.
+  Key indexes (and tiered tables' caches and stores) created eagerly are freed
+  here (nothing else would free them: they live in the process's resource
+  manager, not in the table objects); those of tf.compat.v1 graphs are freed
+  with their session.
   """
   global _initializer
   if _initializer is not None:

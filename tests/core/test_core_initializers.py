@@ -84,7 +84,10 @@ def test_seeds_and_columns_give_different_values():
 
 
 def test_seed_is_taken_modulo_2_to_the_64():
-  rows = lambda seed: RowInitializer("uniform", seed=seed)([3, 4]).numpy()
+
+  def rows(seed):
+    return RowInitializer("uniform", seed=seed)([3, 4]).numpy()
+
   np.testing.assert_array_equal(rows(2**64 - 1), rows(-1))
   np.testing.assert_array_equal(rows(2**63), rows(-(2**63)))
   np.testing.assert_array_equal(rows(2**64 + 9), rows(9))

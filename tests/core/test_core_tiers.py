@@ -89,7 +89,10 @@ def _run(make, make_optimizer, batches):
 @pytest.mark.parametrize("policy", ["lru", "lfu"])
 def test_tiered_equals_flat_eager_lazy_adam(policy):
   batches = _batches(40)
-  adam = lambda: lazy_adam.create_hash_optimizer(0.05)
+
+  def adam():
+    return lazy_adam.create_hash_optimizer(0.05)
+
   flat_losses, flat_emb, _ = _run(_flat_table, adam, batches)
   tier_losses, tier_emb, stats = _run(lambda o: _tiered_table(o, policy=policy), adam, batches)
   np.testing.assert_allclose(tier_losses, flat_losses, rtol=1e-5)
@@ -106,7 +109,10 @@ def test_tiered_with_ssd_equals_flat(tmp_path):
   for d in dirs:
     d.mkdir()
   batches = _batches(30, seed=1)
-  adagrad_opt = lambda: adagrad.create_hash_optimizer(0.1)
+
+  def adagrad_opt():
+    return adagrad.create_hash_optimizer(0.1)
+
   flat_losses, flat_emb, _ = _run(_flat_table, adagrad_opt, batches)
   tier_losses, tier_emb, stats = _run(
       lambda o: _tiered_table(o, device=40, host=20, ssd=NUM_IDS, ssd_path=[str(d) for d in dirs]),

@@ -34,9 +34,9 @@ def test_ragged_combiners_match_numpy(combiner):
   reduce = {"sum": lambda e: e.sum(0), "mean": lambda e: e.mean(0),
             "sqrtn": lambda e: e.sum(0) / np.sqrt(len(e))}[combiner]
   for b, lists in enumerate(ids.to_list()):
-    for l, id_list in enumerate(lists):
+    for pos, id_list in enumerate(lists):
       want = reduce(rows[[row_of[i] for i in id_list]]) if id_list else np.zeros(3)
-      np.testing.assert_allclose(out[b, l], want, rtol=1e-6, atol=1e-7)
+      np.testing.assert_allclose(out[b, pos], want, rtol=1e-6, atol=1e-7)
 
 
 def test_dense_ids_without_combiner_keep_every_id():

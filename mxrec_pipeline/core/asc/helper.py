@@ -33,8 +33,9 @@ def get_asc_insert_func(tgt_key_specs: Sequence[fs.FeatureSpec], is_training: bo
   distinct ids (all features of the table together, first-occurrence order;
   for a tiered table in training, device slots of its device-cache plan, whose
   token goes to `plan_key(table)`, [1] int64) and, per feature,
-  `restore_key(feature)`: int32 positions in those unique rows, shaped like the ids (a dense tensor of any rank, or a tf.RaggedTensor
-  with the ids' row partitions, for multi-valued features).
+  `restore_key(feature)`: int32 positions in those unique rows, shaped like the
+  ids (a dense tensor of any rank, or a tf.RaggedTensor with the ids' row
+  partitions, for multi-valued features).
   sparse_lookup(table, spec, batch=batch) reads them.
 
   Args:
