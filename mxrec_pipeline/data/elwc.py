@@ -17,13 +17,13 @@ import numbers
 import os
 import pathlib
 import tempfile
-from typing import Any, Iterable, Iterator, Mapping, Sequence, Union
+from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 import tensorflow as tf
 from tensorflow_serving.apis import input_pb2
 
-PathLike = Union[str, os.PathLike]
+PathLike = str | os.PathLike
 
 
 def make_feature(value: Any) -> tf.train.Feature:

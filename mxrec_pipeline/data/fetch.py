@@ -30,10 +30,9 @@ import sys
 import tarfile
 import tempfile
 import zipfile
-from typing import (BinaryIO, Callable, Dict, Iterator, List, Optional,
-                    Sequence, Union)
+from typing import BinaryIO, Callable, Iterator, Sequence
 
-PathLike = Union[str, os.PathLike]
+PathLike = str | os.PathLike
 
 _CHUNK_BYTES = 1 << 20
 _STDERR_TAIL_LINES = 20
@@ -76,12 +75,12 @@ class DatasetSource:
         return not self.archive_name.endswith(".tar.gz")
 
     @property
-    def file_names(self) -> List[str]:
+    def file_names(self) -> list[str]:
         """Base names of `members`: the files `fetch` puts in the cache."""
         return [pathlib.PurePosixPath(m).name for m in self.members]
 
 
-DATASETS: Dict[str, DatasetSource] = {
+DATASETS: dict[str, DatasetSource] = {
     "mslr_5k": DatasetSource(
         requirement="rankeval==0.8.2",
         archive_name="rankeval-0.8.2.tar.gz",
@@ -129,7 +128,7 @@ def get_source(name: str) -> DatasetSource:
                          f"{sorted(DATASETS)}") from None
 
 
-def fetch(name: str, cache_dir: Optional[PathLike] = None) -> pathlib.Path:
+def fetch(name: str, cache_dir: PathLike | None = None) -> pathlib.Path:
     """Makes sure data set `name` is cached and returns its directory.
 
     If every file of the data set is already in the directory, returns at once

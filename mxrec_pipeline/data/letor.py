@@ -12,11 +12,11 @@ the files: `fetch("mslr_5k")`, or MSLR-WEB10K/30K from Microsoft
 
 import dataclasses
 import os
-from typing import Iterator, List, Optional, Union
+from typing import Iterator
 
 import numpy as np
 
-PathLike = Union[str, os.PathLike]
+PathLike = str | os.PathLike
 
 # Feature and label names of TF-Ranking's DNN example on MSLR-derived data
 # (tensorflow_ranking/examples/keras/keras_dnn_tfrecord.py and
@@ -44,7 +44,7 @@ class QueryList:
     features: np.ndarray
 
 
-def feature_names(num_features: int = 136) -> List[str]:
+def feature_names(num_features: int = 136) -> list[str]:
     """Returns ["custom_features_1", ..., f"custom_features_{num_features}"]."""
     return [f"{FEATURE_NAME_PREFIX}{i}" for i in range(1, num_features + 1)]
 
@@ -67,9 +67,9 @@ def iter_letor(path: PathLike, num_features: int = 136) -> Iterator[QueryList]:
     if num_features < 1:
         raise ValueError(
             f"`num_features` must be positive, got {num_features}")
-    qid: Optional[int] = None
-    labels: List[float] = []
-    rows: List[np.ndarray] = []
+    qid: int | None = None
+    labels: list[float] = []
+    rows: list[np.ndarray] = []
     seen = set()
     with open(path, encoding="utf-8") as f:
         for lineno, line in enumerate(f, start=1):
@@ -93,7 +93,7 @@ def iter_letor(path: PathLike, num_features: int = 136) -> Iterator[QueryList]:
         yield _make_list(qid, labels, rows)
 
 
-def read_letor(path: PathLike, num_features: int = 136) -> List[QueryList]:
+def read_letor(path: PathLike, num_features: int = 136) -> list[QueryList]:
     """Returns `list(iter_letor(path, num_features))`; see `iter_letor`."""
     return list(iter_letor(path, num_features))
 
@@ -129,7 +129,7 @@ def letor_to_elwc(src: PathLike, dst: PathLike, num_features: int = 136) -> int:
     return elwc.write_elwc_tfrecord(dst, lists())
 
 
-def _parse_line(tokens: List[str], num_features: int, where: str):
+def _parse_line(tokens: list[str], num_features: int, where: str):
     """Returns (label, qid, [num_features] float32 row) of one line."""
     try:
         label = float(tokens[0])
@@ -163,7 +163,7 @@ def _parse_line(tokens: List[str], num_features: int, where: str):
     return label, qid, row
 
 
-def _make_list(qid: int, labels: List[float],
-               rows: List[np.ndarray]) -> QueryList:
+def _make_list(qid: int, labels: list[float],
+               rows: list[np.ndarray]) -> QueryList:
     return QueryList(qid=qid, labels=np.asarray(labels, np.float32),
                      features=np.stack(rows))

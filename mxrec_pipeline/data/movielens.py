@@ -35,11 +35,11 @@ import math
 import os
 import pathlib
 import string
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Mapping, Sequence
 
 from mxrec_pipeline.data import elwc
 
-PathLike = Union[str, os.PathLike]
+PathLike = str | os.PathLike
 
 INTER_FILE = "ml-100k.inter"
 USER_FILE = "ml-100k.user"
@@ -92,7 +92,7 @@ class MovieLensElwc:
     num_valid_ratings: int
 
 
-def read_atomic_file(path: PathLike) -> List[Dict[str, str]]:
+def read_atomic_file(path: PathLike) -> list[dict[str, str]]:
     """Reads a RecBole atomic file into one `{column name: text}` per row.
 
     The header's `name:type` fields give the keys (the type is dropped).
@@ -123,7 +123,7 @@ def read_atomic_file(path: PathLike) -> List[Dict[str, str]]:
     return rows
 
 
-def read_ratings(data_dir: PathLike) -> List[Rating]:
+def read_ratings(data_dir: PathLike) -> list[Rating]:
     """Reads `ml-100k.inter` in file order.
 
     Raises:
@@ -142,7 +142,7 @@ def read_ratings(data_dir: PathLike) -> List[Rating]:
         raise ValueError(f"{path}: {e}") from None
 
 
-def read_users(data_dir: PathLike) -> Dict[int, Dict[str, object]]:
+def read_users(data_dir: PathLike) -> dict[int, dict[str, object]]:
     """Reads `ml-100k.user` into `{user_id: context features}`.
 
     Returns:
@@ -170,7 +170,7 @@ def read_users(data_dir: PathLike) -> Dict[int, Dict[str, object]]:
         raise ValueError(f"{path}: {e}") from None
 
 
-def read_items(data_dir: PathLike) -> Dict[int, Dict[str, object]]:
+def read_items(data_dir: PathLike) -> dict[int, dict[str, object]]:
     """Reads `ml-100k.item` into `{item_id: example features}`.
 
     Returns:
@@ -199,7 +199,7 @@ def read_items(data_dir: PathLike) -> Dict[int, Dict[str, object]]:
         raise ValueError(f"{path}: {e}") from None
 
 
-def title_tokens(title: str) -> List[bytes]:
+def title_tokens(title: str) -> list[bytes]:
     """Lower-cases, splits on white space, strips punctuation off each end.
 
     "Misérables, Les" -> [b"mis\\xc3\\xa9rables", b"les"] (UTF-8); the
@@ -214,7 +214,7 @@ def title_tokens(title: str) -> List[bytes]:
 def split_by_time(
         ratings: Sequence[Rating],
         valid_fraction: float = 0.2,
-) -> Tuple[Dict[int, List[Rating]], Dict[int, List[Rating]]]:
+) -> tuple[dict[int, list[Rating]], dict[int, list[Rating]]]:
     """Splits each user's ratings into earlier (train) and latest (valid).
 
     Per user, ratings are sorted by (timestamp, item_id). A user with n >= 2
@@ -234,7 +234,7 @@ def split_by_time(
     if not 0.0 < valid_fraction < 1.0:
         raise ValueError(
             f"`valid_fraction` must be in (0, 1), got {valid_fraction}")
-    by_user: Dict[int, List[Rating]] = {}
+    by_user: dict[int, list[Rating]] = {}
     for r in ratings:
         by_user.setdefault(r.user_id, []).append(r)
     train, valid = {}, {}
@@ -253,7 +253,7 @@ def split_by_time(
 def build_movielens_elwc(data_dir: PathLike,
                          out_dir: PathLike,
                          valid_fraction: float = 0.2,
-                         max_list_size: Optional[int] = None) -> MovieLensElwc:
+                         max_list_size: int | None = None) -> MovieLensElwc:
     """Writes `train.tfrecord` and `valid.tfrecord` (ELWC) for ml-100k.
 
     One list per user and split (see the module docstring for the features
@@ -293,10 +293,10 @@ def build_movielens_elwc(data_dir: PathLike,
                          r_valid)
 
 
-def _user_lists(split: Mapping[int, List[Rating]],
-                users: Mapping[int, Dict[str, object]],
-                items: Mapping[int, Dict[str, object]],
-                max_list_size: Optional[int]):
+def _user_lists(split: Mapping[int, list[Rating]],
+                users: Mapping[int, dict[str, object]],
+                items: Mapping[int, dict[str, object]],
+                max_list_size: int | None):
     """Yields the ELWCs of one split, user by user."""
     for user_id, ratings in split.items():
         if user_id not in users:
@@ -314,7 +314,7 @@ def _user_lists(split: Mapping[int, List[Rating]],
             yield elwc.make_elwc(users[user_id], examples[start:start + size])
 
 
-def _require_columns(path: pathlib.Path, rows: List[Dict[str, str]],
+def _require_columns(path: pathlib.Path, rows: list[dict[str, str]],
                      columns: Sequence[str]) -> None:
     missing = [c for c in columns if rows and c not in rows[0]]
     if missing:

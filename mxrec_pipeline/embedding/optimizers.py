@@ -30,14 +30,14 @@ from __future__ import annotations
 
 import dataclasses
 import numbers
-from typing import Callable, Union
+from typing import Callable
 
 import tensorflow as tf
 
 from mxrec_pipeline.optimizers.base import HashOptimizer
 
-LearningRate = Union[float, Callable[[], float]]
-ClipValue = Union[float, tuple, None]
+LearningRate = float | Callable[[], float]
+ClipValue = float | tuple | None
 
 
 class Optimizer:
