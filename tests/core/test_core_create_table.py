@@ -155,7 +155,8 @@ def test_tiers_need_dynamic_expansion_off():
 
 
 def test_dynamic_expansion_creates_an_expansion_table():
-  # Expansion tables are tested in tests/mxrec/test_mxrec_expansion*.py.
+  # Expansion tables are tested in tests/core/test_core_expansion.py and
+  # tests/optimizers/test_optimizers_by_addr.py.
   terminate_config_initializer()
   init(use_dynamic_expansion=True)
   assert type(_create()).__name__ == "ExpansionTable"
