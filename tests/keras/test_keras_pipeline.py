@@ -5,6 +5,7 @@ import zlib
 import numpy as np
 import pytest
 import tensorflow as tf
+import tensorflow_ranking as tfr
 
 import keras_testlib as lib
 from mxrec_pipeline.data import elwc
@@ -32,20 +33,33 @@ def trained(tmp_path_factory):
   # Scores of the validation lists through the training-side path (insertion
   # in the dataset, eval mode), for comparison with the SavedModel.
   dataset = lib.dataset_builder(train, valid).build_valid_dataset(num_epochs=1)
-  in_process = [pipe.model(features, training=False).numpy() for features, _ in dataset]
+  valid_batches = [(labels.numpy(), pipe.model(features, training=False).numpy())
+                   for features, labels in dataset]
+  in_process = [scores for _, scores in valid_batches]
   longest = max(s.shape[1] for s in in_process)
   yield {"tmp": tmp, "valid": valid, "metrics": metrics, "pipeline": pipe,
-         "run": initialize.get_config_initializer(),
+         "run": initialize.get_config_initializer(), "valid_batches": valid_batches,
          "in_process": np.concatenate(
              [np.pad(s, ((0, 0), (0, longest - s.shape[1]))) for s in in_process])}
   initialize.terminate_config_initializer()
 
 
 def test_train_and_validate_reports_ranking_metrics(trained):
+  """The returned metrics equal tfr's metrics and loss recomputed on the trained
+  model's scores of the validation lists."""
   metrics = trained["metrics"]
   assert set(metrics) == {"ndcg@1", "ndcg@5", "ndcg@10", "mrr", "loss"}
-  for key in ("ndcg@1", "ndcg@5", "ndcg@10", "mrr"):
-    assert 0.0 <= metrics[key] <= 1.0
+  batches = trained["valid_batches"]
+  for key, (name, topn) in pipeline_lib.RANKING_METRICS.items():
+    metric = tfr.keras.metrics.get(name, topn=topn)
+    for labels, scores in batches:
+      metric.update_state(labels, scores)
+    assert metrics[key] == pytest.approx(float(metric.result()), abs=1e-5), key
+  # Keras averages the per-batch losses weighted by batch size.
+  loss_fn = trained["pipeline"].build_loss()
+  losses = [float(loss_fn(labels, scores)) for labels, scores in batches]
+  sizes = [len(labels) for labels, _ in batches]
+  assert metrics["loss"] == pytest.approx(np.average(losses, weights=sizes), rel=1e-5)
 
 
 def test_outputs_checkpoints_logs_and_exports(trained):
