@@ -56,9 +56,9 @@ class JobConfig:
 
   def to_dict(self) -> dict:
     """Plain dict of the config, loadable again by `from_dict`."""
-    return {"builder": self.builder, **{
-        name: dataclasses.asdict(getattr(self, name))
-        for name in ("data", "model", "dataset", "pipeline")}}
+    sections = ("data", "model", "dataset", "pipeline")
+    return {"builder": self.builder,
+            **{name: dataclasses.asdict(getattr(self, name)) for name in sections}}
 
 
 def load(path: str, overrides: typing.Sequence[str] = ()) -> JobConfig:

@@ -235,8 +235,9 @@ def main(argv=None) -> dict:
       if step % args.saving_interval == 0:
         saver.save(sess, save_path, global_step=step)
     if tier_stats:
+      tier_values = sess.run(tier_stats)
       result["tiers"] = {name: {k: int(v) for k, v in stats.items()}
-                         for name, stats in sess.run(tier_stats).items()}
+                         for name, stats in tier_values.items()}
       for name, stats in result["tiers"].items():
         print(f"{name} tiers: " + ", ".join(f"{k} {v}" for k, v in stats.items()), flush=True)
   terminate_config_initializer()

@@ -358,9 +358,10 @@ def sparse_lookup(hashtable: SparseEmbedding, ids, send_count: int | None = None
         if hashtable.is_tiered and is_train:
           unique_rows, token = tiers.plan(run.container, table, unique_rows)
     if send_count is not None:
+      message = f"table '{table}': more distinct ids in one batch than send_count={send_count}"
       deps.append(tf.debugging.assert_less_equal(
           tf.size(unique_rows, out_type=tf.int64), tf.constant(send_count, tf.int64),
-          message=f"table '{table}': more distinct ids in one batch than send_count={send_count}"))
+          message=message))
     with tf.control_dependencies(deps):
       unique_emb = lookup.unique_embeddings(
           hashtable, unique_rows, training=is_train, plan_token=token,

@@ -24,11 +24,12 @@ BATCHES = [{"ids": [1, 2], "ts": [100, 105]}, {"ids": [2, 3], "ts": [120, 118]},
 
 
 def _dataset():
-  return tf.data.Dataset.from_generator(
-      lambda: ({k: np.array(v, np.int64) for k, v in b.items()} for b in BATCHES),
-      output_signature={"ids": tf.TensorSpec([None], tf.int64),
-                        "ts": tf.TensorSpec([None], tf.int64)}).map(
-                            get_asc_insert_func(SPECS, is_training=True))
+  def batches():
+    return ({k: np.array(v, np.int64) for k, v in b.items()} for b in BATCHES)
+
+  signature = {"ids": tf.TensorSpec([None], tf.int64), "ts": tf.TensorSpec([None], tf.int64)}
+  return tf.data.Dataset.from_generator(batches, output_signature=signature).map(
+      get_asc_insert_func(SPECS, is_training=True))
 
 
 def _inserted_batches():

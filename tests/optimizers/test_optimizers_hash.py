@@ -101,8 +101,8 @@ def test_optimizer_equals_numpy_reference_step_by_step(optimizer_name, mode):
   make_optimizer, make_reference, slot_initial = OPTIMIZERS[optimizer_name]
   reference = make_reference()
   w = lib.initial_rows(CAPACITY, DIM).astype(np.float64)
-  slots = {name: np.full([CAPACITY, DIM], slot_initial, np.float64)
-           for name in reference.slot_names}
+  shape = [CAPACITY, DIM]
+  slots = {name: np.full(shape, slot_initial, np.float64) for name in reference.slot_names}
 
   states = RUNNERS[mode](make_optimizer)
   assert len(states) == len(BATCHES)
