@@ -39,6 +39,7 @@ def write_lists(path, num_lists, seed):
   return str(path)
 
 
+@pytest.mark.slow
 def test_wraps_trains_and_exports_a_keras_model(tmp_path):
   train = write_lists(tmp_path / "train.tfrecord", 16, seed=0)
   valid = write_lists(tmp_path / "valid.tfrecord", 5, seed=1)

@@ -47,6 +47,7 @@ def test_cross_rejects_bad_projection_dim():
     movielens_dcn.Cross(0)
 
 
+@pytest.mark.slow
 def test_trains_with_tables_exports_and_serves_without_the_project(tmp_path, capsys):
   data_dir = lib.write_movielens(tmp_path / "ml")
   overrides = [f"data.data_dir={data_dir}", f"data.elwc_dir={tmp_path / 'elwc'}",

@@ -34,6 +34,7 @@ def test_preprocessor_joins_features_in_order_then_log1p():
                              rtol=1e-6)
 
 
+@pytest.mark.slow
 def test_trains_on_user_files_writes_metrics_and_exports(tmp_path, letor_files, capsys):
   train, valid = letor_files
   overrides = [f"data.train_path={train}", f"data.valid_path={valid}",

@@ -8,11 +8,15 @@ import sys
 import time
 
 import numpy as np
+import pytest
 import tensorflow as tf
 
 from mxrec_pipeline.util.initialize import init
 
 import sparse_testlib as lib
+
+# Trains in subprocesses, one of them killed while saving.
+pytestmark = pytest.mark.slow
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 

@@ -144,6 +144,7 @@ def _train_feature_spec(table, optimizer, batches):
   return [float(step(batch)) for batch in dataset]
 
 
+@pytest.mark.slow
 def test_key_process_plans_ahead_with_prefetch():
   """FeatureSpec insertion plans in tf.data (prefetch 3) while tf.function steps train."""
   batches = _batches(40, seed=2)

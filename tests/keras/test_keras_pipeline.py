@@ -12,6 +12,9 @@ from mxrec_pipeline.data import elwc
 from mxrec_pipeline.keras import pipeline as pipeline_lib
 from mxrec_pipeline.util import initialize
 
+# Trains a pipeline and serves its export in a fresh process.
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(autouse=True)
 def _no_run_leaks():

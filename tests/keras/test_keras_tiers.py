@@ -12,6 +12,9 @@ from mxrec_pipeline.keras import pipeline as pipeline_lib
 from mxrec_pipeline.keras.layers import TableSpec
 from mxrec_pipeline.util import initialize
 
+# Trains a pipeline with a tiered table and serves its export in a fresh process.
+pytestmark = pytest.mark.slow
+
 # The item table caches 12 of the 20 training items on the device; the rest
 # live in host memory, then SSD.
 TABLES = [TableSpec("user", 4, 100),

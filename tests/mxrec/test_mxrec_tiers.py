@@ -231,6 +231,7 @@ def fixture_tier_env(tmp_path, monkeypatch):
   return ssd_dirs
 
 
+@pytest.mark.slow
 def test_quickstart_trains_with_tiers_and_continues_from_its_checkpoint(tier_env, tmp_path):
   model_dir = str(tmp_path / "saved-model")
   first, stdout = run_example(QUICKSTART, tmp_path, False, "--steps", "100",

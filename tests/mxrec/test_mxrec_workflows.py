@@ -13,6 +13,9 @@ import sys
 
 import pytest
 
+# Runs the ported mxRec examples as subprocess trainings.
+pytestmark = pytest.mark.slow
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 QUICKSTART = ROOT / "examples" / "mxrec_quickstart" / "main.py"
 ESTIMATOR = ROOT / "examples" / "mxrec_estimator" / "main.py"

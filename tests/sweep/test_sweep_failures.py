@@ -1,9 +1,13 @@
 """A failing trial is recorded FAIL with its error and the sweep goes on, up to a limit."""
 
 import optuna
+import pytest
 
 import sweep_testlib as lib
 from mxrec_pipeline.sweep import storage as storage_lib
+
+# Runs a sweep worker whose trials run in processes of their own.
+pytestmark = pytest.mark.slow
 
 
 def test_failing_trials_are_recorded_and_the_worker_stops_after_a_run_of_them(tmp_path):

@@ -13,6 +13,9 @@ from mxrec_pipeline.sweep import reporting
 from mxrec_pipeline.sweep import storage as storage_lib
 from mxrec_pipeline.sweep import worker as worker_lib
 
+# Sweeps the real MovieLens job through the CLI: subprocess trainings.
+pytestmark = pytest.mark.slow
+
 N_TRIALS = 3
 
 

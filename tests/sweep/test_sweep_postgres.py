@@ -22,6 +22,9 @@ import sweep_testlib as lib
 from mxrec_pipeline.sweep import storage as storage_lib
 from mxrec_pipeline.sweep import worker as worker_lib
 
+# Starts a PostgreSQL server; two worker processes train trials of one study.
+pytestmark = [pytest.mark.postgres, pytest.mark.cluster, pytest.mark.slow]
+
 N_TRIALS = 3
 
 

@@ -5,10 +5,14 @@ import signal
 import subprocess
 
 import optuna
+import pytest
 
 import sweep_testlib as lib
 from mxrec_pipeline.sweep import storage as storage_lib
 from mxrec_pipeline.sweep import worker as worker_lib
+
+# Kills and reruns sweep worker processes that train.
+pytestmark = pytest.mark.slow
 
 TrialState = optuna.trial.TrialState
 
