@@ -15,7 +15,6 @@ imports what it runs only once its config is valid.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 from mxrec_pipeline import config as config_lib
@@ -39,8 +38,10 @@ def _export(args) -> int:
 
 def _predict(args) -> int:
   from mxrec_pipeline import serving  # pylint: disable=import-outside-toplevel
-  scores = serving.predict_file(args.model_dir, args.input)
-  print(json.dumps({"scores": scores}))
+  text, warnings = serving.to_json(serving.predict_file(args.model_dir, args.input))
+  for warning in warnings:
+    print(f"mxrec-pipeline predict: warning: {warning}", file=sys.stderr)
+  print(text)
   return 0
 
 

@@ -9,6 +9,7 @@ lists here instead of constructing Keras objects. Users import the class as
 from __future__ import annotations
 
 import dataclasses
+import math
 
 from mxrec_pipeline.optimizers.keys import SparseOptimizerKey, check_sparse_optimizer
 
@@ -26,6 +27,13 @@ LOSS_KEYS = frozenset({
     "coupled_rankdistil_loss"})
 # tf.keras.losses.Reduction.AUTO.
 AUTO_REDUCTION = "auto"
+# tf.keras.losses.Reduction.all() (Keras 2.15); a test keeps them equal.
+LOSS_REDUCTIONS = (AUTO_REDUCTION, "none", "sum", "sum_over_batch_size")
+# The names tf.keras.optimizers.get resolves itself (Keras 2.15, any case); a
+# test keeps them in step. Registered custom optimizers ("package>Name", as
+# tf.keras.utils.register_keras_serializable names them) are resolved by Keras
+# when the model compiles.
+DENSE_OPTIMIZERS = ("adadelta", "adagrad", "adam", "adamax", "ftrl", "nadam", "rmsprop", "sgd")
 
 
 @dataclasses.dataclass
@@ -42,11 +50,12 @@ class PipelineHparams:
       trains each epoch on one pass over the training data.
     num_valid_steps: Validation steps per epoch; None validates on the whole
       validation data.
-    learning_rate: Learning rate of the dense optimizer, > 0.
+    learning_rate: Learning rate of the dense optimizer, finite and > 0.
     loss: A tfr loss key (tfr.keras.losses.RankingLossKey), e.g. "softmax_loss".
-    loss_reduction: A tf.keras.losses.Reduction value.
-    optimizer: A tf.keras.optimizers identifier for dense variables (checked
-      when the model compiles, so registered custom optimizers work too).
+    loss_reduction: A tf.keras.losses.Reduction value (LOSS_REDUCTIONS).
+    optimizer: The dense variables' optimizer: a DENSE_OPTIMIZERS name (any
+      case), or a registered custom optimizer "package>Name" (checked by
+      Keras when the model compiles).
     sparse_optimizer: Optimizer of the tables: "lazy_adam", "adagrad" or "sgd".
     sparse_learning_rate: Its learning rate; None uses `learning_rate`.
     steps_per_execution: Steps per tf.function call in model.fit, > 0.
@@ -92,10 +101,17 @@ class PipelineHparams:
         _check_positive_int(name, getattr(self, name))
     for name in ("learning_rate", "sparse_learning_rate"):
       value = getattr(self, name)
-      if value is not None and not value > 0:
-        raise ValueError(f"`{name}` must be positive, got {value}")
+      if value is not None and not (value > 0 and math.isfinite(value)):
+        raise ValueError(f"`{name}` must be a finite positive number, got {value}")
     if self.loss not in LOSS_KEYS:
       raise ValueError(f"`loss` must be a tfr loss key {sorted(LOSS_KEYS)}, got {self.loss!r}")
+    if self.loss_reduction not in LOSS_REDUCTIONS:
+      raise ValueError(f"`loss_reduction` must be one of {list(LOSS_REDUCTIONS)}, "
+                       f"got {self.loss_reduction!r}")
+    if not isinstance(self.optimizer, str) or (
+        self.optimizer.lower() not in DENSE_OPTIMIZERS and ">" not in self.optimizer):
+      raise ValueError(f"`optimizer` must be one of {list(DENSE_OPTIMIZERS)} (or a registered "
+                       f"custom optimizer 'package>Name'), got {self.optimizer!r}")
     if self.strategy not in STRATEGIES:
       raise ValueError(f"`strategy` must be one of {STRATEGIES}, got {self.strategy!r}")
     if self.best_exporter_metric not in (*RANKING_METRICS, "loss"):

@@ -3,7 +3,9 @@
 The structure of mxRec's examples/demo main.py, on MovieLens-100k: a user
 table and an item table, a two-label model, TRAIN_STEPS steps with evaluation
 every TRAIN_INTERVAL steps and a checkpoint every SAVING_INTERVAL steps, and a
-restore when a checkpoint exists. The only source change from mxRec is the
+restore when a checkpoint exists: the run then skips the batches the
+checkpoint's global step says were trained (before insertion) and trains
+TRAIN_STEPS more. The only source change from mxRec is the
 package name in the imports (`mx_rec` -> `mxrec_pipeline`).
 
 Modes, as in mxRec (environment variables, 0 or 1):
@@ -67,8 +69,11 @@ DIM = 16
 
 
 def make_batch_and_iterator(is_training, feature_spec_list, modify_graph, dump_graph=False,
-                            num_batches=None):
+                            num_batches=None, skip_batches=0):
   dataset = dataset_lib.generate_dataset(is_training, BATCH_SIZE)
+  # A resumed run skips the batches its checkpoint has trained, before insertion:
+  # skipped batches insert no ids, and training continues at the next batch.
+  dataset = dataset.skip(skip_batches)
   if num_batches is not None:
     # Tiered tables: insertion plans no batch past the last step, so no plan
     # is left waiting for device-cache room that only training would free.
@@ -82,9 +87,10 @@ def make_batch_and_iterator(is_training, feature_spec_list, modify_graph, dump_g
   return iterator.get_next(), iterator
 
 
-def build_graph(tables, is_train, feature_spec_list, modify_graph, num_batches=None):
+def build_graph(tables, is_train, feature_spec_list, modify_graph, num_batches=None,
+                skip_batches=0):
   batch, iterator = make_batch_and_iterator(is_train, feature_spec_list, modify_graph,
-                                            num_batches=num_batches)
+                                            num_batches=num_batches, skip_batches=skip_batches)
   ids = [batch["user_ids"], batch["item_ids"]] if modify_graph else feature_spec_list
   user_emb, item_emb = [
       sparse_lookup(table, feature, send_count=BATCH_SIZE, is_train=is_train,
@@ -174,8 +180,12 @@ def main(argv=None) -> dict:
                          device_vocabulary_size=device_vocabulary_size or vocab, **tier_args)
             for i, (name, vocab) in enumerate((("user_table", USER_VOCAB),
                                                ("item_table", ITEM_VOCAB)))]
+  # The latest checkpoint's global step: the batches already trained.
+  latest = tf.train.latest_checkpoint(args.model_dir)
+  trained_batches = int(tf.train.load_variable(latest, "global_step")) if latest else 0
   train_iterator, train_loss, _ = build_graph(tables, True, train_specs, modify_graph,
-                                              num_batches=args.steps if tiered else None)
+                                              num_batches=args.steps if tiered else None,
+                                              skip_batches=trained_batches)
   eval_iterator, eval_loss, (eval_label, eval_pred) = build_graph(tables, False, eval_specs,
                                                                   modify_graph)
   dense_variables, sparse_variables = get_dense_and_sparse_variable()
@@ -211,10 +221,10 @@ def main(argv=None) -> dict:
   save_path = os.path.join(args.model_dir, "model-0")
   with tf.compat.v1.Session() as sess:
     sess.run(tf.compat.v1.global_variables_initializer())
-    latest = tf.train.latest_checkpoint(args.model_dir)
     if latest:
       saver.restore(sess, latest)
-      print(f"restored {latest}")
+      print(f"restored {latest}: resuming at step {trained_batches}, after the "
+            f"{trained_batches} batches it trained", flush=True)
     sess.run(get_initializer(True) if modify_graph else train_iterator.initializer)
     start = sess.run(global_step)
     loss, result = None, {}

@@ -44,7 +44,7 @@ def random_generators(model) -> list:
   generator is not in the model's checkpoint; saving these with it lets a
   resumed run draw the same dropout masks as an uninterrupted one (when Keras
   uses tf.random.Generator: `tf.keras.backend.experimental.
-  enable_tf_random_generator()`, which a seeded pipeline turns on).
+  enable_tf_random_generator()`, on while a seeded pipeline builds its model).
   """
   # `_random_generator` is the one attribute through which Keras 2's
   # BaseRandomLayer exposes its generator.
@@ -96,7 +96,7 @@ class TrainingCheckpoint:
       raise FileNotFoundError(f"no checkpoint in {self.directory}")
     try:
       self._checkpoint.restore(latest).assert_existing_objects_matched()
-    except (AssertionError, ValueError) as e:
+    except (AssertionError, ValueError, tf.errors.InvalidArgumentError) as e:
       raise ValueError(f"checkpoint {latest} does not match this model and its tables "
                        f"(another config?): {e}") from e
     return int(self.epoch.numpy())

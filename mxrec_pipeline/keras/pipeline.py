@@ -19,6 +19,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 from typing import Sequence
@@ -51,6 +52,25 @@ def build_ranking_metrics() -> list[tf.keras.metrics.Metric]:
   """tfr metric objects for RANKING_METRICS, named by `metric_name`."""
   return [tfr.keras.metrics.get(key, topn=topn, name=metric_name(name))
           for name, (key, topn) in RANKING_METRICS.items()]
+
+
+@contextlib.contextmanager
+def _generator_rng(enabled: bool):
+  """Keras layers built inside draw from tf.random.Generator (when `enabled`).
+
+  A dropout layer's generator state is then a variable, which the training
+  checkpoint saves (callbacks.random_generators), so a resumed run draws the
+  masks an uninterrupted one would. Keras' process-wide choice is restored on
+  exit; layers keep the kind of generator they were built with.
+  """
+  before = tf.keras.backend.experimental.is_tf_random_generator_enabled()
+  if enabled:
+    tf.keras.backend.experimental.enable_tf_random_generator()
+  try:
+    yield
+  finally:
+    if not before:
+      tf.keras.backend.experimental.disable_tf_random_generator()
 
 
 def epoch_seed(seed: int | None, epoch: int) -> int | None:
@@ -375,9 +395,6 @@ class ModelFitPipeline(AbstractPipeline):
     hparams = self._hparams
     if hparams.seed is not None:
       tf.keras.utils.set_random_seed(hparams.seed)
-      # Keras layers (dropout) then draw from tf.random.Generator, whose state
-      # is a variable saved with the model, so a resumed run draws on.
-      tf.keras.backend.experimental.enable_tf_random_generator()
     if not initialize.is_initialized():
       initialize.init()
     strategy = get_strategy(hparams.strategy)
@@ -389,7 +406,7 @@ class ModelFitPipeline(AbstractPipeline):
           f"{strategy.num_replicas_in_sync} replicas: the pipeline's sparse features need one "
           "replica (one GPU, or the CPU); use strategy=None with a single device, or the "
           "TPUEmbedding-style API (mxrec_pipeline.embedding), which inserts per global batch")
-    with strategy.scope():
+    with strategy.scope(), _generator_rng(hparams.seed is not None):
       model = self.build_compiled_model()
     self.model = model
     self.checkpoint = callbacks_lib.TrainingCheckpoint(

@@ -30,14 +30,18 @@ Restore: every op and placeholder is built when the Saver is (so the graph can
 be finalized afterwards, as Estimators and MonitoredSession do). `restore()`
 checks the sparse part first (a missing or corrupt one raises naming the path,
 before anything changes), restores the dense part, then per table re-initializes
-its rows and slots (which also empties its key index), imports the keys and
+its rows (see below) and slots, replaces its key index by the saved keys and
 scatters the saved rows and slots. Keys are imported at their saved rows, so the
 rows new keys get next are those the saving run would have given (row
 assignment is part of a reproducible run). Only when the restoring table has a
 smaller device_vocabulary_size than the saved rows need are the keys compacted
 to rows 0..n-1 in key order (lookups stay identical; later row assignment does
-not). Rows of keys not in the checkpoint keep their initializer values, as in a
-fresh table.
+not). Rows of keys not in the checkpoint hold initializer values, as in a fresh
+table: a table initialized in this session and not used yet (empty key index)
+keeps its rows, the initializer's first draw, which is what an uninterrupted
+run with the same seeds trains from (running a seeded stateful initializer
+again would draw other values); an uninitialized or used table is initialized
+again first.
 
 Optimizer slots of plain tables are found by their variable names,
 `<table>/<optimizer>/<slot>`, as the hash optimizers create them: build the
@@ -98,7 +102,18 @@ def _table_dir(table_name: str) -> str:
   return "table-" + urllib.parse.quote(table_name, safe="")
 
 
-class _PlainTableIO:
+class _TableIO:
+  """Base of the tables' export and restore ops: `restore_op` restores, fed by `feed`."""
+
+  restore_op: tf.Operation
+
+  def select_restore_op(self, sess) -> tf.Operation:
+    """The op that restores this table in `sess` (its state decides for plain tables)."""
+    del sess
+    return self.restore_op
+
+
+class _PlainTableIO(_TableIO):
   """Export and restore ops of a table whose rows are a variable."""
 
   kind = "table"
@@ -116,13 +131,33 @@ class _PlainTableIO:
     self.embeddings = tf.compat.v1.placeholder(dtype, [None, dim], name="embeddings")
     self.slot_values = [tf.compat.v1.placeholder(dtype, [None, dim], name="slot")
                         for _ in slots]
-    initializers = [table.variable.initializer] + [v.initializer for _, v in slots]
-    with tf.control_dependencies(initializers):  # Fresh rows and slots, empty index.
-      updates = [table.key_index.import_(self.keys, self.rows),
-                 table.variable.scatter_update(tf.IndexedSlices(self.embeddings, self.rows))]
+    slot_initializers = [v.initializer for _, v in slots]
+    # Re-initializing the rows draws the initializer again: a seeded stateful
+    # initializer (tf.compat.v1.truncated_normal_initializer(seed=...)) then
+    # gives other values than the session's first draw, the one a fresh run
+    # trains from. A table initialized in this session and never used keeps
+    # its rows (restore_into_fresh_op), so rows of keys not in the checkpoint
+    # hold what an uninterrupted run would give them.
+    self.restore_op = self._restore_after([table.variable.initializer] + slot_initializers)
+    self.restore_into_fresh_op = self._restore_after(slot_initializers)
+    # (tf.identity marks is_variable_initialized's result used: no warning if never run.)
+    self._initialized = tf.identity(tf.compat.v1.is_variable_initialized(table.variable))
+    self._index_empty = tf.equal(table.key_index.size(), 0)  # Run only once initialized.
+
+  def select_restore_op(self, sess) -> tf.Operation:
+    if sess.run(self._initialized) and sess.run(self._index_empty):
+      return self.restore_into_fresh_op
+    return self.restore_op
+
+  def _restore_after(self, initializers) -> tf.Operation:
+    """Imports keys and scatters rows and slots after `initializers` (the index is replaced)."""
+    with tf.control_dependencies(initializers):
+      updates = [self.table.key_index.import_(self.keys, self.rows),
+                 self.table.variable.scatter_update(
+                     tf.IndexedSlices(self.embeddings, self.rows))]
       updates += [v.scatter_update(tf.IndexedSlices(values, self.rows))
-                  for (_, v), values in zip(slots, self.slot_values)]
-    self.restore_op = tf.group(updates)
+                  for (_, v), values in zip(self.slots, self.slot_values)]
+    return tf.group(updates)
 
   def sparse_ids(self) -> set[int]:
     return {id(self.table.variable)} | {id(v) for _, v in self.slots}
@@ -160,7 +195,7 @@ class _PlainTableIO:
     return feed
 
 
-class _TieredTableIO:
+class _TieredTableIO(_TableIO):
   """Export and restore ops of a tiered table (device cache, host and SSD rows).
 
   Rows are read and written through `table.tiers` (core/tiers.py): `read_rows`
@@ -228,7 +263,7 @@ class _TieredTableIO:
     return {self.keys: arrays["keys"], self.rows: rows, self.values: values}
 
 
-class _ExpansionTableIO:
+class _ExpansionTableIO(_TableIO):
   """Export and restore ops of a dynamic-expansion table (rows in a row store)."""
 
   kind = "expansion"
@@ -457,7 +492,7 @@ class Saver(tf.compat.v1.train.Saver):
       feeds = self._read_sparse(sparse_dir(save_path))
     super().restore(sess, save_path)
     if self._tables:
-      sess.run([io.restore_op for io in self._tables], feeds)
+      sess.run([io.select_restore_op(sess) for io in self._tables], feeds)
 
   def _write_sparse(self, sess, directory: str) -> None:
     fetched = sess.run([io.export_fetches for io in self._tables])

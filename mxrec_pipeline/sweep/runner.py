@@ -34,7 +34,6 @@ import typing
 from typing import TextIO
 
 import optuna
-import sqlalchemy
 
 from mxrec_pipeline.sweep import config as config_lib
 from mxrec_pipeline.sweep import reporting
@@ -114,14 +113,10 @@ def open_study(config: config_lib.SweepConfig,
     if stored["objective"] != definition["objective"]:
       changed.append("objective")
     raise config_lib.SweepConfigError(
-        f"study '{config.study_name}' in {_printable(config.storage_url)} holds a sweep with "
-        f"another search space or objective (differs in {changed}); resume it with its own "
-        "config or give this sweep a new study_name")
+        f"study '{config.study_name}' in {storage_lib.printable(config.storage_url)} holds a "
+        f"sweep with another search space or objective (differs in {changed}); resume it with "
+        "its own config or give this sweep a new study_name")
   return study
-
-
-def _printable(url: str) -> str:
-  return sqlalchemy.engine.make_url(url).render_as_string(hide_password=True)
 
 
 def _raise_interrupt(signum, frame):
@@ -149,6 +144,7 @@ def run_sweep(path: str, *, n_trials: int | None = None, n_jobs: int = 1,
 
   Raises:
     SweepConfigError: a bad sweep config (named key).
+    StorageError: a storage URL that does not work (named, password masked).
     ValueError: bad n_jobs or timeout_s.
   """
   if isinstance(n_jobs, bool) or not isinstance(n_jobs, int) or n_jobs <= 0:
@@ -158,6 +154,8 @@ def run_sweep(path: str, *, n_trials: int | None = None, n_jobs: int = 1,
   optuna.logging.set_verbosity(optuna.logging.WARNING)  # Trials are logged by the workers.
   config = config_lib.load(path, n_trials=n_trials, storage=storage, overrides=overrides)
   job = check_against_base(config)
+  if config.storage is not None:  # The default SQLite file in sweep_dir needs no check.
+    storage_lib.check_storage(config.storage)
   import builders  # pylint: disable=import-outside-toplevel
   builders.get_builder(job.builder).prepare_data(job.data)  # Once, before the trials.
   storage_obj = storage_lib.open_storage(config)
@@ -167,7 +165,7 @@ def run_sweep(path: str, *, n_trials: int | None = None, n_jobs: int = 1,
     worker_lib.log(f"marked FAIL trials {dead}: their workers died")
   counts = storage_lib.count_states(study)
   worker_lib.log(
-      f"study '{config.study_name}' in {_printable(config.storage_url)}: "
+      f"study '{config.study_name}' in {storage_lib.printable(config.storage_url)}: "
       f"{counts[TrialState.COMPLETE]} complete, {counts[TrialState.PRUNED]} pruned, "
       f"{counts[TrialState.FAIL]} failed, {counts[TrialState.RUNNING]} running; target "
       f"{config.n_trials} complete + pruned; {n_jobs} worker(s); trials in "

@@ -2,6 +2,10 @@
 
 Any SQLAlchemy URL works (Optuna's RDBStorage): an SQLite file for one
 machine, PostgreSQL or MySQL for workers on many machines sharing one study.
+A bare `postgresql://` URL uses psycopg2, the driver installed with the
+project (SQLAlchemy 2 would pick psycopg 3); `check_storage` tries the URL
+before the first trial (driver, server, credentials, SQLite directory) and
+names it, password masked, when it fails.
 
 Trial-start lock. `--n-trials N` means the study ends with N COMPLETE + PRUNED
 trials. A worker counts finished and running trials and starts one only if
@@ -42,18 +46,86 @@ from mxrec_pipeline.sweep import config as config_lib
 WORKER_ATTR = "worker"      # {"host", "pid", "start_ticks", "index"} of the worker
 ERROR_ATTR = "error"        # why a FAIL trial failed
 TrialState = optuna.trial.TrialState
+# Drivers for URLs that name none (`postgresql://`): the ones installed with
+# the project, not SQLAlchemy's defaults.
+DEFAULT_DRIVERS = {"postgresql": "psycopg2"}
+CONNECT_TIMEOUT_S = 10  # For check_storage's connection to a database server.
+
+
+class StorageError(ValueError):
+  """The study's storage cannot be used; the message names its URL (password masked)."""
+
+
+def resolve_url(url: str) -> str:
+  """`url` with the project's driver where it names none (postgresql -> postgresql+psycopg2)."""
+  parsed = sqlalchemy.engine.make_url(url)
+  driver = DEFAULT_DRIVERS.get(parsed.drivername)
+  if driver is None:
+    return url
+  return parsed.set(drivername=f"{parsed.drivername}+{driver}").render_as_string(
+      hide_password=False)
+
+
+def printable(url: str) -> str:
+  """`url` with its password masked (`***`)."""
+  return sqlalchemy.engine.make_url(url).render_as_string(hide_password=True)
+
+
+def check_storage(url: str) -> None:
+  """Connects once to a given study database, so that a bad URL fails before any trial.
+
+  An SQLite file's directory must exist: it is not created (Optuna's
+  RDBStorage would create it, even at the filesystem root).
+
+  Raises:
+    StorageError: naming the URL (password masked) and the problem: a driver
+      that is not installed, a missing SQLite directory, a server that cannot
+      be reached or refuses the credentials or database.
+  """
+  parsed = sqlalchemy.engine.make_url(resolve_url(url))
+  shown = printable(url)
+  backend = parsed.get_backend_name()
+  if backend == "sqlite":
+    directory = os.path.dirname(os.path.abspath(parsed.database))
+    if not os.path.isdir(directory):
+      raise StorageError(f"storage {shown}: the directory {directory} of the SQLite file does "
+                         "not exist (create it, or give a file in an existing directory)")
+  # psycopg2, pymysql and mysqlclient take connect_timeout; other drivers may not.
+  connect_args = ({"connect_timeout": CONNECT_TIMEOUT_S}
+                  if backend in ("postgresql", "mysql", "mariadb") else {})
+  try:
+    parsed.get_dialect().import_dbapi()
+  except sqlalchemy.exc.NoSuchModuleError as e:
+    raise StorageError(f"storage {shown}: SQLAlchemy knows no database or driver "
+                       f"'{parsed.drivername}' (e.g. postgresql+psycopg2, mysql+pymysql, "
+                       "sqlite)") from e
+  except ImportError as e:
+    raise StorageError(f"storage {shown}: the module '{e.name}' of the database driver "
+                       f"'{parsed.drivername}' is not installed (pip install it, or use a URL "
+                       "with an installed driver)") from e
+  engine = sqlalchemy.create_engine(parsed, poolclass=sqlalchemy.pool.NullPool,
+                                    connect_args=connect_args)
+  try:
+    with engine.connect():
+      pass
+  except sqlalchemy.exc.DBAPIError as e:
+    reason = " ".join(str(e.orig).split()) if e.orig is not None else str(e)
+    raise StorageError(f"storage {shown}: cannot connect: {reason}") from e
+  finally:
+    engine.dispose()
 
 
 def open_storage(config: config_lib.SweepConfig) -> optuna.storages.RDBStorage:
-  """The study's RDBStorage, with the configured heartbeat.
+  """The study's RDBStorage, with the configured heartbeat (see `check_storage` first).
 
   SQLite waits up to 60 s for a lock held by another process (its default, 5 s,
   is short for several workers); other databases check connections before use.
   """
-  url = config.storage_url
-  backend = sqlalchemy.engine.make_url(url).get_backend_name()
-  if backend == "sqlite":
-    os.makedirs(os.path.dirname(sqlalchemy.engine.make_url(url).database) or ".", exist_ok=True)
+  url = resolve_url(config.storage_url)
+  parsed = sqlalchemy.engine.make_url(url)
+  if parsed.get_backend_name() == "sqlite":
+    if config.storage is None:  # The default file in sweep_dir; given URLs: check_storage.
+      os.makedirs(os.path.dirname(os.path.abspath(parsed.database)), exist_ok=True)
     engine_kwargs = {"connect_args": {"timeout": 60}}
   else:
     engine_kwargs = {"pool_pre_ping": True}
@@ -221,6 +293,7 @@ class _SqlLock(TrialStartLock):
 
 def trial_start_lock(url: str, study_name: str) -> TrialStartLock:
   """The trial-start lock of a study in the database at `url`."""
+  url = resolve_url(url)
   parsed = sqlalchemy.engine.make_url(url)
   backend = parsed.get_backend_name()
   digest = hashlib.sha256(f"mxrec_pipeline.sweep:{study_name}".encode()).digest()

@@ -12,11 +12,14 @@ Each function takes the exception class to raise (`ConfigError`,
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from typing import Any
 
 import yaml
+
+from mxrec_pipeline.util import yaml_io
 
 
 def parse_override(override: str, error: type[Exception]) -> tuple[str, Any]:
@@ -32,9 +35,10 @@ def parse_override(override: str, error: type[Exception]) -> tuple[str, Any]:
   if not all(key.split(".")):
     raise error(f"--set {override!r}: the key must be dotted names like pipeline.num_epochs")
   try:
-    return key, yaml.safe_load(value)
+    return key, yaml_io.safe_load(value)
   except yaml.YAMLError as e:
-    raise error(f"--set {key}: the value is not valid YAML: {e}") from e
+    raise error(f"--set {key}: the value is not valid YAML "
+                f"({value!r}: {yaml_io.one_line(e)})") from e
 
 
 def apply_override(raw: dict, override: str, error: type[Exception]) -> None:
@@ -71,7 +75,8 @@ def check_keys(values, known, where: str, error: type[Exception]) -> None:
 def build_dataclass(cls, values, where: str, error: type[Exception]):
   """`cls(**values)` with unknown keys, missing fields and value types checked.
 
-  Ints are widened to float where a float is expected; bools are not ints.
+  Ints are widened to float where a float is expected; bools are not ints;
+  floats must be finite (YAML's `.inf`, `.nan` and `1.0e999` are refused).
   Errors of `cls.__post_init__` (TypeError, ValueError) are re-raised as
   `error`, prefixed with `where`.
 
@@ -102,6 +107,8 @@ def build_dataclass(cls, values, where: str, error: type[Exception]):
 
 def check_type(value, hint, key: str, error: type[Exception]):
   """Returns `value` (an int widened to float where a float is expected).
+
+  Floats must be finite.
 
   Checks unions (`int | None`), `list[T]` items, `dict`, plain classes;
   anything else (`Any`, other generics) passes.
@@ -136,6 +143,8 @@ def check_type(value, hint, key: str, error: type[Exception]):
     return value
   if hint is float and isinstance(value, int) and not isinstance(value, bool):
     return float(value)
+  if hint is float and isinstance(value, float) and not math.isfinite(value):
+    raise error(f"{key} must be a finite number, got {value}")
   if hint in (int, float) and isinstance(value, bool):
     raise error(f"{key} must be {hint.__name__}, got {value!r}")
   if isinstance(hint, type) and not isinstance(value, hint):

@@ -57,10 +57,11 @@ def write_task(tmp_path) -> tuple[str, str]:
   return train, valid
 
 
-def model_builder(seed: int = 1) -> model_lib.ModelBuilder:
+def model_builder(seed: int = 1, hidden_layer_dims=(8,)) -> model_lib.ModelBuilder:
   return model_lib.ModelBuilder(
       input_creator=model_lib.FeatureSpecInputCreator(CONTEXT_SPEC, EXAMPLE_SPEC),
-      preprocessor={}, scorer=model_lib.DNNScorer(hidden_layer_dims=[8], output_units=1),
+      preprocessor={},
+      scorer=model_lib.DNNScorer(hidden_layer_dims=list(hidden_layer_dims), output_units=1),
       mask_feature_name=MASK, sparse_features=SPARSE_FEATURES, tables=TABLES, seed=seed)
 
 

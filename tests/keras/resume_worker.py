@@ -1,7 +1,7 @@
 """Trains the keras_testlib task in a process of its own, for restart tests.
 
   python resume_worker.py TASK_DIR MODEL_DIR OUT_JSON [--epochs E] [--steps N]
-      [--kill-at EPOCH:BATCH] [--fresh-refused]
+      [--kill-at EPOCH:BATCH] [--no-resume] [--tiered-ssd-dir DIR]
 
 Writes OUT_JSON: per-epoch training losses of this process, the optimizers'
 iterations, and, per table, the sorted (key, row) pairs of the key index with
@@ -19,7 +19,9 @@ import numpy as np
 import tensorflow as tf
 
 import keras_testlib as lib
+from mxrec_pipeline.keras import model as model_lib
 from mxrec_pipeline.keras import pipeline as pipeline_lib
+from mxrec_pipeline.keras.layers import TableSpec
 from mxrec_pipeline.util import initialize
 
 
@@ -47,11 +49,32 @@ def state(model) -> dict:
     keys, rows = (t.numpy() for t in table.key_index.export())
     order = np.argsort(keys)
     keys, rows = keys[order], rows[order]
-    slots = {slot: model.sparse_optimizer.get_slot(name, slot).numpy()[rows].tolist()
-             for slot in ("m", "v")}
-    out["tables"][name] = {"keys": keys.tolist(), "rows": rows.tolist(),
-                           "values": table.variable.numpy()[rows].tolist(), "slots": slots}
+    out["tables"][name] = {"keys": keys.tolist(), "rows": rows.tolist()}
+    if table.is_tiered:  # Rows with their slots, wherever they live, and the tiers' counters.
+      whole = table.tiers.read_rows(table.variable, tf.constant(rows, tf.int64)).numpy()
+      dim = table.variable.shape[1]
+      out["tables"][name] |= {
+          "values": whole[:, :dim].tolist(),
+          "slots": {"m": whole[:, dim:2 * dim].tolist(), "v": whole[:, 2 * dim:].tolist()},
+          "tier_stats": {k: int(v) for k, v in table.tiers.stats().items()}}
+    else:
+      out["tables"][name] |= {
+          "values": table.variable.numpy()[rows].tolist(),
+          "slots": {slot: model.sparse_optimizer.get_slot(name, slot).numpy()[rows].tolist()
+                    for slot in ("m", "v")}}
   return out
+
+
+def tiered_model_builder(ssd_dir: str):
+  """keras_testlib's model with a tiered item table: 12 rows on the device, 4 on the host."""
+  tables = [TableSpec("user", 4, 100),
+            TableSpec("item", 4, 12, host_vocabulary_size=4, ssd_vocabulary_size=100,
+                      ssd_data_path=(ssd_dir,)),
+            TableSpec("word", 4, 100, key_dtype="string")]
+  return model_lib.ModelBuilder(
+      input_creator=model_lib.FeatureSpecInputCreator(lib.CONTEXT_SPEC, lib.EXAMPLE_SPEC),
+      preprocessor={}, scorer=model_lib.DNNScorer(hidden_layer_dims=[8], output_units=1),
+      mask_feature_name=lib.MASK, sparse_features=lib.SPARSE_FEATURES, tables=tables, seed=1)
 
 
 def main():
@@ -63,13 +86,23 @@ def main():
   parser.add_argument("--steps", type=int)
   parser.add_argument("--kill-at")
   parser.add_argument("--no-resume", action="store_true")
+  parser.add_argument("--tiered-ssd-dir", help="tier the item table, SSD files here")
   args = parser.parse_args()
   train, valid = (os.path.join(args.task_dir, f) for f in ("train.tfrecord", "valid.tfrecord"))
   hparams = pipeline_lib.PipelineHparams(
       model_dir=args.model_dir, num_epochs=args.epochs, num_train_steps=args.steps,
       learning_rate=0.05, seed=7, resume=not args.no_resume)
-  pipe = pipeline_lib.SimplePipeline(lib.model_builder(), lib.dataset_builder(train, valid),
-                                     hparams)
+  if args.tiered_ssd_dir:  # Batches of 2 lists: each batch's items fit the 12 device rows.
+    datasets = pipeline_lib.SimpleDatasetBuilder(
+        lib.CONTEXT_SPEC, lib.EXAMPLE_SPEC, lib.MASK, lib.LABEL_SPEC,
+        pipeline_lib.DatasetHparams(train_input_pattern=train, valid_input_pattern=valid,
+                                    train_batch_size=2, valid_batch_size=4),
+        sparse_features=lib.SPARSE_FEATURES)
+    pipe = pipeline_lib.SimplePipeline(tiered_model_builder(args.tiered_ssd_dir), datasets,
+                                       hparams)
+  else:
+    pipe = pipeline_lib.SimplePipeline(lib.model_builder(), lib.dataset_builder(train, valid),
+                                       hparams)
   extra = []
   if args.kill_at:
     extra.append(KillAt(*(int(v) for v in args.kill_at.split(":"))))

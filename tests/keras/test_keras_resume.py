@@ -107,6 +107,28 @@ def test_sigkilled_run_resumes_to_the_uninterrupted_state(task, uninterrupted, t
   assert names == [f"ckpt-{e}.index" for e in range(1, 4)]
 
 
+def test_tiered_table_resumes_to_the_uninterrupted_state(task, tmp_path):
+  """The item table caches 12 rows on the device, 4 on the host, the rest on SSD."""
+  states = {}
+  for run, kill in (("uninterrupted", None), ("killed", "1:5")):
+    ssd = tmp_path / run / "ssd"
+    ssd.mkdir(parents=True)
+    args = ["--epochs", 2, "--tiered-ssd-dir", ssd]
+    out = tmp_path / run / "state.json"
+    if kill:
+      killed = run_worker(task, tmp_path / run / "model", out, *args, "--kill-at", kill)
+      assert killed.returncode == -9, killed.stderr[-3000:]
+    done = run_worker(task, tmp_path / run / "model", out, *args)
+    assert done.returncode == 0, done.stderr[-3000:]
+    states[run] = json.loads(out.read_text())
+  assert states["killed"]["epochs"] == [1]
+  assert states["killed"]["loss"] == states["uninterrupted"]["loss"][1:]
+  stats = states["uninterrupted"]["tables"]["item"]["tier_stats"]
+  assert stats["swap_outs"] > 0 and stats["ssd_rows_used"] > 0  # The tiers were used.
+  assert states["killed"]["tables"]["item"]["tier_stats"] == stats
+  assert_same_state(states["killed"], states["uninterrupted"])
+
+
 def test_seeded_runs_export_bit_identical_models(task, uninterrupted, tmp_path):
   again = run_worker(task, tmp_path / "model", tmp_path / "state.json")
   assert again.returncode == 0, again.stderr[-3000:]
@@ -210,3 +232,43 @@ def test_clear_run_outputs_removes_only_run_outputs(tmp_path):
       "checkpoints", "export", "logs", "metrics.json"]
   assert sorted(p.name for p in tmp_path.iterdir()) == ["config.yaml", "notes.txt"]
   assert jobs.clear_run_outputs(str(tmp_path)) == []
+
+
+def test_checkpoint_of_another_model_is_refused_naming_it(task, uninterrupted, tmp_path):
+  other = lib.model_builder(hidden_layer_dims=[16])
+  hparams = pipeline_lib.PipelineHparams(model_dir=str(uninterrupted["dir"]), num_epochs=3,
+                                         seed=7)
+  pipe = pipeline_lib.SimplePipeline(
+      other, lib.dataset_builder(str(task / "train.tfrecord"), str(task / "valid.tfrecord")),
+      hparams)
+  with pytest.raises(ValueError, match=r"checkpoint .*ckpt-3 does not match this model"):
+    pipe.train_and_validate()
+
+
+def test_cli_resumes_refuses_and_starts_fresh(tmp_path):
+  repo = HERE.parents[1]
+  model_dir = tmp_path / "run"
+  base = [sys.executable, "-m", "mxrec_pipeline.cli", "train",
+          str(repo / "configs" / "movielens_listwise.yaml"), "--verbose", "0",
+          "--set", f"pipeline.model_dir={model_dir}", "--set", "pipeline.num_epochs=2",
+          "--set", "pipeline.num_train_steps=2", "--set", "pipeline.num_valid_steps=1",
+          "--set", "pipeline.export_best_model=false", "--set", "pipeline.strategy=null"]
+
+  def cli(*args):
+    return subprocess.run([*base, *args], capture_output=True, text=True, cwd=repo,
+                          timeout=WORKER_TIMEOUT_S, check=False)
+
+  first = cli()
+  assert first.returncode == 0, first.stderr[-3000:]
+  assert "Resumed" not in first.stdout
+  again = cli()
+  assert again.returncode == 0, again.stderr[-3000:]
+  assert "Resumed from" in again.stdout and "2 epoch(s) and 2 step(s) done" in again.stdout
+  refused = cli("--set", "pipeline.resume=false")
+  assert refused.returncode == 2
+  assert "error:" in refused.stderr and "holds checkpoint ckpt-2" in refused.stderr
+  fresh = cli("--fresh")
+  assert fresh.returncode == 0, fresh.stderr[-3000:]
+  assert f"--fresh: removed {model_dir / 'checkpoints'}" in fresh.stdout
+  assert "Resumed" not in fresh.stdout
+  assert tf.train.latest_checkpoint(str(model_dir / "checkpoints")).endswith("ckpt-2")
