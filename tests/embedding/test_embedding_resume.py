@@ -16,6 +16,10 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
+
+# Spawns subprocess trainings (killed and resumed).
+pytestmark = pytest.mark.slow
 
 HERE = pathlib.Path(__file__).parent
 REPO = HERE.parents[1]

@@ -20,6 +20,9 @@ from mxrec_pipeline.data import elwc
 from mxrec_pipeline.keras import pipeline as pipeline_lib
 from mxrec_pipeline.util import initialize
 
+# Spawns subprocess trainings (killed and resumed).
+pytestmark = pytest.mark.slow
+
 HERE = pathlib.Path(__file__).parent
 WORKER_TIMEOUT_S = 300  # A guard against a hung worker; nothing asserts on time.
 

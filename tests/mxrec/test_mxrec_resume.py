@@ -18,6 +18,9 @@ import sys
 import numpy as np
 import pytest
 
+# Spawns subprocess trainings (killed and resumed).
+pytestmark = pytest.mark.slow
+
 HERE = pathlib.Path(__file__).parent
 REPO = HERE.parents[1]
 STEPS, SAVE_EVERY = 24, 6
