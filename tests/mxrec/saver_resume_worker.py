@@ -45,7 +45,8 @@ from mxrec_pipeline.util.variable import get_dense_and_sparse_variable
 
 SEED = 7
 BATCH_SIZE, DIM = 8, 4
-TABLES = {"user_table": ("user_ids", 1, 40), "item_table": ("item_ids", 2, 90)}  # feature, ids/sample, id range
+# Per table: feature, ids per sample, id range.
+TABLES = {"user_table": ("user_ids", 1, 40), "item_table": ("item_ids", 2, 90)}
 
 
 def make_batch(step):
@@ -60,7 +61,11 @@ def make_batch(step):
 
 
 def build(steps: int, access_threshold: int | None):
-  """The graph: returns (placeholders (first batch, count), iterator, loss, train_op, tables, optimizer)."""
+  """The graph.
+
+  Returns:
+    (placeholders (first batch, count), iterator, loss, train_op, tables, optimizer).
+  """
   specs = [FeatureSpec(feature, table_name=name, access_threshold=access_threshold)
            for name, (feature, _, _) in TABLES.items()]
   first = tf.compat.v1.placeholder(tf.int64, [], name="first_batch")
@@ -82,7 +87,8 @@ def build(steps: int, access_threshold: int | None):
       tf.concat(embeddings, -1), 8, activation=tf.nn.relu, name="hidden",
       kernel_initializer=tf.compat.v1.glorot_uniform_initializer(seed=SEED))
   logits = tf.compat.v1.layers.dense(
-      net, 1, name="logits", kernel_initializer=tf.compat.v1.glorot_uniform_initializer(seed=SEED + 1))
+      net, 1, name="logits",
+      kernel_initializer=tf.compat.v1.glorot_uniform_initializer(seed=SEED + 1))
   loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=batch["label"],
                                                                 logits=logits))
   dense_variables, sparse_variables = get_dense_and_sparse_variable()

@@ -15,7 +15,7 @@ import sys
 import pytest
 
 import robustness_cases as cases
-from test_sweep_postgres import postgres_url  # pylint: disable=unused-import
+from test_sweep_postgres import postgres_url  # noqa: F401  pylint: disable=unused-import (a fixture)
 
 
 @pytest.fixture(scope="module")
