@@ -19,8 +19,8 @@ HOST_DEVICE = "/CPU:0"
 # What a checkpoint holds of a key index (MxKeyIndexExportState's outputs): the
 # (key, row) pairs, their last-seen times, the admission counts of keys without
 # a row, and [admissions, evictions, latest timestamp].
-STATE_NAMES = ("keys", "rows", "last_seen", "pending_keys", "pending_counts",
-               "pending_last_seen", "counters")
+STATE_NAMES = ("keys", "rows", "last_seen", "pending_keys", "pending_counts", "pending_last_seen",
+               "counters")
 
 # Salt-free stable 64-bit fingerprint range for string ids; stock TF computes the
 # same at serving time (Fingerprint64 modulo 2^63 - 1).
@@ -103,8 +103,8 @@ class KeyIndex(tf.Module):
     with tf.device(HOST_DEVICE):
       # Eagerly: the index exists from here on. In a graph: the op that creates
       # (or empties) it, run by the table variable's initializer.
-      self.create_op = ops.load().mx_key_index_create(
-          self._handle, capacity=capacity, growable=growable, table_name=table_name)
+      self.create_op = ops.load().mx_key_index_create(self._handle, capacity=capacity,
+                                                      growable=growable, table_name=table_name)
     if not tf.executing_eagerly():
       tf.compat.v1.add_to_collection(tf.compat.v1.GraphKeys.SAVEABLE_OBJECTS,
                                      _KeyIndexSaveable(self))
@@ -162,9 +162,8 @@ class KeyIndex(tf.Module):
         is then left unchanged.
     """
     with tf.device(HOST_DEVICE):
-      return ops.load().mx_key_index_import(
-          self._handle, keys, rows, capacity=self._capacity, growable=self._growable,
-          table_name=self._table_name)
+      return ops.load().mx_key_index_import(self._handle, keys, rows, capacity=self._capacity,
+                                            growable=self._growable, table_name=self._table_name)
 
   def release(self) -> None:
     """Frees an eagerly created index; later uses fail with FailedPrecondition.
@@ -184,9 +183,10 @@ class KeyIndex(tf.Module):
   def import_state(self, state: dict):
     """Replaces the content with an `export_state()`; creates the index if needed."""
     with tf.device(HOST_DEVICE):
-      return ops.load().mx_key_index_import_state(
-          self._handle, *[state[name] for name in STATE_NAMES], capacity=self._capacity,
-          growable=self._growable, table_name=self._table_name)
+      return ops.load().mx_key_index_import_state(self._handle,
+                                                  *[state[name] for name in STATE_NAMES],
+                                                  capacity=self._capacity, growable=self._growable,
+                                                  table_name=self._table_name)
 
   def _serialize_to_tensors(self):
     return self.export_state()

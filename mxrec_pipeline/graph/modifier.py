@@ -127,8 +127,8 @@ class GraphModifierHook(tf.compat.v1.train.SessionRunHook):
       modify_graph_and_start_emb_cache(graph, self._dump_graph)
     else:
       manager.start_asc_pipeline()
-    initializers = (graph.get_collection(TRAIN_INITIALIZERS)
-                    + graph.get_collection(EVAL_INITIALIZERS))
+    initializers = (graph.get_collection(TRAIN_INITIALIZERS) +
+                    graph.get_collection(EVAL_INITIALIZERS))
     self._initializer = tf.group(initializers) if initializers else None
 
   def after_create_session(self, session, coord):

@@ -35,7 +35,6 @@ SERVING_INPUT = "examples"
 OUTPUT_KEY = "scores"
 
 
-
 class ServingModule(tf.Module):
   """What the SavedModel holds: the Keras model and one stock table per table.
 
@@ -67,9 +66,8 @@ class ServingModule(tf.Module):
       # A tiered table's rows live in three tiers: export a compact snapshot,
       # key -> position in it, which plain TensorFlow serves.
       keys, global_rows = table.key_index.export()
-      self.serving_rows[name] = tf.Variable(
-          table.tiers.read(table.variable, global_rows), trainable=False,
-          name=f"{name}_serving_rows")
+      self.serving_rows[name] = tf.Variable(table.tiers.read(table.variable, global_rows),
+                                            trainable=False, name=f"{name}_serving_rows")
       self.lookup_tables[name] = tf.lookup.StaticHashTable(
           tf.lookup.KeyValueTensorInitializer(keys, tf.range(tf.size(keys, out_type=tf.int64))),
           default_value=-1, name=f"{name}_rows")
@@ -88,9 +86,9 @@ class ServingModule(tf.Module):
 
   def serve_elwc(self, serialized: tf.Tensor) -> dict:
     """Parses [batch_size] serialized ELWC protos with tfr, then scores them."""
-    features = tfr.data.parse_from_example_list(
-        serialized, context_feature_spec=self._context_spec,
-        example_feature_spec=self._example_spec, mask_feature_name=self._mask)
+    features = tfr.data.parse_from_example_list(serialized, context_feature_spec=self._context_spec,
+                                                example_feature_spec=self._example_spec,
+                                                mask_feature_name=self._mask)
     return self.score(features)
 
   def raw_input_signature(self) -> dict[str, tf.TensorSpec] | None:
@@ -107,8 +105,7 @@ class ServingModule(tf.Module):
 
 
 def export_serving_model(model, export_dir: str, context_feature_spec, example_feature_spec,
-                         mask_feature_name: str,
-                         sparse_features: Sequence[SparseFeature]) -> str:
+                         mask_feature_name: str, sparse_features: Sequence[SparseFeature]) -> str:
   """Writes a SavedModel that scores raw ids; see the module docstring.
 
   Args:
@@ -123,14 +120,18 @@ def export_serving_model(model, export_dir: str, context_feature_spec, example_f
   """
   module = ServingModule(model, context_feature_spec, example_feature_spec, mask_feature_name,
                          sparse_features)
-  tiered_layers = [layer for layer in getattr(model, "_sparse_layers", [])
-                   if layer.feature.table in module.serving_rows]
+  tiered_layers = [
+      layer for layer in getattr(model, "_sparse_layers", [])
+      if layer.feature.table in module.serving_rows
+  ]
   try:
     for layer in tiered_layers:  # The serving functions read the snapshots.
       layer.serving_rows = module.serving_rows[layer.feature.table]
-    signatures = {"serving_default": tf.function(
-        module.serve_elwc,
-        input_signature=[tf.TensorSpec([None], tf.string, name=SERVING_INPUT)])}
+    signatures = {
+        "serving_default": tf.function(
+            module.serve_elwc,
+            input_signature=[tf.TensorSpec([None], tf.string, name=SERVING_INPUT)])
+    }
     raw = module.raw_input_signature()
     if raw is not None:
       signatures["predict"] = tf.function(
@@ -141,4 +142,3 @@ def export_serving_model(model, export_dir: str, context_feature_spec, example_f
     for layer in tiered_layers:
       layer.serving_rows = None
   return export_dir
-

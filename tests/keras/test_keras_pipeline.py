@@ -26,9 +26,9 @@ def _no_run_leaks():
 def trained(tmp_path_factory):
   tmp = tmp_path_factory.mktemp("pipeline")
   train, valid = lib.write_task(tmp)
-  hparams = pipeline_lib.PipelineHparams(
-      model_dir=str(tmp / "model"), num_epochs=2, num_train_steps=8, learning_rate=0.05,
-      seed=3, export_best_model=True)
+  hparams = pipeline_lib.PipelineHparams(model_dir=str(tmp / "model"), num_epochs=2,
+                                         num_train_steps=8, learning_rate=0.05, seed=3,
+                                         export_best_model=True)
   initialize.terminate_config_initializer()
   pipe = pipeline_lib.SimplePipeline(lib.model_builder(), lib.dataset_builder(train, valid),
                                      hparams)
@@ -36,14 +36,16 @@ def trained(tmp_path_factory):
   # Scores of the validation lists through the training-side path (insertion
   # in the dataset, eval mode), for comparison with the SavedModel.
   dataset = lib.dataset_builder(train, valid).build_valid_dataset(num_epochs=1)
-  valid_batches = [(labels.numpy(), pipe.model(features, training=False).numpy())
-                   for features, labels in dataset]
+  valid_batches = [
+      (labels.numpy(), pipe.model(features, training=False).numpy()) for features, labels in dataset
+  ]
   in_process = [scores for _, scores in valid_batches]
   longest = max(s.shape[1] for s in in_process)
-  yield {"tmp": tmp, "valid": valid, "metrics": metrics, "pipeline": pipe,
-         "run": initialize.get_config_initializer(), "valid_batches": valid_batches,
-         "in_process": np.concatenate(
-             [np.pad(s, ((0, 0), (0, longest - s.shape[1]))) for s in in_process])}
+  yield {
+      "tmp": tmp, "valid": valid, "metrics": metrics, "pipeline": pipe,
+      "run": initialize.get_config_initializer(), "valid_batches": valid_batches, "in_process":
+          np.concatenate([np.pad(s, ((0, 0), (0, longest - s.shape[1]))) for s in in_process])
+  }
   initialize.terminate_config_initializer()
 
 
@@ -82,8 +84,8 @@ def test_training_updates_only_touched_table_rows(trained):
   assert sorted(keys) == list(range(20)) and sorted(rows) == list(range(20))
   spec = {t.name: t for t in lib.TABLES}["item"]
   seed = (1 + zlib.crc32(b"item")) % 2**31
-  expected = tf.keras.initializers.TruncatedNormal(stddev=spec.initializer_stddev, seed=seed)(
-      shape=[spec.device_vocabulary_size, spec.dim])
+  expected = tf.keras.initializers.TruncatedNormal(
+      stddev=spec.initializer_stddev, seed=seed)(shape=[spec.device_vocabulary_size, spec.dim])
   np.testing.assert_array_equal(table.variable.numpy()[20:], expected.numpy()[20:])
   assert np.any(table.variable.numpy()[:20] != expected.numpy()[:20])
   slot_m = model.sparse_optimizer.get_slot("item", "m").numpy()
@@ -100,9 +102,9 @@ def test_unseen_ids_score_with_default_embedding(trained):
   """An unseen item scores as if its embedding were zeros: two unseen items
   with the same other features score the same."""
   same = {"price": 0.5, "tags": ["t1"], "label": 0.0}
-  lst = elwc.make_elwc({"user_id": 1, "city": "c1"},
-                       [{"item_id": 5000, **same}, {"item_id": 6000, **same},
-                        {"item_id": 5, **same}])
+  lst = elwc.make_elwc(
+      {"user_id": 1, "city": "c1"},
+      [{"item_id": 5000, **same}, {"item_id": 6000, **same}, {"item_id": 5, **same}])
   module_dir = str(trained["tmp"] / "model" / "export" / "latest_model")
   scores = tf.saved_model.load(module_dir).signatures["serving_default"](
       examples=tf.constant([lst.SerializeToString()]))["scores"].numpy()[0]

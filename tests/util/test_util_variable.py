@@ -51,7 +51,7 @@ def test_eager_without_variables_raises():
   init()
   lib.make_table("item")
   with pytest.raises(RuntimeError, match=r"eager execution has no variable collections; pass "
-                                         r"the variables"):
+                     r"the variables"):
     get_dense_and_sparse_variable()
 
 
