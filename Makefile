@@ -18,7 +18,7 @@ DEVICE_CACHE_TEST := native/build/device_cache_test
 ROW_INIT_TEST := native/build/row_init_test
 SANITIZE  := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all
 
-.PHONY: all system-deps venv native native-test test pytest demo bench clean
+.PHONY: all system-deps venv native native-test test test-fast pytest lint format demo bench clean
 
 all: native
 
@@ -91,7 +91,22 @@ native-test: $(GTEST_BIN) $(ROW_STORE_TEST) $(TIER_STORE_TEST) $(DEVICE_CACHE_TE
 pytest: native
 	$(PY) -m pytest -q tests
 
-test: native-test pytest
+# The style check: ruff's lint rules and yapf's formatting (Google style, 2-space
+# indents, 100 columns; both configured in pyproject.toml). `make format` applies yapf.
+LINT_PATHS := mxrec_pipeline builders tests benchmarks examples setup.py
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check --quiet $(LINT_PATHS)
+	$(VENV)/bin/yapf --diff --recursive --parallel $(LINT_PATHS)
+
+format: $(STAMP)
+	$(VENV)/bin/yapf --in-place --recursive --parallel $(LINT_PATHS)
+
+test: lint native-test pytest
+
+# The tests without markers slow, cluster, postgres and network (pyproject.toml).
+test-fast: native
+	$(PY) -m pytest -q -m "not slow and not cluster and not postgres and not network" tests
 
 DEMO_CONFIG := configs/movielens_listwise.yaml
 DEMO_DIR    := runs/movielens_listwise

@@ -60,8 +60,9 @@ class _Served(tf.Module):
 
 def directory_bytes(path: str) -> int:
   """Bytes of the files under `path` (what `du -sb` reports, less directory entries)."""
-  return sum(os.path.getsize(os.path.join(root, name))
-             for root, _, names in os.walk(path) for name in names)
+  return sum(
+      os.path.getsize(os.path.join(root, name)) for root, _, names in os.walk(path)
+      for name in names)
 
 
 def save(module: tf.Module, path: str) -> tuple[int, float]:
@@ -76,16 +77,16 @@ def main() -> None:
   parser.add_argument("--capacity", type=int, default=5_000_000, help="table rows")
   parser.add_argument("--dim", type=int, default=64, help="embedding dimension")
   parser.add_argument("--keys", type=int, default=100_000, help="distinct ids inserted")
-  parser.add_argument("--out", help="directory for the SavedModels (default: a temp dir, "
-                      "removed at the end)")
+  parser.add_argument(
+      "--out", help="directory for the SavedModels (default: a temp dir, "
+      "removed at the end)")
   args = parser.parse_args()
 
   rng = np.random.default_rng(0)
   ids = np.unique(rng.integers(0, 2**62, size=args.keys + 1000, dtype=np.int64))
   ids = rng.permutation(ids)[:args.keys]
   table = mx_embedding.TableConfig(vocabulary_size=args.capacity, dim=args.dim, name="items")
-  embedding = mx_embedding.Embedding(mx_embedding.FeatureConfig(table, name="item"),
-                                     optimizer=None)
+  embedding = mx_embedding.Embedding(mx_embedding.FeatureConfig(table, name="item"), optimizer=None)
   for start in range(0, len(ids), _INSERT_BATCH):
     embedding(tf.constant(ids[start:start + _INSERT_BATCH]), training=True)
 

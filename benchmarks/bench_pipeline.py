@@ -56,8 +56,8 @@ import time
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 CONFIG = ROOT / "configs" / "movielens_listwise.yaml"
 
-NDCG_GOAL = 0.01        # |mean NDCG@10 ours - dense|, at most.
-THROUGHPUT_GOAL = 0.9   # ours / dense examples/s at MovieLens scale, at least.
+NDCG_GOAL = 0.01  # |mean NDCG@10 ours - dense|, at most.
+THROUGHPUT_GOAL = 0.9  # ours / dense examples/s at MovieLens scale, at least.
 
 ZIPF_A = 1.1
 KEY_SALT = 0x2545F4914F6CDD1D  # Fixed: the id space is the same in every run.
@@ -87,12 +87,10 @@ class Plan:
   zipf_steps_per_epoch: int
 
 
-FULL = Plan(seeds=(1, 2, 3), epochs=None,
-            id_spaces=(10_000, 100_000, 1_000_000, 5_000_000),
+FULL = Plan(seeds=(1, 2, 3), epochs=None, id_spaces=(10_000, 100_000, 1_000_000, 5_000_000),
             zipf_lists=1280, zipf_list_size=50, zipf_epochs=3, zipf_steps_per_epoch=30)
-QUICK = Plan(seeds=(1,), epochs=2, id_spaces=(10_000, 1_000_000),
-             zipf_lists=320, zipf_list_size=50, zipf_epochs=2, zipf_steps_per_epoch=8)
-
+QUICK = Plan(seeds=(1,), epochs=2, id_spaces=(10_000, 1_000_000), zipf_lists=320, zipf_list_size=50,
+             zipf_epochs=2, zipf_steps_per_epoch=8)
 
 # ----------------------------------------------------------------------------
 # Children (TensorFlow imported inside).
@@ -106,7 +104,7 @@ def zipf_ids(rng, num_ids: int, id_space: int):
   `id_space` ranks (exact), then mapped by `rank_to_id`.
   """
   import numpy as np  # pylint: disable=import-outside-toplevel
-  cdf = np.cumsum(np.arange(1, id_space + 1, dtype=np.float64) ** -ZIPF_A)
+  cdf = np.cumsum(np.arange(1, id_space + 1, dtype=np.float64)**-ZIPF_A)
   ranks = np.searchsorted(cdf, rng.uniform(0, cdf[-1], num_ids), side="right") + 1
   return rank_to_id(np.minimum(ranks, id_space))
 
@@ -138,10 +136,11 @@ def child_zipf_data(out_dir: str, id_space: int, num_lists: int, list_size: int)
   from mxrec_pipeline.data import elwc  # pylint: disable=import-outside-toplevel
 
   rng = np.random.default_rng(SEED)
-  genres = [g.encode() for g in ("Action", "Adventure", "Animation", "Children's", "Comedy",
-                                 "Crime", "Documentary", "Drama", "Fantasy", "Film-Noir",
-                                 "Horror", "Musical", "Mystery", "Romance", "Sci-Fi",
-                                 "Thriller", "War", "Western", "unknown")]
+  genres = [
+      g.encode() for g in ("Action", "Adventure", "Animation", "Children's", "Comedy", "Crime",
+                           "Documentary", "Drama", "Fantasy", "Film-Noir", "Horror", "Musical",
+                           "Mystery", "Romance", "Sci-Fi", "Thriller", "War", "Western", "unknown")
+  ]
   out = pathlib.Path(out_dir)
   out.mkdir(parents=True, exist_ok=True)
   distinct = set()
@@ -153,14 +152,17 @@ def child_zipf_data(out_dir: str, id_space: int, num_lists: int, list_size: int)
     for i in range(lists_in_split):
       if split == "train":
         distinct.update(items[i].tolist())
-      context = {"user_id": int(rng.integers(1, 10_000)), "age": int(rng.integers(10, 70)),
-                 "gender": b"MF"[i % 2:i % 2 + 1],
-                 "occupation": f"job{rng.integers(21)}".encode(),
-                 "zip": f"z{rng.integers(1000)}".encode()}
-      examples = [{"item_id": int(items[i, j]), "year": int(rng.integers(1930, 1999)),
-                   "genres": [genres[g] for g in rng.choice(19, rng.integers(1, 4), False)],
-                   "title_tokens": [f"t{t}".encode() for t in tokens[i, j, :rng.integers(1, 5)]],
-                   "timestamp": 0, "rating": float(rng.integers(1, 6))} for j in range(n)]
+      context = {
+          "user_id": int(rng.integers(1, 10_000)), "age": int(rng.integers(10, 70)),
+          "gender": b"MF"[i % 2:i % 2 + 1], "occupation": f"job{rng.integers(21)}".encode(),
+          "zip": f"z{rng.integers(1000)}".encode()
+      }
+      examples = [{
+          "item_id": int(items[i, j]), "year": int(rng.integers(1930, 1999)),
+          "genres": [genres[g] for g in rng.choice(19, rng.integers(1, 4), False)],
+          "title_tokens": [f"t{t}".encode() for t in tokens[i, j, :rng.integers(1, 5)]],
+          "timestamp": 0, "rating": float(rng.integers(1, 6))
+      } for j in range(n)]
       lists.append(elwc.make_elwc(context, examples))
     elwc.write_elwc_tfrecord(out / f"{split}.tfrecord", lists)
   return {"distinct_train_items": len(distinct)}
@@ -233,8 +235,8 @@ def child_train(variant: str, seed: int, epochs: int | None, steps_per_epoch: in
   from mxrec_pipeline import evaluation  # pylint: disable=import-outside-toplevel
   from mxrec_pipeline.keras import pipeline as pipeline_lib  # pylint: disable=import-outside-toplevel
 
-  config = config_lib.load(str(CONFIG), [*overrides, f"pipeline.model_dir={model_dir}",
-                                          f"pipeline.seed={seed}"])
+  config = config_lib.load(str(CONFIG),
+                           [*overrides, f"pipeline.model_dir={model_dir}", f"pipeline.seed={seed}"])
   if epochs is not None:
     config.pipeline.num_epochs = epochs
   synthetic = data_dir is not None
@@ -245,8 +247,10 @@ def child_train(variant: str, seed: int, epochs: int | None, steps_per_epoch: in
     def sparse_features(self, model):
       features, tables = super().sparse_features(model)
       if synthetic:
-        tables = [dataclasses.replace(t, device_vocabulary_size=id_space) if t.name == "item"
-                  else t for t in tables]
+        tables = [
+            dataclasses.replace(t, device_vocabulary_size=id_space) if t.name == "item" else t
+            for t in tables
+        ]
       return features, tables
 
   ranker = Ranker()
@@ -274,6 +278,7 @@ def child_train(variant: str, seed: int, epochs: int | None, steps_per_epoch: in
       config.pipeline.num_valid_steps = valid_steps
 
     class Pipeline(pipeline_lib.SimplePipeline):
+
       def build_callbacks(self, model):
         return [timer]
 
@@ -294,11 +299,12 @@ def child_train(variant: str, seed: int, epochs: int | None, steps_per_epoch: in
     if synthetic:  # The dense item table holds the whole id space.
       vocabularies["item"] = rank_to_id(np.arange(1, id_space + 1))
     table_rows = {name: len(ids) + 1 for name, ids in vocabularies.items()}  # + OOV row.
-    model_builder = movielens_dense.DenseModelBuilder(config.model, vocabularies, features,
-                                                      tables, seed=seed)
+    model_builder = movielens_dense.DenseModelBuilder(config.model, vocabularies, features, tables,
+                                                      seed=seed)
     dataset_builder = movielens_dense.build_dataset_builder(paths, config.dataset)
 
     class Pipeline(tfr.keras.pipeline.SimplePipeline):
+
       def build_callbacks(self):
         return [timer]
 
@@ -326,17 +332,23 @@ def child_train(variant: str, seed: int, epochs: int | None, steps_per_epoch: in
     baseline = evaluation.evaluate_scores(valid, ranker.build_baseline(paths, config.data))
   examples_per_step = batch * num_examples / num_lists
   steps = timer.step_seconds
-  return {"variant": variant, "baseline": baseline, "seed": seed,
-          "metrics": None if synthetic else metrics,
-          "steps": len(steps), "seconds": sum(steps),
-          # The median step is robust to other processes' bursts on a shared machine.
-          "examples_per_s": examples_per_step / statistics.median(steps),
-          "examples_per_s_mean": len(steps) * examples_per_step / sum(steps),
-          # Less sensitive to other processes than wall time: CPU work per example.
-          "examples_per_cpu_s": len(steps) * examples_per_step / timer.cpu_seconds,
-          "epochs": config.pipeline.num_epochs, "steps_per_epoch": steps_per_epoch,
-          "examples_per_step": examples_per_step,
-          "table_rows": table_rows}
+  return {
+      "variant": variant,
+      "baseline": baseline,
+      "seed": seed,
+      "metrics": None if synthetic else metrics,
+      "steps": len(steps),
+      "seconds": sum(steps),
+      # The median step is robust to other processes' bursts on a shared machine.
+      "examples_per_s": examples_per_step / statistics.median(steps),
+      "examples_per_s_mean": len(steps) * examples_per_step / sum(steps),
+      # Less sensitive to other processes than wall time: CPU work per example.
+      "examples_per_cpu_s": len(steps) * examples_per_step / timer.cpu_seconds,
+      "epochs": config.pipeline.num_epochs,
+      "steps_per_epoch": steps_per_epoch,
+      "examples_per_step": examples_per_step,
+      "table_rows": table_rows
+  }
 
 
 # ----------------------------------------------------------------------------
@@ -363,9 +375,10 @@ def main(argv=None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--quick", action="store_true", help="smoke run, < 2 minutes")
   parser.add_argument("--json", help="also write the figures to this file")
-  parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                      help="override a value of the config in every trial, e.g. "
-                           "pipeline.strategy=null")
+  parser.add_argument(
+      "--set", action="append", default=[], metavar="KEY=VALUE",
+      help="override a value of the config in every trial, e.g. "
+      "pipeline.strategy=null")
   parser.add_argument("--only", choices=("movielens", "zipf"),
                       help="run only the MovieLens trials (1, 2) or the Zipf ones (3)")
   parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
@@ -380,39 +393,55 @@ def main(argv=None) -> int:
   plan = QUICK if args.quick else FULL
   start = time.perf_counter()
   load = os.getloadavg()
-  print(f"bench_pipeline ({'quick' if args.quick else 'full'}): {os.cpu_count()} CPUs, "
-        f"load average {load[0]:.1f} at start", flush=True)
-  results: dict = {"plan": dataclasses.asdict(plan), "overrides": args.set, "movielens": [],
-                   "zipf": []}
+  print(
+      f"bench_pipeline ({'quick' if args.quick else 'full'}): {os.cpu_count()} CPUs, "
+      f"load average {load[0]:.1f} at start", flush=True)
+  results: dict = {
+      "plan": dataclasses.asdict(plan), "overrides": args.set, "movielens": [], "zipf": []
+  }
   with tempfile.TemporaryDirectory(prefix="bench_pipeline_") as tmp:
     for seed in plan.seeds if args.only != "zipf" else ():
       for variant in ("sparse", "dense"):
         first = not results["movielens"]
-        r = run_child(["train", json.dumps({
-            "variant": variant, "seed": seed, "epochs": plan.epochs, "steps_per_epoch": None,
-            "data_dir": None, "id_space": None, "model_dir": f"{tmp}/ml_{variant}_{seed}",
-            "with_baseline": first, "overrides": args.set})])
+        r = run_child([
+            "train",
+            json.dumps({
+                "variant": variant, "seed": seed, "epochs": plan.epochs, "steps_per_epoch": None,
+                "data_dir": None, "id_space": None, "model_dir": f"{tmp}/ml_{variant}_{seed}",
+                "with_baseline": first, "overrides": args.set
+            })
+        ])
         if first:
           results["baseline"] = r["baseline"]
         results["movielens"].append(r)
-        print(f"  movielens seed {seed} {variant:>6}: ndcg@10 {r['metrics']['ndcg@10']:.4f}  "
-              f"{r['examples_per_s']:,.0f} examples/s", flush=True)
+        print(
+            f"  movielens seed {seed} {variant:>6}: ndcg@10 {r['metrics']['ndcg@10']:.4f}  "
+            f"{r['examples_per_s']:,.0f} examples/s", flush=True)
     for id_space in plan.id_spaces if args.only != "movielens" else ():
       data_dir = f"{tmp}/zipf_{id_space}"
-      info = run_child(["zipf_data", json.dumps({
-          "out_dir": data_dir, "id_space": id_space, "num_lists": plan.zipf_lists,
-          "list_size": plan.zipf_list_size})])
+      info = run_child([
+          "zipf_data",
+          json.dumps({
+              "out_dir": data_dir, "id_space": id_space, "num_lists": plan.zipf_lists,
+              "list_size": plan.zipf_list_size
+          })
+      ])
       row = {"id_space": id_space, **info}
       for variant in ("sparse", "dense"):
-        r = run_child(["train", json.dumps({
-            "variant": variant, "seed": 1, "epochs": plan.zipf_epochs,
-            "steps_per_epoch": plan.zipf_steps_per_epoch, "data_dir": data_dir,
-            "id_space": id_space, "model_dir": f"{tmp}/zipf_{variant}_{id_space}",
-            "overrides": args.set})])
+        r = run_child([
+            "train",
+            json.dumps({
+                "variant": variant, "seed": 1, "epochs": plan.zipf_epochs,
+                "steps_per_epoch": plan.zipf_steps_per_epoch, "data_dir": data_dir,
+                "id_space": id_space, "model_dir": f"{tmp}/zipf_{variant}_{id_space}",
+                "overrides": args.set
+            })
+        ])
         row[variant] = r
       results["zipf"].append(row)
-      print(f"  zipf N={id_space:>9,}: sparse {row['sparse']['examples_per_s']:,.0f}  "
-            f"dense {row['dense']['examples_per_s']:,.0f} examples/s", flush=True)
+      print(
+          f"  zipf N={id_space:>9,}: sparse {row['sparse']['examples_per_s']:,.0f}  "
+          f"dense {row['dense']['examples_per_s']:,.0f} examples/s", flush=True)
   results["seconds"] = time.perf_counter() - start
   results["load_average_end"] = os.getloadavg()[0]
   report(results)
@@ -433,14 +462,15 @@ def report(results: dict) -> None:
 
 
 def _report_movielens(results: dict) -> None:
-  by_variant = {v: [r for r in results["movielens"] if r["variant"] == v]
-                for v in ("sparse", "dense")}
+  by_variant = {
+      v: [r for r in results["movielens"] if r["variant"] == v] for v in ("sparse", "dense")
+  }
   print("\n== 1. Quality: validation metrics (whole split), mean ± stdev over seeds "
         f"{[r['seed'] for r in by_variant['sparse']]}")
   keys = list(results["baseline"])
   print(f"{'':<28}" + "".join(f"{k:>16}" for k in keys))
-  for name, runs in (("ours (sparse core)", by_variant["sparse"]),
-                     ("stock tfr (dense Embedding)", by_variant["dense"])):
+  for name, runs in (("ours (sparse core)", by_variant["sparse"]), ("stock tfr (dense Embedding)",
+                                                                    by_variant["dense"])):
     cells = []
     for k in keys:
       mean, std = _mean_std([r["metrics"][k] for r in runs])
@@ -457,10 +487,10 @@ def _report_movielens(results: dict) -> None:
 
   print("\n== 2. Throughput at MovieLens scale: training examples/s (median step), "
         "median over seeds")
-  rate = {v: statistics.median(r["examples_per_s"] for r in runs)
-          for v, runs in by_variant.items()}
-  cpu = {v: statistics.median(r["examples_per_cpu_s"] for r in runs)
-         for v, runs in by_variant.items()}
+  rate = {v: statistics.median(r["examples_per_s"] for r in runs) for v, runs in by_variant.items()}
+  cpu = {
+      v: statistics.median(r["examples_per_cpu_s"] for r in runs) for v, runs in by_variant.items()
+  }
   ratio = rate["sparse"] / rate["dense"]
   for v, name in (("sparse", "ours"), ("dense", "dense")):
     per_seed = ", ".join(f"{r['examples_per_s']:,.0f}" for r in by_variant[v])

@@ -42,9 +42,9 @@ import time
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
-INSERT_GOAL = 3.0      # ours / MutableHashTable keys/s, at least.
-STEP_GOAL = 50.0       # dense ms/step / sparse ms/step, at least.
-MEMORY_GOAL = 1.0      # sparse peak RSS / dense peak RSS, at most.
+INSERT_GOAL = 3.0  # ours / MutableHashTable keys/s, at least.
+STEP_GOAL = 50.0  # dense ms/step / sparse ms/step, at least.
+MEMORY_GOAL = 1.0  # sparse peak RSS / dense peak RSS, at most.
 
 ZIPF_A = 1.1
 KEY_SALT = 0x5DEECE66D2B7E151  # Fixed: the key space is the same in every run.
@@ -86,14 +86,13 @@ class Sizes:
 
 
 FULL = Sizes(insert_batch_keys=1_000_000, insert_batches=10, insert_key_space=10_000_000,
-             insert_repeats=5, table_rows=5_000_000, dim=64, batch_size=4096,
-             ids_per_example=16, step_key_space=1_000_000_000, sparse_warmup_steps=5,
-             sparse_steps=100, dense_warmup_steps=2, dense_steps=10)
+             insert_repeats=5, table_rows=5_000_000, dim=64, batch_size=4096, ids_per_example=16,
+             step_key_space=1_000_000_000, sparse_warmup_steps=5, sparse_steps=100,
+             dense_warmup_steps=2, dense_steps=10)
 QUICK = Sizes(insert_batch_keys=100_000, insert_batches=3, insert_key_space=1_000_000,
-              insert_repeats=3, table_rows=200_000, dim=64, batch_size=1024,
-              ids_per_example=16, step_key_space=100_000_000, sparse_warmup_steps=2,
-              sparse_steps=10, dense_warmup_steps=1, dense_steps=3)
-
+              insert_repeats=3, table_rows=200_000, dim=64, batch_size=1024, ids_per_example=16,
+              step_key_space=100_000_000, sparse_warmup_steps=2, sparse_steps=10,
+              dense_warmup_steps=1, dense_steps=3)
 
 # ----------------------------------------------------------------------------
 # Children (numpy / TensorFlow imported inside).
@@ -147,8 +146,7 @@ def child_insert(sizes: Sizes) -> dict:
   from mxrec_pipeline.core import key_index  # pylint: disable=import-outside-toplevel
 
   rng = np.random.default_rng(SEED)
-  keys = zipf_keys(rng, sizes.insert_batches * sizes.insert_batch_keys,
-                   sizes.insert_key_space)
+  keys = zipf_keys(rng, sizes.insert_batches * sizes.insert_batch_keys, sizes.insert_key_space)
   distinct = int(np.unique(keys).size)
   int64 = np.iinfo(np.int64)
   empty_key, deleted_key = int64.min, int64.min + 1
@@ -188,6 +186,7 @@ def child_insert(sizes: Sizes) -> dict:
   index_bytes, index_size = int(index.memory_bytes()), int(index.size())
 
   def baseline_fn(table, counter):
+
     @tf.function(input_signature=[KEYS_SPEC])
     def insert(batch):
       unique_keys, restore = tf.unique(batch)
@@ -200,17 +199,18 @@ def child_insert(sizes: Sizes) -> dict:
       counter.assign_add(num_new)
       rows = tf.tensor_scatter_nd_update(found, tf.where(missing), new_rows)
       return rows, restore
+
     return insert
 
   buckets = 1
   while buckets * 0.8 < capacity:  # DenseHashTable's default max load factor is 0.8.
     buckets *= 2
   makers = {
-      "mutable": lambda: tf.lookup.experimental.MutableHashTable(
-          tf.int64, tf.int64, default_value=-1),
-      "dense": lambda: tf.lookup.experimental.DenseHashTable(
-          tf.int64, tf.int64, default_value=-1, empty_key=empty_key,
-          deleted_key=deleted_key, initial_num_buckets=buckets),
+      "mutable": lambda: tf.lookup.experimental.MutableHashTable(tf.int64, tf.int64, default_value=
+                                                                 -1),
+      "dense": lambda: tf.lookup.experimental.
+               DenseHashTable(tf.int64, tf.int64, default_value=-1, empty_key=empty_key, deleted_key
+                              =deleted_key, initial_num_buckets=buckets),
   }
   baselines = {}
   for name, make in makers.items():
@@ -222,27 +222,31 @@ def child_insert(sizes: Sizes) -> dict:
     exported_keys, exported_rows = (t.numpy() for t in table.export())
     keep = (exported_keys != empty_key) & (exported_keys != deleted_key)
     base_map = _sorted_map(exported_keys[keep], exported_rows[keep])
-    agree = (base_map[0].size == ours_map[0].size
-             and np.array_equal(base_map[0], ours_map[0])
-             and np.array_equal(base_map[1], ours_map[1]))
+    agree = (base_map[0].size == ours_map[0].size and np.array_equal(base_map[0], ours_map[0]) and
+             np.array_equal(base_map[1], ours_map[1]))
     baselines[name] = dict(_throughput(runs, total_keys), size=int(base_map[0].size),
                            maps_agree=bool(agree))
     del table, counter
   return {
-      "total_keys": total_keys, "distinct_keys": distinct, "capacity": capacity,
+      "total_keys": total_keys,
+      "distinct_keys": distinct,
+      "capacity": capacity,
       "dense_buckets": buckets,
       "ours": _throughput(ours_runs, total_keys),
-      "mutable": baselines["mutable"], "dense": baselines["dense"],
-      "index_bytes": index_bytes, "index_size": index_size,
+      "mutable": baselines["mutable"],
+      "dense": baselines["dense"],
+      "index_bytes": index_bytes,
+      "index_size": index_size,
   }
 
 
 def _throughput(runs, total_keys: int) -> dict:
   """Keys/s of the median run, by wall time and by process CPU time."""
   seconds, cpu_seconds = [r[0] for r in runs], [r[1] for r in runs]
-  return {"seconds": seconds, "cpu_seconds": cpu_seconds,
-          "keys_per_s": total_keys / _median(seconds),
-          "keys_per_cpu_s": total_keys / _median(cpu_seconds)}
+  return {
+      "seconds": seconds, "cpu_seconds": cpu_seconds, "keys_per_s": total_keys / _median(seconds),
+      "keys_per_cpu_s": total_keys / _median(cpu_seconds)
+  }
 
 
 def _sorted_map(keys, rows):
@@ -265,8 +269,9 @@ def child_gen_ids(sizes: Sizes, path: str) -> dict:
   rng = np.random.default_rng(SEED + 1)
   ids = zipf_keys(rng, steps * per_step, sizes.step_key_space)
   np.save(path, ids.reshape(steps, sizes.batch_size, sizes.ids_per_example))
-  per_step_distinct = [int(np.unique(ids[i * per_step:(i + 1) * per_step]).size)
-                       for i in range(steps)]
+  per_step_distinct = [
+      int(np.unique(ids[i * per_step:(i + 1) * per_step]).size) for i in range(steps)
+  ]
   return {"steps": steps, "mean_distinct_per_step": sum(per_step_distinct) / steps}
 
 
@@ -371,10 +376,11 @@ def run_child(args: list[str], sizes_name: str) -> dict:
   with tempfile.TemporaryDirectory() as tmp:
     out = os.path.join(tmp, "result.json")
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(
-        p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
-    command = [sys.executable, str(pathlib.Path(__file__).resolve()), "--sizes", sizes_name,
-               "--result", out, *args]
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
+    command = [
+        sys.executable,
+        str(pathlib.Path(__file__).resolve()), "--sizes", sizes_name, "--result", out, *args
+    ]
     proc = subprocess.run(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                           text=True, check=False)
     if proc.returncode != 0:
@@ -403,8 +409,10 @@ def machine() -> dict:
     for line in f:
       if line.startswith("MemTotal:"):
         ram_kib = int(line.split()[1])
-  return {"nproc": os.cpu_count(), "cpu": cpu, "ram_gib": ram_kib / 2**20,
-          "python": sys.version.split()[0]}
+  return {
+      "nproc": os.cpu_count(), "cpu": cpu, "ram_gib": ram_kib / 2**20,
+      "python": sys.version.split()[0]
+  }
 
 
 def _gib(n):
@@ -447,16 +455,17 @@ def main(argv=None) -> int:
   sizes = QUICK if args.quick else FULL
   info = machine()
   start = time.perf_counter()
-  print(f"bench_sparse_core ({sizes_name}) on {info['nproc']} CPUs, {info['cpu']}, "
-        f"{info['ram_gib']:.1f} GiB RAM, Python {info['python']}", flush=True)
+  print(
+      f"bench_sparse_core ({sizes_name}) on {info['nproc']} CPUs, {info['cpu']}, "
+      f"{info['ram_gib']:.1f} GiB RAM, Python {info['python']}", flush=True)
   print(f"sizes: {sizes}", flush=True)
 
   # 1. Insertion.
   print("\n[1] insertion ...", flush=True)
   ins = run_child(["--child", "insert"], sizes_name)
   for name, label in (("ours", "ours (MxKeyIndexInsert)"),
-                      ("mutable", "tf.unique + MutableHashTable"),
-                      ("dense", "tf.unique + DenseHashTable")):
+                      ("mutable", "tf.unique + MutableHashTable"), ("dense",
+                                                                    "tf.unique + DenseHashTable")):
     secs = ", ".join(f"{s:.3f}" for s in ins[name]["seconds"])
     print(f"  {label:32s} {ins[name]['keys_per_s'] / 1e6:8.2f} M keys/s wall, "
           f"{ins[name]['keys_per_cpu_s'] / 1e6:6.2f} M keys/CPU-s  (runs: {secs} s)")
@@ -471,33 +480,38 @@ def main(argv=None) -> int:
         f"{_verdict(ratio_mutable >= INSERT_GOAL)});  ours / DenseHashTable = {ratio_dense:.2f}x")
   print(f"  by CPU time: ours / MutableHashTable = {cpu_ratio_mutable:.2f}x, "
         f"ours / DenseHashTable = {cpu_ratio_dense:.2f}x;  {_load(ins)}")
-  print(f"  key -> row maps agree with MutableHashTable: {ins['mutable']['maps_agree']}, "
-        f"with DenseHashTable: {ins['dense']['maps_agree']}", flush=True)
+  print(
+      f"  key -> row maps agree with MutableHashTable: {ins['mutable']['maps_agree']}, "
+      f"with DenseHashTable: {ins['dense']['maps_agree']}", flush=True)
 
   # 2. Training step, each variant in its own process.
   print("\n[2] training step ...", flush=True)
   with tempfile.TemporaryDirectory() as tmp:
     ids_path = os.path.join(tmp, "ids.npy")
     gen = run_child(["--child", "gen_ids", "--ids", ids_path], sizes_name)
-    print(f"  ids: {gen['steps']} steps of {sizes.batch_size} x {sizes.ids_per_example}, "
-          f"{gen['mean_distinct_per_step']:.0f} distinct per step on average", flush=True)
+    print(
+        f"  ids: {gen['steps']} steps of {sizes.batch_size} x {sizes.ids_per_example}, "
+        f"{gen['mean_distinct_per_step']:.0f} distinct per step on average", flush=True)
     sparse = run_child(["--child", "sparse", "--ids", ids_path], sizes_name)
-    print(f"  sparse: {sparse['ms_per_step']:.2f} ms/step (median {sparse['median_ms']:.2f}, "
-          f"CPU {sparse['cpu_ms_per_step']:.2f}), peak RSS {_gib(sparse['ru_maxrss'])}, "
-          f"{sparse['new_keys_per_step']:.0f} new keys/step;  {_load(sparse)}", flush=True)
+    print(
+        f"  sparse: {sparse['ms_per_step']:.2f} ms/step (median {sparse['median_ms']:.2f}, "
+        f"CPU {sparse['cpu_ms_per_step']:.2f}), peak RSS {_gib(sparse['ru_maxrss'])}, "
+        f"{sparse['new_keys_per_step']:.0f} new keys/step;  {_load(sparse)}", flush=True)
     dense = run_child(["--child", "dense", "--ids", ids_path], sizes_name)
-    print(f"  dense:  {dense['ms_per_step']:.2f} ms/step (median {dense['median_ms']:.2f}, "
-          f"CPU {dense['cpu_ms_per_step']:.2f}), peak RSS {_gib(dense['ru_maxrss'])};  "
-          f"{_load(dense)}", flush=True)
+    print(
+        f"  dense:  {dense['ms_per_step']:.2f} ms/step (median {dense['median_ms']:.2f}, "
+        f"CPU {dense['cpu_ms_per_step']:.2f}), peak RSS {_gib(dense['ru_maxrss'])};  "
+        f"{_load(dense)}", flush=True)
   step_ratio = dense["ms_per_step"] / sparse["ms_per_step"]
   cpu_step_ratio = dense["cpu_ms_per_step"] / sparse["cpu_ms_per_step"]
   rss_ratio = sparse["ru_maxrss"] / dense["ru_maxrss"]
   print(f"  dense / sparse time = {step_ratio:.1f}x (goal >= {STEP_GOAL:g}x: "
         f"{_verdict(step_ratio >= STEP_GOAL)});  by CPU time {cpu_step_ratio:.1f}x")
-  print(f"  sparse / dense peak RSS = {rss_ratio:.2f} (goal <= {MEMORY_GOAL:g}: "
-        f"{_verdict(rss_ratio <= MEMORY_GOAL)});  VmHWM cross-check "
-        f"{_gib(sparse['vm_hwm'])} / {_gib(dense['vm_hwm'])}; RSS after importing TF "
-        f"{_gib(sparse['rss_after_import'])} / {_gib(dense['rss_after_import'])}", flush=True)
+  print(
+      f"  sparse / dense peak RSS = {rss_ratio:.2f} (goal <= {MEMORY_GOAL:g}: "
+      f"{_verdict(rss_ratio <= MEMORY_GOAL)});  VmHWM cross-check "
+      f"{_gib(sparse['vm_hwm'])} / {_gib(dense['vm_hwm'])}; RSS after importing TF "
+      f"{_gib(sparse['rss_after_import'])} / {_gib(dense['rss_after_import'])}", flush=True)
 
   # 3. Bytes per stored key.
   row_b, slot_b = sizes.dim * 4, 2 * sizes.dim * 4
@@ -520,15 +534,15 @@ def main(argv=None) -> int:
   print(line)
   rows = [
       ("insert: ours", f"{ins['ours']['keys_per_s'] / 1e6:.2f} M keys/s", "", ""),
-      ("insert: tf.unique + MutableHashTable",
-       f"{ins['mutable']['keys_per_s'] / 1e6:.2f} M keys/s", "", ""),
-      ("insert: tf.unique + DenseHashTable",
-       f"{ins['dense']['keys_per_s'] / 1e6:.2f} M keys/s", "", ""),
+      ("insert: tf.unique + MutableHashTable", f"{ins['mutable']['keys_per_s'] / 1e6:.2f} M keys/s",
+       "", ""),
+      ("insert: tf.unique + DenseHashTable", f"{ins['dense']['keys_per_s'] / 1e6:.2f} M keys/s", "",
+       ""),
       ("insert: ours / MutableHashTable", f"{ratio_mutable:.2f}x", f">= {INSERT_GOAL:g}x",
        _verdict(ratio_mutable >= INSERT_GOAL)),
       ("insert: ours / DenseHashTable", f"{ratio_dense:.2f}x", "", ""),
-      ("insert: same two ratios by CPU time",
-       f"{cpu_ratio_mutable:.2f}x / {cpu_ratio_dense:.2f}x", "", ""),
+      ("insert: same two ratios by CPU time", f"{cpu_ratio_mutable:.2f}x / {cpu_ratio_dense:.2f}x",
+       "", ""),
       ("insert: key->row maps agree (Mutable/Dense)",
        f"{ins['mutable']['maps_agree']}/{ins['dense']['maps_agree']}", "True", ""),
       ("step: sparse (insert+lookup+lazy Adam)", f"{sparse['ms_per_step']:.2f} ms", "", ""),
@@ -554,8 +568,11 @@ def main(argv=None) -> int:
           "or rerun on an idle machine.")
   if args.json:
     with open(args.json, "w") as f:
-      json.dump({"machine": info, "sizes": dataclasses.asdict(sizes), "insert": ins,
-                 "gen_ids": gen, "sparse": sparse, "dense": dense}, f, indent=1)
+      json.dump(
+          {
+              "machine": info, "sizes": dataclasses.asdict(sizes), "insert": ins, "gen_ids": gen,
+              "sparse": sparse, "dense": dense
+          }, f, indent=1)
   return 0
 
 

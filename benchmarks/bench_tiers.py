@@ -63,7 +63,7 @@ def zipf_batches(num_keys: int, steps: int, batch_size: int, ids_per_example: in
   CDF sampling over the exact truncated distribution); the key of rank r is
   r * KEY_MULTIPLIER mod 2^61, so hot keys are not neighbours.
   """
-  cdf = np.cumsum(np.arange(1, num_keys + 1, dtype=np.float64) ** -ZIPF_A)
+  cdf = np.cumsum(np.arange(1, num_keys + 1, dtype=np.float64)**-ZIPF_A)
   cdf /= cdf[-1]
   rng = np.random.default_rng(seed)
   out = []
@@ -114,10 +114,11 @@ def train(name: str, batches, dim: int, warmup: int, prefetch: int, **table_args
   seconds = time.perf_counter() - start
   cpu_seconds = time.process_time() - cpu_start
   timed = len(batches) - warmup
-  result = {"name": name, "steps_per_s": timed / seconds, "seconds": seconds,
-            "cpu_ms_per_step": 1000 * cpu_seconds / timed,
-            "load": (load_before, os.getloadavg()[0]),
-            "device_rows": table.device_vocabulary_size, "loss": float(loss)}
+  result = {
+      "name": name, "steps_per_s": timed / seconds, "seconds": seconds,
+      "cpu_ms_per_step": 1000 * cpu_seconds / timed, "load": (load_before, os.getloadavg()[0]),
+      "device_rows": table.device_vocabulary_size, "loss": float(loss)
+  }
   index_bytes = int(table.key_index.memory_bytes())
   keys = int(table.key_index.size())
   result["index_bytes_per_key"] = index_bytes / max(keys, 1)
@@ -148,39 +149,43 @@ def main(argv=None):
   warmup = max(steps // 4, 5)
   if args.quick:
     num_keys, batch_size = 5_000_000, 1024
-  print(f"ids: Zipf({ZIPF_A}) over {num_keys:,} keys, batch {batch_size} x {width}, dim {dim}, "
-        f"{steps} steps per variant ({warmup} warm-up), prefetch {args.prefetch}", flush=True)
+  print(
+      f"ids: Zipf({ZIPF_A}) over {num_keys:,} keys, batch {batch_size} x {width}, dim {dim}, "
+      f"{steps} steps per variant ({warmup} warm-up), prefetch {args.prefetch}", flush=True)
   t0 = time.perf_counter()
   batches = zipf_batches(num_keys, steps, batch_size, width, SEED)
   unique = len(np.unique(np.concatenate([b.ravel() for b in batches])))
   per_batch = int(np.mean([len(np.unique(b)) for b in batches[:10]]))
-  print(f"generated in {time.perf_counter() - t0:.1f} s: {unique:,} distinct ids (U), "
-        f"~{per_batch:,} distinct per batch", flush=True)
+  print(
+      f"generated in {time.perf_counter() - t0:.1f} s: {unique:,} distinct ids (U), "
+      f"~{per_batch:,} distinct per batch", flush=True)
 
   variants = [("all-on-device", dict(device_vocabulary_size=unique)),
-              ("cache 10%", dict(device_vocabulary_size=math.ceil(0.10 * unique),
-                                 host_vocabulary_size=unique)),
-              ("cache 1%", dict(device_vocabulary_size=math.ceil(0.01 * unique),
-                                host_vocabulary_size=unique))]
+              ("cache 10%",
+               dict(device_vocabulary_size=math.ceil(0.10 * unique), host_vocabulary_size=unique)),
+              ("cache 1%",
+               dict(device_vocabulary_size=math.ceil(0.01 * unique), host_vocabulary_size=unique))]
   ssd_dir = None
   if args.ssd:
     ssd_dir = tempfile.mkdtemp(prefix="mxrec-bench-ssd-")
-    variants.append(("cache 10% + SSD", dict(
-        device_vocabulary_size=math.ceil(0.10 * unique),
-        host_vocabulary_size=math.ceil(0.10 * unique), ssd_vocabulary_size=unique,
-        ssd_data_path=[ssd_dir])))
+    variants.append(("cache 10% + SSD",
+                     dict(device_vocabulary_size=math.ceil(0.10 * unique),
+                          host_vocabulary_size=math.ceil(0.10 * unique), ssd_vocabulary_size=unique,
+                          ssd_data_path=[ssd_dir])))
   results = []
   for name, table_args in variants:
     if table_args["device_vocabulary_size"] < 2 * per_batch:
-      print(f"{name}: device cache of {table_args['device_vocabulary_size']:,} rows holds fewer "
-            f"than two batches' distinct ids ({per_batch:,} each): the planner waits for each "
-            "step (no overlap)", flush=True)
+      print(
+          f"{name}: device cache of {table_args['device_vocabulary_size']:,} rows holds fewer "
+          f"than two batches' distinct ids ({per_batch:,} each): the planner waits for each "
+          "step (no overlap)", flush=True)
     result = train(name, batches, dim, warmup, args.prefetch, **table_args)
     results.append(result)
-    print(f"{name}: {result['steps_per_s']:.2f} steps/s "
-          f"({result['steps_per_s'] * batch_size:,.0f} examples/s)"
-          + (f", hit rate {result['hit_rate']:.3f}, {result['swap_ins_per_step']:,.0f} "
-             "swap-ins/step" if "hit_rate" in result else ""), flush=True)
+    print(
+        f"{name}: {result['steps_per_s']:.2f} steps/s "
+        f"({result['steps_per_s'] * batch_size:,.0f} examples/s)" +
+        (f", hit rate {result['hit_rate']:.3f}, {result['swap_ins_per_step']:,.0f} "
+         "swap-ins/step" if "hit_rate" in result else ""), flush=True)
   if ssd_dir:
     os.rmdir(ssd_dir)
 

@@ -11,18 +11,16 @@ from builders.base_config import DatasetConfig
 from builders.registry import RankerEntry, RankerRegistry
 
 REGISTRY = RankerRegistry({
-    "movielens_listwise": RankerEntry(
-        ranker="builders.movielens:MovieLensListwise",
-        data_config="builders.movielens_config:MovieLensDataConfig",
-        model_config="builders.movielens_config:MovieLensModelConfig"),
-    "movielens_dcn": RankerEntry(
-        ranker="builders.movielens_dcn:MovieLensDcn",
-        data_config="builders.movielens_config:MovieLensDataConfig",
-        model_config="builders.movielens_dcn_config:DcnModelConfig"),
-    "mslr_dnn": RankerEntry(
-        ranker="builders.mslr:MslrDnn",
-        data_config="builders.mslr_config:MslrDataConfig",
-        model_config="builders.mslr_config:MslrModelConfig"),
+    "movielens_listwise":
+        RankerEntry(ranker="builders.movielens:MovieLensListwise",
+                    data_config="builders.movielens_config:MovieLensDataConfig",
+                    model_config="builders.movielens_config:MovieLensModelConfig"),
+    "movielens_dcn": RankerEntry(ranker="builders.movielens_dcn:MovieLensDcn",
+                                 data_config="builders.movielens_config:MovieLensDataConfig",
+                                 model_config="builders.movielens_dcn_config:DcnModelConfig"),
+    "mslr_dnn": RankerEntry(ranker="builders.mslr:MslrDnn",
+                            data_config="builders.mslr_config:MslrDataConfig",
+                            model_config="builders.mslr_config:MslrModelConfig"),
 })
 
 # Imported from builders.base (and so TensorFlow) on first use, by __getattr__.
@@ -61,5 +59,7 @@ def __getattr__(name: str):
   raise AttributeError(f"module 'builders' has no attribute {name!r}")
 
 
-__all__ = ["REGISTRY", "DatasetConfig", "RankerEntry", "RankerRegistry", "get_builder",
-           "get_config_classes", *_LAZY]
+__all__ = [
+    "REGISTRY", "DatasetConfig", "RankerEntry", "RankerRegistry", "get_builder",
+    "get_config_classes", *_LAZY
+]

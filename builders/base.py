@@ -72,10 +72,12 @@ class RankerBuilder(abc.ABC):
   def build_dataset_builder(self, paths: DataPaths, dataset: DatasetConfig, model):
     """A SimpleDatasetBuilder over the task's ELWC files and sparse features."""
     context, example, label = self.feature_specs()
-    hparams = pipeline_lib.DatasetHparams(
-        train_input_pattern=paths.train, valid_input_pattern=paths.valid,
-        train_batch_size=dataset.train_batch_size, valid_batch_size=dataset.valid_batch_size,
-        list_size=dataset.list_size, valid_list_size=dataset.valid_list_size)
+    hparams = pipeline_lib.DatasetHparams(train_input_pattern=paths.train,
+                                          valid_input_pattern=paths.valid,
+                                          train_batch_size=dataset.train_batch_size,
+                                          valid_batch_size=dataset.valid_batch_size,
+                                          list_size=dataset.list_size,
+                                          valid_list_size=dataset.valid_list_size)
     features, _ = self.sparse_features(model)
     return self.dataset_builder_class()(context, example, MASK_FEATURE, label, hparams,
                                         sparse_features=features)

@@ -116,10 +116,10 @@ class KerasModelBuilder(model_lib.AbstractModelBuilder):
       per_list = [None] if name in self._example_names else []
       listwise[name] = tf.TensorSpec([None, *per_list, *spec.shape[1:]], spec.dtype)
     return model_lib.ModelBuilder(
-        input_creator=model_lib.TypeSpecInputCreator(
-            listwise, self._context_names, self._example_names),
-        preprocessor={}, scorer=_KerasModelScorer(model),
-        mask_feature_name=self._mask_feature_name, name=self._name).build()
+        input_creator=model_lib.TypeSpecInputCreator(listwise, self._context_names,
+                                                     self._example_names), preprocessor={},
+        scorer=_KerasModelScorer(model), mask_feature_name=self._mask_feature_name,
+        name=self._name).build()
 
   def _model_in_scope(self) -> tf.keras.Model:
     if not isinstance(self._model, tf.keras.Model):

@@ -118,8 +118,8 @@ class MovieLensScorer(tfr.keras.model.UnivariateScorer):
   """
 
   def __init__(self, hidden_layer_dims, dropout: float = 0.0, use_batch_norm: bool = False,
-               dot_product: bool = True, id_l2: float = 0.0,
-               user_feature: str = USER_FEATURE, item_feature: str = ITEM_FEATURE):
+               dot_product: bool = True, id_l2: float = 0.0, user_feature: str = USER_FEATURE,
+               item_feature: str = ITEM_FEATURE):
     self._dnn_kwargs = dict(hidden_layer_dims=list(hidden_layer_dims), output_units=1,
                             dropout=dropout, use_batch_norm=use_batch_norm)
     self._dot_product = dot_product
@@ -131,15 +131,14 @@ class MovieLensScorer(tfr.keras.model.UnivariateScorer):
     features = {**context_features, **example_features}
     if self._id_l2 > 0:
       for name in self._ids:
-        features[name] = tf.keras.layers.ActivityRegularization(
-            l2=self._id_l2, name=f"{name}_l2")(features[name])
+        features[name] = tf.keras.layers.ActivityRegularization(l2=self._id_l2,
+                                                                name=f"{name}_l2")(features[name])
     flat = [tf.keras.layers.Flatten()(features[name]) for name in sorted(features)]
-    logits = tfr.keras.layers.create_tower(**self._dnn_kwargs)(
-        tf.keras.layers.Concatenate()(flat))
+    logits = tfr.keras.layers.create_tower(**self._dnn_kwargs)(tf.keras.layers.Concatenate()(flat))
     if self._dot_product:
       user, item = self._ids
-      logits = tf.keras.layers.Add()([logits, tf.keras.layers.Dot(axes=-1)(
-          [features[user], features[item]])])
+      logits = tf.keras.layers.Add()(
+          [logits, tf.keras.layers.Dot(axes=-1)([features[user], features[item]])])
     return logits
 
 
@@ -190,8 +189,10 @@ class MovieLensListwise(RankerBuilder):
   def sparse_features(self, model: MovieLensModelConfig):
     rows = model.device_vocabulary_size
     features = [
-        SparseFeature("user_id", "user"), SparseFeature("item_id", "item"),
-        SparseFeature("gender", "user_attribute"), SparseFeature("occupation", "user_attribute"),
+        SparseFeature("user_id", "user"),
+        SparseFeature("item_id", "item"),
+        SparseFeature("gender", "user_attribute"),
+        SparseFeature("occupation", "user_attribute"),
         SparseFeature("zip", "zip"),
         SparseFeature("genres", "genre", combiner=model.combiner),
         SparseFeature("title_tokens", "title_token", combiner=model.combiner),
@@ -233,8 +234,8 @@ class MovieLensListwise(RankerBuilder):
     """Mean training rating of each movie (from the training ELWC file)."""
     totals: dict[int, list[float]] = {}
     spec = {"item_id": EXAMPLE_SPEC["item_id"], LABEL_SPEC[0]: LABEL_SPEC[1]}
-    dataset = tf.data.TFRecordDataset(paths.train).batch(256).map(
-        lambda serialized: _parse_items(serialized, spec))
+    dataset = tf.data.TFRecordDataset(
+        paths.train).batch(256).map(lambda serialized: _parse_items(serialized, spec))
     for items, ratings in dataset:
       for item, rating in zip(items.numpy().ravel(), ratings.numpy().ravel()):
         if rating >= 0:

@@ -136,9 +136,9 @@ class DcnModelBuilder(model_lib.AbstractModelBuilder):
     # tfr's FlattenList: context features repeated per example, lists flattened.
     context, examples = tfr.keras.layers.FlattenList()((context_features, example_features, mask))
     features = {**context, **examples}
-    x0 = tf.keras.layers.Concatenate(axis=-1)(
-        [tf.keras.layers.Flatten()(tf.cast(features[name], tf.float32))
-         for name in sorted(features)])
+    x0 = tf.keras.layers.Concatenate(axis=-1)([
+        tf.keras.layers.Flatten()(tf.cast(features[name], tf.float32)) for name in sorted(features)
+    ])
     x = x0
     for i in range(self._config.num_cross_layers):
       x = Cross(self._config.projection_dim, name=f"cross_{i}")((x0, x))
@@ -151,10 +151,10 @@ class DcnModelBuilder(model_lib.AbstractModelBuilder):
 
   def build(self) -> model_lib.SparseRankingModel:
     """The SparseRankingModel; call under the pipeline's strategy scope."""
-    return model_lib.ModelBuilder(
-        input_creator=self.create_inputs, preprocessor=self.preprocess, scorer=self.score,
-        mask_feature_name=self._mask_feature_name, sparse_features=self._sparse_features,
-        tables=self._tables, seed=self._seed, name=self._name).build()
+    return model_lib.ModelBuilder(input_creator=self.create_inputs, preprocessor=self.preprocess,
+                                  scorer=self.score, mask_feature_name=self._mask_feature_name,
+                                  sparse_features=self._sparse_features, tables=self._tables,
+                                  seed=self._seed, name=self._name).build()
 
 
 class MovieLensDcn(movielens.MovieLensListwise):
@@ -170,6 +170,6 @@ class MovieLensDcn(movielens.MovieLensListwise):
   def build_model_builder(self, model: DcnModelConfig, seed):
     features, tables = self.sparse_features(model)
     context, example, _ = self.feature_specs()
-    return DcnModelBuilder(
-        context, example, features, tables, model,
-        preprocess_spec=movielens.PREPROCESS_SPEC, seed=seed, name="movielens_dcn")
+    return DcnModelBuilder(context, example, features, tables, model,
+                           preprocess_spec=movielens.PREPROCESS_SPEC, seed=seed,
+                           name="movielens_dcn")

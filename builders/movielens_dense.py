@@ -68,8 +68,8 @@ class DenseTable(tf.keras.layers.Layer):
     if self.spec.key_dtype == "string":
       self.lookup = tf.keras.layers.StringLookup(vocabulary=list(vocabulary), num_oov_indices=1)
     else:
-      self.lookup = tf.keras.layers.IntegerLookup(
-          vocabulary=np.asarray(vocabulary, np.int64), num_oov_indices=1)
+      self.lookup = tf.keras.layers.IntegerLookup(vocabulary=np.asarray(vocabulary, np.int64),
+                                                  num_oov_indices=1)
     table_seed = None if seed is None else (seed + zlib.crc32(self.spec.name.encode())) % 2**31
     self.embedding = tf.keras.layers.Embedding(
         len(vocabulary) + 1, self.spec.dim, name=f"{self.spec.name}_embedding",
@@ -112,8 +112,8 @@ def table_vocabularies(train_path: str, features: Sequence[SparseFeature],
   context, example, _ = movielens.MovieLensListwise().feature_specs()
   by_name = {f.name: f.table for f in features}
   vocab: dict[str, set] = {t.name: set() for t in tables}
-  dataset = tf.data.TFRecordDataset(tf.io.gfile.glob(train_path)).batch(256).map(
-      lambda s: tfr.data.parse_from_example_list(
+  dataset = tf.data.TFRecordDataset(
+      tf.io.gfile.glob(train_path)).batch(256).map(lambda s: tfr.data.parse_from_example_list(
           s, context_feature_spec={k: v for k, v in context.items() if k in by_name},
           example_feature_spec={k: v for k, v in example.items() if k in by_name}))
   for batch in dataset:
@@ -139,8 +139,9 @@ class DenseModelBuilder(tfr.keras.model.ModelBuilder):
                tables: Sequence[TableSpec] | None = None, seed: int | None = None):
     if features is None or tables is None:
       features, tables = movielens.MovieLensListwise().sparse_features(model)
-    layers = {t.name: DenseTable(t, vocabularies[t.name], seed, name=f"dense_{t.name}")
-              for t in tables}
+    layers = {
+        t.name: DenseTable(t, vocabularies[t.name], seed, name=f"dense_{t.name}") for t in tables
+    }
 
     def embed(feature):
       return lambda ids: layers[feature.table](ids, combiner=feature.combiner)
@@ -174,9 +175,11 @@ class DenseDatasetBuilder(tfr.keras.pipeline.SimpleDatasetBuilder):
 def build_dataset_builder(paths: DataPaths, dataset: DatasetConfig) -> DenseDatasetBuilder:
   """The stock-tfr dataset builder of the MovieLens ELWC files (same batching)."""
   context, example, label = movielens.MovieLensListwise().feature_specs()
-  hparams = tfr.keras.pipeline.DatasetHparams(
-      train_input_pattern=paths.train, valid_input_pattern=paths.valid,
-      train_batch_size=dataset.train_batch_size, valid_batch_size=dataset.valid_batch_size,
-      list_size=dataset.list_size, valid_list_size=dataset.valid_list_size)
+  hparams = tfr.keras.pipeline.DatasetHparams(train_input_pattern=paths.train,
+                                              valid_input_pattern=paths.valid,
+                                              train_batch_size=dataset.train_batch_size,
+                                              valid_batch_size=dataset.valid_batch_size,
+                                              list_size=dataset.list_size,
+                                              valid_list_size=dataset.valid_list_size)
   return DenseDatasetBuilder(context, example, MASK_FEATURE, label, hparams,
                              relevance=getattr(paths, "relevance", "graded"))

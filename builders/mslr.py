@@ -35,8 +35,7 @@ import tensorflow as tf
 import tensorflow_ranking as tfr
 
 from builders.base import MASK_FEATURE, DataPaths, RankerBuilder
-from builders.mslr_config import (  # pylint: disable=unused-import
-    BM25_WHOLE_DOCUMENT, FETCHED, NUM_FEATURES, MslrDataConfig, MslrModelConfig)
+from builders.mslr_config import FETCHED, NUM_FEATURES, MslrDataConfig, MslrModelConfig
 from mxrec_pipeline.data import fetch as fetch_lib
 from mxrec_pipeline.data import letor
 from mxrec_pipeline.keras import model as model_lib
@@ -48,8 +47,10 @@ LABEL_SPEC = (letor.LABEL_FEATURE, tf.io.FixedLenFeature([1], tf.float32, defaul
 
 def example_feature_spec(num_features: int = NUM_FEATURES) -> dict[str, tf.io.FixedLenFeature]:
   """`custom_features_{i}`: [1] float32, default 0, for i in 1..num_features."""
-  return {name: tf.io.FixedLenFeature([1], tf.float32, default_value=0.0)
-          for name in letor.feature_names(num_features)}
+  return {
+      name: tf.io.FixedLenFeature([1], tf.float32, default_value=0.0)
+      for name in letor.feature_names(num_features)
+  }
 
 
 def signed_log1p(t: tf.Tensor) -> tf.Tensor:
@@ -82,7 +83,8 @@ class Log1pConcatPreprocessor(tfr.keras.model.Preprocessor):
     del mask
     joined = tf.concat([example_inputs[name] for name in self._names], axis=-1)
     return dict(context_inputs), {
-        self._output_name: signed_log1p(joined) if self._use_log1p else joined}
+        self._output_name: signed_log1p(joined) if self._use_log1p else joined
+    }
 
 
 def cached_elwc(src: str | os.PathLike, elwc_dir: str | os.PathLike, num_features: int) -> str:
@@ -141,12 +143,12 @@ class MslrDnn(RankerBuilder):
     return model_lib.ModelBuilder(
         input_creator=model_lib.FeatureSpecInputCreator({}, example_spec),
         preprocessor=Log1pConcatPreprocessor(list(example_spec), use_log1p=model.use_log1p),
-        scorer=model_lib.DNNScorer(
-            hidden_layer_dims=list(model.hidden_layer_dims), output_units=1,
-            activation=tf.nn.relu, input_batch_norm=model.use_batch_norm,
-            use_batch_norm=model.use_batch_norm, batch_norm_moment=model.batch_norm_moment,
-            dropout=model.dropout),
-        mask_feature_name=MASK_FEATURE, name="mslr_dnn")
+        scorer=model_lib.DNNScorer(hidden_layer_dims=list(model.hidden_layer_dims), output_units=1,
+                                   activation=tf.nn.relu, input_batch_norm=model.use_batch_norm,
+                                   use_batch_norm=model.use_batch_norm,
+                                   batch_norm_moment=model.batch_norm_moment,
+                                   dropout=model.dropout), mask_feature_name=MASK_FEATURE,
+        name="mslr_dnn")
 
   def build_baseline(self, paths: DataPaths, data: MslrDataConfig):
     """Ranks by one raw feature (BM25 of the whole document by default)."""

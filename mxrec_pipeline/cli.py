@@ -70,15 +70,15 @@ def build_parser() -> argparse.ArgumentParser:
   commands.choices["train"].add_argument(
       "--fresh", action="store_true",
       help="start over: remove the checkpoints, logs, exports and metrics of an earlier run in "
-           "model_dir (default: resume from its latest checkpoint)")
+      "model_dir (default: resume from its latest checkpoint)")
   commands.choices["train"].add_argument("--verbose", type=int, default=2,
                                          help="Keras fit verbosity (0, 1, 2)")
   commands.choices["export"].add_argument("--out", help="export directory")
   predict = commands.add_parser("predict", help="score lists with an exported SavedModel")
   predict.add_argument("model_dir", help="SavedModel directory (e.g. .../export/latest_model)")
-  predict.add_argument("--input", required=True,
-                       help="JSON file of lists ([{'context': {..}, 'examples': [{..}]}]) "
-                            "or an ELWC TFRecord file")
+  predict.add_argument(
+      "--input", required=True, help="JSON file of lists ([{'context': {..}, 'examples': [{..}]}]) "
+      "or an ELWC TFRecord file")
   predict.set_defaults(fn=_predict)
   sweep = commands.add_parser(
       "sweep", help="hyperparameter sweep of a job config on Optuna (docs/sweeps.md)")
@@ -89,9 +89,10 @@ def build_parser() -> argparse.ArgumentParser:
                      help="worker processes on this machine, each running one trial at a time")
   sweep.add_argument("--timeout", type=float, metavar="SECONDS",
                      help="start no trial after this many seconds")
-  sweep.add_argument("--storage", metavar="URL",
-                     help="SQLAlchemy URL of the study, shared by every machine of the sweep "
-                          "(default: the config's, else sqlite in the sweep dir)")
+  sweep.add_argument(
+      "--storage", metavar="URL",
+      help="SQLAlchemy URL of the study, shared by every machine of the sweep "
+      "(default: the config's, else sqlite in the sweep dir)")
   sweep.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                      help="override a value of the base job config in every trial")
   sweep.set_defaults(fn=_sweep)

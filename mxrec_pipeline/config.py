@@ -56,9 +56,11 @@ class JobConfig:
 
   def to_dict(self) -> dict:
     """Plain dict of the config, loadable again by `from_dict`."""
-    return {"builder": self.builder, **{
-        name: dataclasses.asdict(getattr(self, name))
-        for name in ("data", "model", "dataset", "pipeline")}}
+    sections = ("data", "model", "dataset", "pipeline")
+    return {
+        "builder": self.builder,
+        **{name: dataclasses.asdict(getattr(self, name)) for name in sections}
+    }
 
 
 def load(path: str, overrides: typing.Sequence[str] = ()) -> JobConfig:
@@ -94,12 +96,13 @@ def from_dict(raw: dict) -> JobConfig:
   data_config, model_config = builders.get_config_classes(raw["builder"])
   if "pipeline" not in raw:
     raise ConfigError("config needs a `pipeline` section (with at least model_dir)")
-  return JobConfig(
-      builder=raw["builder"],
-      data=build_dataclass(data_config, raw.get("data") or {}, "data"),
-      model=build_dataclass(model_config, raw.get("model") or {}, "model"),
-      dataset=build_dataclass(DatasetConfig, raw.get("dataset") or {}, "dataset"),
-      pipeline=build_dataclass(PipelineHparams, raw["pipeline"] or {}, "pipeline"))
+  return JobConfig(builder=raw["builder"], data=build_dataclass(data_config,
+                                                                raw.get("data") or {}, "data"),
+                   model=build_dataclass(model_config,
+                                         raw.get("model") or {}, "model"),
+                   dataset=build_dataclass(DatasetConfig,
+                                           raw.get("dataset") or {}, "dataset"),
+                   pipeline=build_dataclass(PipelineHparams, raw["pipeline"] or {}, "pipeline"))
 
 
 def build_dataclass(cls, values: dict, where: str):

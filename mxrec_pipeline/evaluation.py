@@ -18,8 +18,8 @@ from mxrec_pipeline.keras.pipeline import RANKING_METRICS, build_ranking_metrics
 METRICS_FILE = "metrics.json"
 
 
-def evaluate_scores(dataset: tf.data.Dataset,
-                    score_fn: Callable[[dict], tf.Tensor]) -> dict[str, float]:
+def evaluate_scores(dataset: tf.data.Dataset, score_fn: Callable[[dict],
+                                                                 tf.Tensor]) -> dict[str, float]:
   """RANKING_METRICS of `score_fn` over a finite dataset of (features, labels).
 
   Args:

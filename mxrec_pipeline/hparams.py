@@ -14,8 +14,9 @@ import math
 from mxrec_pipeline.optimizers.keys import SparseOptimizerKey, check_sparse_optimizer
 
 # Ranking metrics reported by the pipeline: metrics.json key -> (tfr key, topn).
-RANKING_METRICS = {"ndcg@1": ("ndcg", 1), "ndcg@5": ("ndcg", 5), "ndcg@10": ("ndcg", 10),
-                   "mrr": ("mrr", None)}
+RANKING_METRICS = {
+    "ndcg@1": ("ndcg", 1), "ndcg@5": ("ndcg", 5), "ndcg@10": ("ndcg", 10), "mrr": ("mrr", None)
+}
 STRATEGIES = (None, "MirroredStrategy")
 # The values of tfr.keras.losses.RankingLossKey (tensorflow-ranking 0.5.5); a
 # test keeps them equal.
@@ -24,7 +25,8 @@ LOSS_KEYS = frozenset({
     "pairwise_mse_loss", "yeti_logistic_loss", "softmax_loss", "calibrated_softmax_loss",
     "unique_softmax_loss", "sigmoid_cross_entropy_loss", "mean_squared_loss", "ordinal_loss",
     "list_mle_loss", "approx_ndcg_loss", "approx_mrr_loss", "gumbel_approx_ndcg_loss",
-    "coupled_rankdistil_loss"})
+    "coupled_rankdistil_loss"
+})
 # tf.keras.losses.Reduction.AUTO.
 AUTO_REDUCTION = "auto"
 # tf.keras.losses.Reduction.all() (Keras 2.15); a test keeps them equal.
@@ -108,8 +110,8 @@ class PipelineHparams:
     if self.loss_reduction not in LOSS_REDUCTIONS:
       raise ValueError(f"`loss_reduction` must be one of {list(LOSS_REDUCTIONS)}, "
                        f"got {self.loss_reduction!r}")
-    if not isinstance(self.optimizer, str) or (
-        self.optimizer.lower() not in DENSE_OPTIMIZERS and ">" not in self.optimizer):
+    if not isinstance(self.optimizer, str) or (self.optimizer.lower() not in DENSE_OPTIMIZERS and
+                                               ">" not in self.optimizer):
       raise ValueError(f"`optimizer` must be one of {list(DENSE_OPTIMIZERS)} (or a registered "
                        f"custom optimizer 'package>Name'), got {self.optimizer!r}")
     if self.strategy not in STRATEGIES:

@@ -29,8 +29,7 @@ def _setup(config: config_lib.JobConfig):
   paths = ranker.prepare_data(config.data)
   model_builder = ranker.build_model_builder(config.model, config.pipeline.seed)
   dataset_builder = ranker.build_dataset_builder(paths, config.dataset, config.model)
-  return ranker, paths, pipeline_lib.SimplePipeline(model_builder, dataset_builder,
-                                                    config.pipeline)
+  return ranker, paths, pipeline_lib.SimplePipeline(model_builder, dataset_builder, config.pipeline)
 
 
 # What a training run writes in its model_dir (and `--fresh` removes).
@@ -84,9 +83,8 @@ def train(config: config_lib.JobConfig, verbose: int = 2,
   ranker, paths, pipeline = _setup(config)
   model_metrics = pipeline.train_and_validate(verbose=verbose, callbacks=callbacks)
   model_metrics.pop("loss")
-  baseline = evaluation.evaluate_scores(
-      pipeline.dataset_builder.build_raw_valid_dataset(),
-      ranker.build_baseline(paths, config.data))
+  baseline = evaluation.evaluate_scores(pipeline.dataset_builder.build_raw_valid_dataset(),
+                                        ranker.build_baseline(paths, config.data))
   evaluation.write_metrics(model_dir, model_metrics, baseline)
   return {"model": model_metrics, "baseline": baseline}
 

@@ -26,11 +26,10 @@ SIGNATURE = "serving_default"
 # and the two reasons reworded.
 _PARSE_ERROR = re.compile(r"Key: (?P<key>[^,]+), Index: \d+\. (?P<reason>.*?)(?:\s*\[\[|\s*$)",
                           re.DOTALL)
-_REASONS = (
-    (re.compile(r"Data types don't match\. Data type: (\w+) but expected type: (\w+)"),
-     r"got \1 values, the model expects \2"),
-    (re.compile(r"Number of (\w+) values != expected\. Values size: (\d+) but output shape: "
-                r"(\[[^\]]*\])"), r"got \2 \1 values, the model expects shape \3"))
+_REASONS = ((re.compile(r"Data types don't match\. Data type: (\w+) but expected type: (\w+)"),
+             r"got \1 values, the model expects \2"), (re.compile(
+                 r"Number of (\w+) values != expected\. Values size: (\d+) but output shape: "
+                 r"(\[[^\]]*\])"), r"got \2 \1 values, the model expects shape \3"))
 # Graph noise in TensorFlow's messages: "{{function_node ...}}", "[Op:...]".
 _TF_NOISE = re.compile(r"\{\{.*?\}\}|\[\[.*?\]\]|\[Op:.*$", re.DOTALL)
 
@@ -113,8 +112,8 @@ def _refuse_constant(name: str):
 
 
 def _kind(value) -> str:
-  return {dict: "an object", list: "an array", str: "a string", type(None): "null"}.get(
-      type(value), json.dumps(value))
+  return {dict: "an object", list: "an array", str: "a string",
+          type(None): "null"}.get(type(value), json.dumps(value))
 
 
 def _first_line(e: Exception) -> str:

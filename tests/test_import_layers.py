@@ -38,8 +38,9 @@ def _unit(module: str) -> str:
 
 def _is_type_checking(node: ast.If) -> bool:
   test = node.test
-  return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-      isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+  return (isinstance(test, ast.Name) and
+          test.id == "TYPE_CHECKING") or (isinstance(test, ast.Attribute) and
+                                          test.attr == "TYPE_CHECKING")
 
 
 def _imported(node: ast.AST, module: str, is_package: bool) -> list[str]:
@@ -131,8 +132,10 @@ def test_every_package_has_a_layer():
 
 def test_no_import_goes_up_a_layer():
   layer = _layer_of()
-  upward = {edge: sorted(set(modules)) for edge, modules in _package_imports().items()
-            if layer[edge[1]] > layer[edge[0]] and edge not in KNOWN_UPWARD}
+  upward = {
+      edge: sorted(set(modules)) for edge, modules in _package_imports().items()
+      if layer[edge[1]] > layer[edge[0]] and edge not in KNOWN_UPWARD
+  }
   assert not upward, f"imports from a lower layer to a higher one: {upward}"
 
 
@@ -153,5 +156,7 @@ def test_parser_sees_relative_lazy_and_type_checking_imports():
             "def f():\n"
             "  import mxrec_pipeline.saver.saver\n")
   names = _imported(ast.parse(source), "mxrec_pipeline.core.embedding", is_package=False)
-  assert names == ["typing.TYPE_CHECKING", "mxrec_pipeline.core.lookup",
-                   "mxrec_pipeline.graph.modifier", "mxrec_pipeline.saver.saver"]
+  assert names == [
+      "typing.TYPE_CHECKING", "mxrec_pipeline.core.lookup", "mxrec_pipeline.graph.modifier",
+      "mxrec_pipeline.saver.saver"
+  ]

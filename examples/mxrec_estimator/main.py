@@ -31,40 +31,46 @@ from mxrec_pipeline.saver.saver import Saver  # noqa: E402
 from mxrec_pipeline.util.initialize import init, terminate_config_initializer  # noqa: E402
 from mxrec_pipeline.util.variable import get_dense_and_sparse_variable  # noqa: E402
 
-
 TRAIN_LOSS = "train_loss"
 
 
 def feature_specs():
-  return [FeatureSpec("user_ids", table_name="user_table", feat_count=1),
-          FeatureSpec("item_ids", table_name="item_table", feat_count=1)]
+  return [
+      FeatureSpec("user_ids", table_name="user_table", feat_count=1),
+      FeatureSpec("item_ids", table_name="item_table", feat_count=1)
+  ]
 
 
 def make_input_fn(is_training, modify_graph):
+
   def input_fn():
     dataset = dataset_lib.generate_dataset(is_training, BATCH_SIZE)
     if not modify_graph:
-      dataset = dataset.map(get_asc_insert_func(tgt_key_specs=feature_specs(),
-                                                is_training=is_training))
+      dataset = dataset.map(
+          get_asc_insert_func(tgt_key_specs=feature_specs(), is_training=is_training))
     return dataset.prefetch(10)
+
   return input_fn
 
 
 def model_fn(features, labels, mode, params):
   del labels  # In the features dict, as in mxRec's examples.
   is_train = mode == tf.estimator.ModeKeys.TRAIN
-  tables = [create_table(key_dtype=tf.int64, dim=tf.TensorShape([DIM]), name=name,
-                         emb_initializer=tf.compat.v1.truncated_normal_initializer(
-                             stddev=0.05, seed=model_lib.SEED + i),
-                         device_vocabulary_size=vocab)
-            for i, (name, vocab) in enumerate((("user_table", USER_VOCAB),
-                                               ("item_table", ITEM_VOCAB)))]
+  tables = [
+      create_table(
+          key_dtype=tf.int64, dim=tf.TensorShape([DIM]), name=name,
+          emb_initializer=tf.compat.v1.truncated_normal_initializer(stddev=0.05,
+                                                                    seed=model_lib.SEED + i),
+          device_vocabulary_size=vocab)
+      for i, (name, vocab) in enumerate((("user_table", USER_VOCAB), ("item_table", ITEM_VOCAB)))
+  ]
   modify_graph = params["modify_graph"]
   ids = [features["user_ids"], features["item_ids"]] if modify_graph else feature_specs()
   user_emb, item_emb = [
       sparse_lookup(table, feature, send_count=BATCH_SIZE, is_train=is_train,
                     name=f"{table.table_name}_lookup", modify_graph=modify_graph, batch=features)
-      for feature, table in zip(ids, tables)]
+      for feature, table in zip(ids, tables)
+  ]
   with tf.compat.v1.variable_scope("model", reuse=tf.compat.v1.AUTO_REUSE):
     loss, pred_0, pred_1 = model_lib.my_model(user_emb, item_emb, features["label_0"],
                                               features["label_1"])
@@ -72,8 +78,9 @@ def model_fn(features, labels, mode, params):
     return tf.estimator.EstimatorSpec(mode, predictions={"label_0": pred_0, "label_1": pred_1},
                                       scaffold=tf.compat.v1.train.Scaffold(saver=Saver()))
   if mode == tf.estimator.ModeKeys.EVAL:
-    return tf.estimator.EstimatorSpec(mode, loss=loss, eval_metric_ops={
-        "auc": tf.compat.v1.metrics.auc(features["label_0"], pred_0)},
+    return tf.estimator.EstimatorSpec(
+        mode, loss=loss,
+        eval_metric_ops={"auc": tf.compat.v1.metrics.auc(features["label_0"], pred_0)},
         scaffold=tf.compat.v1.train.Scaffold(saver=Saver()))
   tf.compat.v1.add_to_collection(TRAIN_LOSS, loss)
   dense_variables, sparse_variables = get_dense_and_sparse_variable()
@@ -123,15 +130,17 @@ def main(argv=None) -> dict:
                             hooks=[GraphModifierHook()], throttle_secs=0))
   result = estimator.evaluate(make_input_fn(False, modify_graph), steps=EVAL_STEPS,
                               hooks=[GraphModifierHook()])
-  predictions = estimator.predict(make_input_fn(False, modify_graph),
-                                  hooks=[GraphModifierHook()])
+  predictions = estimator.predict(make_input_fn(False, modify_graph), hooks=[GraphModifierHook()])
   first = next(iter(predictions))
-  print(f"step {result['global_step']}: train loss {last_loss.value:.4f}, eval loss "
-        f"{result['loss']:.4f}, eval auc {result['auc']:.4f}, first prediction "
-        f"{first['label_0'][0]:.4f}", flush=True)
+  print(
+      f"step {result['global_step']}: train loss {last_loss.value:.4f}, eval loss "
+      f"{result['loss']:.4f}, eval auc {result['auc']:.4f}, first prediction "
+      f"{first['label_0'][0]:.4f}", flush=True)
   terminate_config_initializer()
-  return {"step": int(result["global_step"]), "train_loss": last_loss.value,
-          "eval_loss": float(result["loss"]), "eval_auc": float(result["auc"])}
+  return {
+      "step": int(result["global_step"]), "train_loss": last_loss.value,
+      "eval_loss": float(result["loss"]), "eval_auc": float(result["auc"])
+  }
 
 
 if __name__ == "__main__":

@@ -16,13 +16,15 @@ def load_arrays(is_training: bool) -> dict:
   """The split as NumPy arrays: user_ids, item_ids [n, 1] int64; labels [n, 1] float32."""
   train, valid = movielens.split_by_time(movielens.read_ratings(fetch.fetch("movielens_100k")))
   split = train if is_training else valid
-  ratings = sorted((r for user in split.values() for r in user),
-                   key=lambda r: (r.timestamp_s, r.user_id, r.item_id))
+  ratings = sorted((r for user in split.values() for r in user), key=lambda r:
+                   (r.timestamp_s, r.user_id, r.item_id))
   users = np.array([[r.user_id] for r in ratings], np.int64)
   items = np.array([[r.item_id] for r in ratings], np.int64)
   stars = np.array([[r.rating] for r in ratings], np.float32)
-  return {"user_ids": users, "item_ids": items,
-          "label_0": (stars >= 4).astype(np.float32), "label_1": (stars >= 3).astype(np.float32)}
+  return {
+      "user_ids": users, "item_ids": items, "label_0": (stars >= 4).astype(np.float32),
+      "label_1": (stars >= 3).astype(np.float32)
+  }
 
 
 def generate_dataset(is_training: bool, batch_size: int) -> tf.data.Dataset:

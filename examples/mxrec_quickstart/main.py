@@ -95,7 +95,8 @@ def build_graph(tables, is_train, feature_spec_list, modify_graph, num_batches=N
   user_emb, item_emb = [
       sparse_lookup(table, feature, send_count=BATCH_SIZE, is_train=is_train,
                     name=f"{table.table_name}_lookup", modify_graph=modify_graph, batch=batch)
-      for feature, table in zip(ids, tables)]
+      for feature, table in zip(ids, tables)
+  ]
   with tf.compat.v1.variable_scope("model", reuse=tf.compat.v1.AUTO_REUSE):
     loss, pred_0, pred_1 = model_lib.my_model(user_emb, item_emb, batch["label_0"],
                                               batch["label_1"])
@@ -156,30 +157,37 @@ def main(argv=None) -> dict:
   if tiered and (modify_graph or use_dynamic_expansion):
     raise SystemExit(
         "mxrec_quickstart: HOST_VOCABULARY_SIZE/SSD_VOCABULARY_SIZE > 0 (tiered tables) is not "
-        "supported with " + " or ".join(
-            name for name, on in (("USE_MODIFY_GRAPH=1", modify_graph),
-                                  ("USE_DYNAMIC_EXPANSION=1", use_dynamic_expansion)) if on)
-        + "; run tiers in FeatureSpec mode (USE_MODIFY_GRAPH=0, USE_DYNAMIC_EXPANSION=0)")
+        "supported with " +
+        " or ".join(name
+                    for name, on in (("USE_MODIFY_GRAPH=1", modify_graph),
+                                     ("USE_DYNAMIC_EXPANSION=1", use_dynamic_expansion)) if on) +
+        "; run tiers in FeatureSpec mode (USE_MODIFY_GRAPH=0, USE_DYNAMIC_EXPANSION=0)")
 
   tf.compat.v1.disable_eager_execution()
   tf.compat.v1.set_random_seed(model_lib.SEED)
   init(train_steps=args.steps, eval_steps=EVAL_STEPS, use_dynamic_expansion=use_dynamic_expansion)
-  train_specs = [FeatureSpec("user_ids", table_name="user_table", feat_count=1),
-                 FeatureSpec("item_ids", table_name="item_table", feat_count=1)]
-  eval_specs = [FeatureSpec("user_ids", table_name="user_table", feat_count=1),
-                FeatureSpec("item_ids", table_name="item_table", feat_count=1)]
+  train_specs = [
+      FeatureSpec("user_ids", table_name="user_table", feat_count=1),
+      FeatureSpec("item_ids", table_name="item_table", feat_count=1)
+  ]
+  eval_specs = [
+      FeatureSpec("user_ids", table_name="user_table", feat_count=1),
+      FeatureSpec("item_ids", table_name="item_table", feat_count=1)
+  ]
   sparse_optimizer = None
   if tiered:
     # mxRec's DDR/SSD modes: the optimizer is known when the tables are
     # created, its slots moving between the tiers with the rows.
     sparse_optimizer = lazy_adam.create_hash_optimizer(learning_rate=0.001)
     tier_args["optimizer_list"] = [sparse_optimizer]
-  tables = [create_table(key_dtype=tf.int64, dim=tf.TensorShape([DIM]), name=name,
-                         emb_initializer=tf.compat.v1.truncated_normal_initializer(
-                             stddev=0.05, seed=model_lib.SEED + i),
-                         device_vocabulary_size=device_vocabulary_size or vocab, **tier_args)
-            for i, (name, vocab) in enumerate((("user_table", USER_VOCAB),
-                                               ("item_table", ITEM_VOCAB)))]
+  tables = [
+      create_table(
+          key_dtype=tf.int64, dim=tf.TensorShape([DIM]), name=name,
+          emb_initializer=tf.compat.v1.truncated_normal_initializer(stddev=0.05,
+                                                                    seed=model_lib.SEED + i),
+          device_vocabulary_size=device_vocabulary_size or vocab, **tier_args)
+      for i, (name, vocab) in enumerate((("user_table", USER_VOCAB), ("item_table", ITEM_VOCAB)))
+  ]
   # The latest checkpoint's global step: the batches already trained.
   latest = tf.train.latest_checkpoint(args.model_dir)
   trained_batches = int(tf.train.load_variable(latest, "global_step")) if latest else 0
@@ -205,8 +213,7 @@ def main(argv=None) -> dict:
     if sparse_optimizer is None:
       sparse_optimizer = lazy_adam.create_hash_optimizer(learning_rate=0.001)
     sparse_op = sparse_optimizer.apply_gradients(
-        zip(tf.gradients(train_loss, sparse_variables), sparse_variables),
-        global_step=global_step)
+        zip(tf.gradients(train_loss, sparse_variables), sparse_variables), global_step=global_step)
   train_op = tf.group(dense_op, sparse_op)
   auc, auc_update = tf.compat.v1.metrics.auc(eval_label, eval_pred)
   saver = Saver()  # Dense checkpoint plus sparse-model-0-<step>/ beside it.
@@ -223,8 +230,9 @@ def main(argv=None) -> dict:
     sess.run(tf.compat.v1.global_variables_initializer())
     if latest:
       saver.restore(sess, latest)
-      print(f"restored {latest}: resuming at step {trained_batches}, after the "
-            f"{trained_batches} batches it trained", flush=True)
+      print(
+          f"restored {latest}: resuming at step {trained_batches}, after the "
+          f"{trained_batches} batches it trained", flush=True)
     sess.run(get_initializer(True) if modify_graph else train_iterator.initializer)
     start = sess.run(global_step)
     loss, result = None, {}
@@ -237,16 +245,21 @@ def main(argv=None) -> dict:
         for _ in range(EVAL_STEPS):
           value, _ = sess.run([eval_loss, auc_update])
           eval_losses.append(value)
-        result = {"step": step, "train_loss": float(loss),
-                  "eval_loss": float(sum(eval_losses) / len(eval_losses)),
-                  "eval_auc": float(sess.run(auc))}
-        print(f"step {step}: train loss {loss:.4f}, eval loss {result['eval_loss']:.4f}, "
-              f"eval auc {result['eval_auc']:.4f}", flush=True)
+        result = {
+            "step": step, "train_loss": float(loss),
+            "eval_loss": float(sum(eval_losses) / len(eval_losses)),
+            "eval_auc": float(sess.run(auc))
+        }
+        print(
+            f"step {step}: train loss {loss:.4f}, eval loss {result['eval_loss']:.4f}, "
+            f"eval auc {result['eval_auc']:.4f}", flush=True)
       if step % args.saving_interval == 0:
         saver.save(sess, save_path, global_step=step)
     if tier_stats:
-      result["tiers"] = {name: {k: int(v) for k, v in stats.items()}
-                         for name, stats in sess.run(tier_stats).items()}
+      tier_values = sess.run(tier_stats)
+      result["tiers"] = {
+          name: {k: int(v) for k, v in stats.items()} for name, stats in tier_values.items()
+      }
       for name, stats in result["tiers"].items():
         print(f"{name} tiers: " + ", ".join(f"{k} {v}" for k, v in stats.items()), flush=True)
   terminate_config_initializer()

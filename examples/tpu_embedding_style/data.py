@@ -36,14 +36,16 @@ def build_lists(split: dict, history_of) -> dict:
       items.append([r.item_id for r in chunk])
       histories.append(history_of(user_id, start))
       labels.append([r.rating for r in chunk] + [-1.0] * (LIST_SIZE - len(chunk)))
-  return {"user_id": np.array(users, np.int64), "item_id": items, "history": histories,
-          "labels": np.array(labels, np.float32)}
+  return {
+      "user_id": np.array(users, np.int64), "item_id": items, "history": histories,
+      "labels": np.array(labels, np.float32)
+  }
 
 
 def load(valid_fraction: float = 0.2) -> tuple[dict, dict, dict]:
   """(train lists, validation lists, {movie: mean training rating})."""
-  train, valid = movielens.split_by_time(
-      movielens.read_ratings(fetch.fetch("movielens_100k")), valid_fraction)
+  train, valid = movielens.split_by_time(movielens.read_ratings(fetch.fetch("movielens_100k")),
+                                         valid_fraction)
   train_items = {user: [r.item_id for r in ratings] for user, ratings in train.items()}
   train_lists = build_lists(
       train, lambda user, start: train_items[user][max(0, start - HISTORY_SIZE):start])
@@ -58,9 +60,10 @@ def load(valid_fraction: float = 0.2) -> tuple[dict, dict, dict]:
 
 def dataset(lists: dict, batch_size: int, training: bool, seed: int = 0) -> tf.data.Dataset:
   """Batches of `(embedding_features, labels)`; shuffled and repeated for training."""
-  features = {"user_id": lists["user_id"],
-              "item_id": tf.ragged.constant(lists["item_id"], dtype=tf.int64),
-              "history": tf.ragged.constant(lists["history"], dtype=tf.int64, ragged_rank=1)}
+  features = {
+      "user_id": lists["user_id"], "item_id": tf.ragged.constant(lists["item_id"], dtype=tf.int64),
+      "history": tf.ragged.constant(lists["history"], dtype=tf.int64, ragged_rank=1)
+  }
   data = tf.data.Dataset.from_tensor_slices((features, lists["labels"]))
   if training:
     data = data.shuffle(len(lists["labels"]), seed=seed).repeat()

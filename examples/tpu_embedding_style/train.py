@@ -35,8 +35,8 @@ def make_strategy(replicas: int) -> tf.distribute.Strategy:
   """MirroredStrategy over `replicas` logical CPUs (or every GPU)."""
   if replicas > 1 and not tf.config.list_physical_devices("GPU"):
     cpu = tf.config.list_physical_devices("CPU")[0]
-    tf.config.set_logical_device_configuration(
-        cpu, [tf.config.LogicalDeviceConfiguration()] * replicas)
+    tf.config.set_logical_device_configuration(cpu,
+                                               [tf.config.LogicalDeviceConfiguration()] * replicas)
   return tf.distribute.MirroredStrategy()
 
 
@@ -45,18 +45,20 @@ class Ranker(tf.keras.Model):
 
   def __init__(self):
     super().__init__()
-    self.hidden = [tf.keras.layers.Dense(64, activation="relu"),
-                   tf.keras.layers.Dense(32, activation="relu")]
+    self.hidden = [
+        tf.keras.layers.Dense(64, activation="relu"),
+        tf.keras.layers.Dense(32, activation="relu")
+    ]
     self.score = tf.keras.layers.Dense(1)
 
   def call(self, activations):
-    item = activations["item_id"]                                    # [B, L, DIM]
+    item = activations["item_id"]  # [B, L, DIM]
     context = tf.concat([activations["user_id"], activations["history"]], -1)
     context = tf.tile(context[:, None, :], [1, tf.shape(item)[1], 1])
-    x = tf.concat([context, item, context[..., DIM:] * item], -1)   # history . movie too
+    x = tf.concat([context, item, context[..., DIM:] * item], -1)  # history . movie too
     for layer in self.hidden:
       x = layer(x)
-    return tf.squeeze(self.score(x), -1)                             # [B, L]
+    return tf.squeeze(self.score(x), -1)  # [B, L]
 
 
 def main():
@@ -73,14 +75,14 @@ def main():
   train_lists, valid_lists, mean_rating = data.load()
 
   # ---- As in the TPUEmbedding docs: tables, features, the embedding object. ----
-  movie = tpu_embedding.TableConfig(vocabulary_size=2_000, dim=DIM, combiner="mean",
-                                    name="movie")
+  movie = tpu_embedding.TableConfig(vocabulary_size=2_000, dim=DIM, combiner="mean", name="movie")
   user = tpu_embedding.TableConfig(vocabulary_size=1_000, dim=DIM, name="user",
                                    optimizer=tpu_embedding.Adagrad(0.05))
   feature_config = {
       "user_id": tpu_embedding.FeatureConfig(table=user),
       "item_id": tpu_embedding.FeatureConfig(table=movie, max_sequence_length=data.LIST_SIZE),
-      "history": tpu_embedding.FeatureConfig(table=movie)}
+      "history": tpu_embedding.FeatureConfig(table=movie)
+  }
   with strategy.scope():
     embedding = tpu_embedding.TPUEmbedding(feature_config=feature_config,
                                            optimizer=tpu_embedding.Adam(args.embedding_lr))
@@ -90,13 +92,15 @@ def main():
   loss_fn = tfr.keras.losses.PairwiseLogisticLoss(reduction=tf.keras.losses.Reduction.NONE)
 
   options = tf.distribute.InputOptions(experimental_fetch_to_device=False)
-  train_iterator = iter(strategy.experimental_distribute_dataset(
-      data.dataset(train_lists, args.batch_size, training=True), options=options))
+  train_iterator = iter(
+      strategy.experimental_distribute_dataset(
+          data.dataset(train_lists, args.batch_size, training=True), options=options))
   steps_per_epoch = len(train_lists["labels"]) // args.batch_size
   eval_steps = math.ceil(len(valid_lists["labels"]) / (2 * args.batch_size))
 
   @tf.function
   def training_step(dataset_iterator, num_steps):
+
     def tpu_step(tpu_features):
       labels = tpu_features
       with tf.GradientTape() as tape:
@@ -104,8 +108,8 @@ def main():
         tape.watch(activations)
         model_output = model(activations)
         loss = tf.reduce_sum(loss_fn(labels, model_output)) / args.batch_size
-      embedding_gradients, model_gradients = tape.gradient(
-          loss, [activations, model.trainable_variables])
+      embedding_gradients, model_gradients = tape.gradient(loss,
+                                                           [activations, model.trainable_variables])
       embedding.apply_gradients(embedding_gradients)
       optimizer.apply_gradients(zip(model_gradients, model.trainable_variables))
       return loss
@@ -120,6 +124,7 @@ def main():
 
   @tf.function
   def evaluation_step(dataset_iterator, num_steps):
+
     def tpu_step(tpu_features):
       activations = embedding.dequeue()
       model_output = model(activations)
@@ -145,9 +150,9 @@ def main():
   for epoch in range(args.epochs):
     loss = float(training_step(train_iterator, tf.constant(steps_per_epoch)))
     scores = evaluate()
-    print(f"epoch {epoch + 1}: loss {loss:.4f}  " + "  ".join(
-        f"{name} {value:.4f}" for name, value in scores.items()) +
-        f"  ({time.time() - start:.0f} s)")
+    print(f"epoch {epoch + 1}: loss {loss:.4f}  " +
+          "  ".join(f"{name} {value:.4f}" for name, value in scores.items()) +
+          f"  ({time.time() - start:.0f} s)")
 
   checkpoint = tf.train.Checkpoint(model=model, embedding=embedding)
   path = checkpoint.save(os.path.join(args.model_dir, "ckpt"))

@@ -47,8 +47,7 @@ class AdmitEvictConfig:
   def __post_init__(self):
     for name in ("access_threshold", "eviction_threshold_s"):
       value = getattr(self, name)
-      if value is not None and (isinstance(value, bool) or not isinstance(value, int)
-                                or value < 0):
+      if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
         raise ValueError(f"`{name}` must be None or an int >= 0, got {value!r}")
 
   @property
@@ -102,8 +101,7 @@ def insert(container: str, table_name: str, keys: tf.Tensor, training: bool,
     timestamp = tf.constant(-1, tf.int64)
   with tf.device(key_index_lib.HOST_DEVICE):
     unique_rows, restore, _ = ops.load().mx_key_index_insert_admit(
-        handle, keys, counts, timestamp,
-        tf.constant(config.access_threshold or 0, tf.int64))
+        handle, keys, counts, timestamp, tf.constant(config.access_threshold or 0, tf.int64))
   return unique_rows, restore
 
 
@@ -123,8 +121,7 @@ def table_stats(table) -> dict[str, tf.Tensor]:
   """
   with tf.device(key_index_lib.HOST_DEVICE):
     stats = ops.load().mx_key_index_stats(table.key_index.resource_handle)
-  return dict(zip(("size", "capacity", "admissions", "evictions", "pending"),
-                  tf.unstack(stats, 5)))
+  return dict(zip(("size", "capacity", "admissions", "evictions", "pending"), tf.unstack(stats, 5)))
 
 
 def evict(table, idle_s: int, optimizers=()) -> tf.Tensor:
@@ -184,6 +181,8 @@ def evict_all(optimizers=None) -> dict[str, tf.Tensor]:
   run = initialize.get_config_initializer()
   if optimizers is None:
     optimizers = run.hash_optimizers
-  return {name: evict(run.tables[name], config.eviction_threshold_s, optimizers)
-          for name, config in run.admit_evict.items()
-          if config.eviction_threshold_s is not None and name in run.tables}
+  return {
+      name: evict(run.tables[name], config.eviction_threshold_s, optimizers)
+      for name, config in run.admit_evict.items()
+      if config.eviction_threshold_s is not None and name in run.tables
+  }

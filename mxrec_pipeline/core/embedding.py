@@ -109,12 +109,11 @@ class SparseEmbedding(tf.Module):
         return tf.identity(initial_rows())
 
     # Under a distribution strategy the strategy places the rows.
-    placement = (contextlib.nullcontext() if tf.distribute.has_strategy()
-                 else tf.device(device or default_device()))
+    placement = (contextlib.nullcontext()
+                 if tf.distribute.has_strategy() else tf.device(device or default_device()))
     with placement:
-      self.variable = tf.compat.v1.Variable(
-          initial_value, trainable=True, use_resource=True, name=f"{table_name}/embedding",
-          dtype=value_dtype)
+      self.variable = tf.compat.v1.Variable(initial_value, trainable=True, use_resource=True,
+                                            name=f"{table_name}/embedding", dtype=value_dtype)
     if self.tiers is not None:
       self.tiers.attach_at_creation(optimizer_list, self.variable)
       if not tf.executing_eagerly():
@@ -145,10 +144,9 @@ class SparseEmbedding(tf.Module):
 
 def create_table(key_dtype: tf.DType, dim: int | tf.TensorShape, name: str,
                  emb_initializer: Callable, device_vocabulary_size: int = 1,
-                 host_vocabulary_size: int = 0, ssd_vocabulary_size: int = 0,
-                 ssd_data_path=(), optimizer_list=None, init_param: float = 1.0,
-                 value_dtype: tf.DType = tf.float32, device: str | None = None,
-                 cache_policy: str = "lru") -> SparseEmbedding:
+                 host_vocabulary_size: int = 0, ssd_vocabulary_size: int = 0, ssd_data_path=(),
+                 optimizer_list=None, init_param: float = 1.0, value_dtype: tf.DType = tf.float32,
+                 device: str | None = None, cache_policy: str = "lru") -> SparseEmbedding:
   """Creates a table of the sparse core (mx_rec.core.embedding.create_table).
 
   Args:
@@ -225,32 +223,30 @@ def create_table(key_dtype: tf.DType, dim: int | tf.TensorShape, name: str,
     raise ValueError(f"create_table('{name}'): `emb_initializer` must be callable, "
                      f"got {emb_initializer!r}")
   tier_config = tiers.check_tier_args(name, device_vocabulary_size, host_vocabulary_size,
-                                     ssd_vocabulary_size, ssd_data_path, cache_policy,
-                                     value_dtype)
+                                      ssd_vocabulary_size, ssd_data_path, cache_policy, value_dtype)
   optimizer_list = list(optimizer_list or [])
   if tier_config is None:
-    table_class = (expansion.ExpansionTable if run.config.use_dynamic_expansion
-                   else SparseEmbedding)
-    table = table_class(
-        table_name=name, dim=dim, key_dtype=key_dtype, value_dtype=value_dtype,
-        emb_initializer=emb_initializer, device_vocabulary_size=device_vocabulary_size,
-        init_param=float(init_param), device=device, container=run.container)
+    table_class = (expansion.ExpansionTable
+                   if run.config.use_dynamic_expansion else SparseEmbedding)
+    table = table_class(table_name=name, dim=dim, key_dtype=key_dtype, value_dtype=value_dtype,
+                        emb_initializer=emb_initializer,
+                        device_vocabulary_size=device_vocabulary_size, init_param=float(init_param),
+                        device=device, container=run.container)
   else:
     if run.config.use_dynamic_expansion:
       raise ValueError(f"create_table('{name}'): host_vocabulary_size > 0 needs "
                        "init(use_dynamic_expansion=False), as in mxRec")
-    table = SparseEmbedding(
-        table_name=name, dim=dim, key_dtype=key_dtype, value_dtype=value_dtype,
-        emb_initializer=emb_initializer, device_vocabulary_size=device_vocabulary_size,
-        init_param=float(init_param), device=device, container=run.container,
-        tier_config=tier_config, optimizer_list=optimizer_list)
+    table = SparseEmbedding(table_name=name, dim=dim, key_dtype=key_dtype, value_dtype=value_dtype,
+                            emb_initializer=emb_initializer,
+                            device_vocabulary_size=device_vocabulary_size,
+                            init_param=float(init_param), device=device, container=run.container,
+                            tier_config=tier_config, optimizer_list=optimizer_list)
   run.tables[name] = table
   return table
 
 
 def _is_positive_int(value) -> bool:
-  return (isinstance(value, numbers.Integral) and not isinstance(value, bool)
-          and value > 0)
+  return (isinstance(value, numbers.Integral) and not isinstance(value, bool) and value > 0)
 
 
 def sparse_lookup(hashtable: SparseEmbedding, ids, send_count: int | None = None,
@@ -330,14 +326,16 @@ def sparse_lookup(hashtable: SparseEmbedding, ids, send_count: int | None = None
       unique_rows, restore = _inserted_rows(hashtable, ids, batch)
       if hashtable.is_tiered and is_train:
         token = _plan_token(hashtable, ids, batch)
-        deps.append(tf.debugging.assert_positive(
-            token, message=f"table '{table}': this batch was inserted with "
-            "is_training=False; look it up with is_train=False"))
+        deps.append(
+            tf.debugging.assert_positive(
+                token, message=f"table '{table}': this batch was inserted with "
+                "is_training=False; look it up with is_train=False"))
       if is_train and not admits:
         # A batch mapped with is_training=False holds -1 rows for unseen ids.
-        deps.append(tf.debugging.assert_non_negative(
-            unique_rows, message=f"table '{table}': this batch was inserted with "
-            "is_training=False; look it up with is_train=False"))
+        deps.append(
+            tf.debugging.assert_non_negative(
+                unique_rows, message=f"table '{table}': this batch was inserted with "
+                "is_training=False; look it up with is_train=False"))
     else:
       ids = tf.convert_to_tensor(ids)
       _check_key_dtype(hashtable, ids.dtype, "ids")
@@ -352,19 +350,20 @@ def sparse_lookup(hashtable: SparseEmbedding, ids, send_count: int | None = None
       else:
         keys = key_index_lib.to_keys(ids)
         unique_rows, restore = admission.insert(
-            run.container, table, keys, is_train,
-            counts=tf.fill(tf.shape(keys, out_type=tf.int64),
-                           tf.constant(faae_coefficient, tf.int64)))
+            run.container, table, keys,
+            is_train, counts=tf.fill(tf.shape(keys, out_type=tf.int64),
+                                     tf.constant(faae_coefficient, tf.int64)))
         if hashtable.is_tiered and is_train:
           unique_rows, token = tiers.plan(run.container, table, unique_rows)
     if send_count is not None:
-      deps.append(tf.debugging.assert_less_equal(
-          tf.size(unique_rows, out_type=tf.int64), tf.constant(send_count, tf.int64),
-          message=f"table '{table}': more distinct ids in one batch than send_count={send_count}"))
+      message = f"table '{table}': more distinct ids in one batch than send_count={send_count}"
+      deps.append(
+          tf.debugging.assert_less_equal(tf.size(unique_rows, out_type=tf.int64),
+                                         tf.constant(send_count, tf.int64), message=message))
     with tf.control_dependencies(deps):
-      unique_emb = lookup.unique_embeddings(
-          hashtable, unique_rows, training=is_train, plan_token=token,
-          default_value=serving_default_value, admitting=admits and is_train)
+      unique_emb = lookup.unique_embeddings(hashtable, unique_rows, training=is_train,
+                                            plan_token=token, default_value=serving_default_value,
+                                            admitting=admits and is_train)
       out = lookup.per_id(unique_emb, restore)
     return out if is_grad else tf.stop_gradient(out)
 
@@ -397,8 +396,10 @@ def _configure_admission(table, ids, config: dict | None, modify_graph: bool) ->
   if coefficient != 1 and (modify_graph or isinstance(ids, fs.FeatureSpec)):
     raise ValueError(f"{where}: set faae_coefficient on the FeatureSpec (modify_graph=True and "
                      "FeatureSpec lookups count ids in the dataset)")
-  admission.configure(table.table_name, admission.AdmitEvictConfig(
-      config.get("access_threshold"), config.get("eviction_threshold")), where)
+  admission.configure(
+      table.table_name,
+      admission.AdmitEvictConfig(config.get("access_threshold"), config.get("eviction_threshold")),
+      where)
   return coefficient
 
 

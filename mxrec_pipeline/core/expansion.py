@@ -75,8 +75,7 @@ class ExpansionKeyIndex(key_index_lib.KeyIndex):
   both.
   """
 
-  def __init__(self, container: str, table_name: str, capacity: int,
-               store: row_store_lib.RowStore):
+  def __init__(self, container: str, table_name: str, capacity: int, store: row_store_lib.RowStore):
     super().__init__(container, table_name, capacity, growable=True)
     # Not tracked: the table tracks (and checkpoints) the store itself.
     object.__setattr__(self, "_store", store)
@@ -139,9 +138,8 @@ class ExpansionTable(tf.Module):
         return tf.zeros([0, dim], tf.float32)
 
     with tf.device(HOST_DEVICE):
-      self.variable = tf.compat.v1.Variable(
-          initial_value, trainable=True, use_resource=True, dtype=tf.float32,
-          name=f"{table_name}/expansion_anchor")
+      self.variable = tf.compat.v1.Variable(initial_value, trainable=True, use_resource=True,
+                                            dtype=tf.float32, name=f"{table_name}/expansion_anchor")
 
   def __repr__(self):
     return (f"ExpansionTable(name={self.table_name!r}, dim={self.dim}, "
@@ -168,8 +166,7 @@ class ExpansionTable(tf.Module):
       needed = tf.reduce_max(tf.concat([rows, tf.constant([-1], tf.int64)], 0)) + 1
       size = self.store.size()[0]
       return tf.while_loop(lambda size: size < needed,
-                           lambda size: [self.store.append(size, self.initial_rows())],
-                           [size])[0]
+                           lambda size: [self.store.append(size, self.initial_rows())], [size])[0]
 
   def lookup_unique(self, unique_rows: tf.Tensor, training: bool):
     """(local_emb [u, dim], addresses [u]) of distinct rows, growing the store.

@@ -33,8 +33,8 @@ class EvictSchedule:
 
   def __init__(self, time_interval_s: int, step_interval: int | None,
                clock: Callable[[], float] = time.monotonic):
-    for name, value in (("evict_time_interval", time_interval_s),
-                        ("evict_step_interval", step_interval)):
+    for name, value in (("evict_time_interval", time_interval_s), ("evict_step_interval",
+                                                                   step_interval)):
       if value is None and name == "evict_step_interval":
         continue
       if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= _MAX_INT32:
@@ -53,8 +53,8 @@ class EvictSchedule:
     """Counts one step; True when eviction is due (then the interval restarts)."""
     self._steps += 1
     now = self._clock()
-    due = now - self._last >= self.time_interval_s or (
-        self.step_interval is not None and self._steps % self.step_interval == 0)
+    due = now - self._last >= self.time_interval_s or (self.step_interval is not None and
+                                                       self._steps % self.step_interval == 0)
     if due:
       self._last = now
     return due
@@ -83,8 +83,8 @@ class EvictHook(tf.compat.v1.train.SessionRunHook):
 
   def __init__(self, evict_enable: bool = False,
                evict_time_interval: int = DEFAULT_EVICT_TIME_INTERVAL_S,
-               evict_step_interval: int | None = None, *,
-               clock: Callable[[], float] = time.monotonic):
+               evict_step_interval: int | None = None, *, clock: Callable[[],
+                                                                          float] = time.monotonic):
     if not isinstance(evict_enable, bool):
       raise ValueError(f"`evict_enable` must be a bool, got {evict_enable!r}")
     self._enable = evict_enable

@@ -90,10 +90,9 @@ class RowInitializer:
     """
     global_rows = tf.convert_to_tensor(global_rows, tf.int64)
     with tf.device(key_index.HOST_DEVICE):
-      values = ops.load().mx_row_init(
-          global_rows, dim=int(dim), kind=self.kind, mean=self.mean, stddev=self.stddev,
-          minval=self.minval, maxval=self.maxval, value=self.value, scale=self.scale,
-          seed=_signed64(self.seed))
+      values = ops.load().mx_row_init(global_rows, dim=int(dim), kind=self.kind, mean=self.mean,
+                                      stddev=self.stddev, minval=self.minval, maxval=self.maxval,
+                                      value=self.value, scale=self.scale, seed=_signed64(self.seed))
     dtype = tf.as_dtype(dtype)
     return values if dtype == tf.float32 else tf.cast(values, dtype)
 

@@ -21,8 +21,8 @@ HOST_DEVICE = "/CPU:0"
 # What a checkpoint holds of a key index (MxKeyIndexExportState's outputs): the
 # (key, row) pairs, their last-seen times, the admission counts of keys without
 # a row, and [admissions, evictions, latest timestamp].
-STATE_NAMES = ("keys", "rows", "last_seen", "pending_keys", "pending_counts",
-               "pending_last_seen", "counters")
+STATE_NAMES = ("keys", "rows", "last_seen", "pending_keys", "pending_counts", "pending_last_seen",
+               "counters")
 
 # Salt-free stable 64-bit fingerprint range for string ids; stock TF computes the
 # same at serving time (Fingerprint64 modulo 2^63 - 1).
@@ -105,8 +105,8 @@ class KeyIndex(tf.Module):
     with tf.device(HOST_DEVICE):
       # Eagerly: the index exists from here on. In a graph: the op that creates
       # (or empties) it, run by the table variable's initializer.
-      self.create_op = ops.load().mx_key_index_create(
-          self._handle, capacity=capacity, growable=growable, table_name=table_name)
+      self.create_op = ops.load().mx_key_index_create(self._handle, capacity=capacity,
+                                                      growable=growable, table_name=table_name)
     if not tf.executing_eagerly():
       tf.compat.v1.add_to_collection(tf.compat.v1.GraphKeys.SAVEABLE_OBJECTS,
                                      _KeyIndexSaveable(self))
@@ -155,8 +155,9 @@ class KeyIndex(tf.Module):
     return tf.lookup.StaticHashTable(tf.lookup.KeyValueTensorInitializer(keys, rows),
                                      default_value=-1, name=f"{self._table_name}_rows")
 
-  def to_compact_table(self, read_rows: Callable[[tf.Tensor], tf.Tensor]
-                       ) -> tuple[tf.lookup.StaticHashTable, tf.Tensor]:
+  def to_compact_table(
+      self, read_rows: Callable[[tf.Tensor],
+                                tf.Tensor]) -> tuple[tf.lookup.StaticHashTable, tf.Tensor]:
     """A snapshot holding only the used rows, for serving with plain TensorFlow.
 
     Gathers the rows of the index's keys into a compact block whose last row,
@@ -180,8 +181,8 @@ class KeyIndex(tf.Module):
     num_keys = tf.size(keys, out_type=tf.int64)
     compact = read_rows(tf.concat([rows, tf.constant([-1], tf.int64)], 0))
     positions = tf.lookup.StaticHashTable(
-        tf.lookup.KeyValueTensorInitializer(keys, tf.range(num_keys)),
-        default_value=num_keys, name=f"{self._table_name}_positions")
+        tf.lookup.KeyValueTensorInitializer(keys, tf.range(num_keys)), default_value=num_keys,
+        name=f"{self._table_name}_positions")
     return positions, compact
 
   def import_(self, keys: tf.Tensor, rows: tf.Tensor):
@@ -193,9 +194,8 @@ class KeyIndex(tf.Module):
         is then left unchanged.
     """
     with tf.device(HOST_DEVICE):
-      return ops.load().mx_key_index_import(
-          self._handle, keys, rows, capacity=self._capacity, growable=self._growable,
-          table_name=self._table_name)
+      return ops.load().mx_key_index_import(self._handle, keys, rows, capacity=self._capacity,
+                                            growable=self._growable, table_name=self._table_name)
 
   def release(self) -> None:
     """Frees an eagerly created index; later uses fail with FailedPrecondition.
@@ -215,9 +215,10 @@ class KeyIndex(tf.Module):
   def import_state(self, state: dict):
     """Replaces the content with an `export_state()`; creates the index if needed."""
     with tf.device(HOST_DEVICE):
-      return ops.load().mx_key_index_import_state(
-          self._handle, *[state[name] for name in STATE_NAMES], capacity=self._capacity,
-          growable=self._growable, table_name=self._table_name)
+      return ops.load().mx_key_index_import_state(self._handle,
+                                                  *[state[name] for name in STATE_NAMES],
+                                                  capacity=self._capacity, growable=self._growable,
+                                                  table_name=self._table_name)
 
   def _serialize_to_tensors(self):
     return self.export_state()

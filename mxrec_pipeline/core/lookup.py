@@ -91,8 +91,8 @@ def unique_embeddings(table, unique_rows: tf.Tensor, *, training: bool,
       # its slots) depend on the moves: in a tf.compat.v1 graph nothing else
       # orders them.
       unique_rows = tf.identity(unique_rows)
-  return gather_rows(table.variable, unique_rows, training=training,
-                     default_value=default_value, admitting=admitting)
+  return gather_rows(table.variable, unique_rows, training=training, default_value=default_value,
+                     admitting=admitting)
 
 
 def gather_rows(rows, unique_rows: tf.Tensor, *, training: bool = True, default_value=None,
@@ -121,8 +121,8 @@ def gather_rows(rows, unique_rows: tf.Tensor, *, training: bool = True, default_
   rows = _replica_local(rows)
   if training and not admitting:
     return tf.gather(rows, unique_rows)
-  default = default_value_lib.default_embedding(
-      default_value, rows.shape[-1], rows.dtype, rows.name.split("/")[0])
+  default = default_value_lib.default_embedding(default_value, rows.shape[-1], rows.dtype,
+                                                rows.name.split("/")[0])
   present = unique_rows >= 0
   if not training:
     unique_emb = tf.gather(rows, tf.maximum(unique_rows, 0))
@@ -132,8 +132,9 @@ def gather_rows(rows, unique_rows: tf.Tensor, *, training: bool = True, default_
     gathered = tf.gather(rows, tf.boolean_mask(unique_rows, present))
     unique_emb = tf.scatter_nd(
         tf.where(present), gathered,
-        tf.stack([tf.size(unique_rows, out_type=tf.int64),
-                  tf.shape(gathered, out_type=tf.int64)[1]]))
+        tf.stack(
+            [tf.size(unique_rows, out_type=tf.int64),
+             tf.shape(gathered, out_type=tf.int64)[1]]))
   return tf.where(tf.expand_dims(present, -1), unique_emb, default)
 
 
@@ -162,8 +163,8 @@ def _replica_local(rows):
   it); gathering from the local component reads only the rows, with the same
   values and gradients.
   """
-  if (isinstance(rows, tf.distribute.DistributedValues)
-      and not tf.distribute.in_cross_replica_context()):
+  if (isinstance(rows, tf.distribute.DistributedValues) and
+      not tf.distribute.in_cross_replica_context()):
     context = tf.distribute.get_replica_context()
     replica = tf.get_static_value(context.replica_id_in_sync_group)
     if replica is not None:

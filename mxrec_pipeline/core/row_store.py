@@ -51,8 +51,7 @@ class RowStore(tf.Module):
     with tf.device(HOST_DEVICE):
       # Eagerly: the store exists from here on. In a graph: the op that creates
       # (or empties) it, run by the table's initializer.
-      self.create_op = ops.load().mx_row_store_create(
-          self._handle, dim=dim, table_name=table_name)
+      self.create_op = ops.load().mx_row_store_create(self._handle, dim=dim, table_name=table_name)
     if not tf.executing_eagerly():
       tf.compat.v1.add_to_collection(tf.compat.v1.GraphKeys.SAVEABLE_OBJECTS,
                                      _RowStoreSaveable(self))
@@ -74,8 +73,8 @@ class RowStore(tf.Module):
   def set_slots(self, initial_values: Sequence[float] | tf.Tensor):
     """Sets the rows' optimizer slots, one per initial value (see the op)."""
     with tf.device(HOST_DEVICE):
-      return ops.load().mx_row_store_set_slots(
-          self._handle, tf.convert_to_tensor(initial_values, tf.float32))
+      return ops.load().mx_row_store_set_slots(self._handle,
+                                               tf.convert_to_tensor(initial_values, tf.float32))
 
   def lookup(self, rows: tf.Tensor, anchor: tf.Variable):
     """(embeddings [n, dim], addresses [n]) of distinct rows; -1 reads zeros."""
@@ -142,8 +141,10 @@ class _RowStoreSaveable(saveable_object.SaveableObject):
   def __init__(self, store: RowStore):
     name = f"{store._table_name}/row_store"  # pylint: disable=protected-access
     values, slot_initial_values = store.export()
-    specs = [saveable_object.SaveSpec(values, "", f"{name}-values"),
-             saveable_object.SaveSpec(slot_initial_values, "", f"{name}-slot_initial_values")]
+    specs = [
+        saveable_object.SaveSpec(values, "", f"{name}-values"),
+        saveable_object.SaveSpec(slot_initial_values, "", f"{name}-slot_initial_values")
+    ]
     super().__init__(store.resource_handle, specs, name)
     self._store = store
 

@@ -94,8 +94,8 @@ def check_tier_args(table_name: str, device_vocabulary_size: int, host_vocabular
     ValueError: naming the table and the argument or path.
   """
   where = f"create_table('{table_name}')"
-  for arg, value in (("host_vocabulary_size", host_vocabulary_size),
-                     ("ssd_vocabulary_size", ssd_vocabulary_size)):
+  for arg, value in (("host_vocabulary_size", host_vocabulary_size), ("ssd_vocabulary_size",
+                                                                      ssd_vocabulary_size)):
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
       raise ValueError(f"{where}: `{arg}` must be an int >= 0, got {value!r}")
   if isinstance(ssd_data_path, (str, bytes, os.PathLike)):
@@ -154,8 +154,7 @@ def plan(container: str, table_name: str, global_rows: tf.Tensor):
       batch and the batches in flight (names the table).
   """
   with tf.device(HOST_DEVICE):
-    slots, token = ops.load().mx_device_cache_plan(cache_handle(container, table_name),
-                                                    global_rows)
+    slots, token = ops.load().mx_device_cache_plan(cache_handle(container, table_name), global_rows)
   return slots, tf.reshape(token, [1])
 
 
@@ -185,8 +184,8 @@ class TieredStorage(tf.Module):
     self._container = container
     self._optimizers = []
     self._slot_variables = []  # (variable, initial value) in attach order
-    self._applied_ops = {}     # token tensor ref -> the step's moves (one apply per batch)
-    self._last_token = None    # of the latest apply_plan: what `finish` reports done
+    self._applied_ops = {}  # token tensor ref -> the step's moves (one apply per batch)
+    self._last_token = None  # of the latest apply_plan: what `finish` reports done
     self._frozen = False
     self.cache_handle = cache_handle(container, table_name)
     self.store_handle = store_handle(container, table_name)
@@ -200,15 +199,14 @@ class TieredStorage(tf.Module):
     return self._dim * (1 + len(self._slot_variables))
 
   def _cache_attrs(self) -> dict:
-    return dict(device_rows=self.config.device_vocabulary_size,
-                total_rows=self.config.total_rows, policy=self.config.cache_policy,
-                table_name=self._table_name, wait_seconds=self.config.wait_seconds)
+    return dict(device_rows=self.config.device_vocabulary_size, total_rows=self.config.total_rows,
+                policy=self.config.cache_policy, table_name=self._table_name,
+                wait_seconds=self.config.wait_seconds)
 
   def _store_attrs(self) -> dict:
     return dict(width=self.width, host_rows=self.config.host_vocabulary_size,
-                ssd_rows=self.config.ssd_vocabulary_size,
-                ssd_dirs=list(self.config.ssd_data_path), total_rows=self.config.total_rows,
-                table_name=self._table_name)
+                ssd_rows=self.config.ssd_vocabulary_size, ssd_dirs=list(self.config.ssd_data_path),
+                total_rows=self.config.total_rows, table_name=self._table_name)
 
   def make_create_ops(self, slot_count: int) -> list:
     """Ops creating (or emptying) the cache and the store; eagerly, runs them.
@@ -264,14 +262,17 @@ class TieredStorage(tf.Module):
   # -- training ----------------------------------------------------------------
 
   def _row_variables(self, variable):
-    return [_single_replica(v, self._table_name)
-            for v in [variable] + [v for v, _ in self._slot_variables]]
+    return [
+        _single_replica(v, self._table_name)
+        for v in [variable] + [v for v, _ in self._slot_variables]
+    ]
 
   def fresh_rows(self, global_rows: tf.Tensor) -> tf.Tensor:
     """[n, width] initial rows: RowInitializer(g) and the slots' initial values."""
     embedding = self.row_initializer.rows(global_rows, self._dim, tf.float32)
-    blocks = [embedding] + [tf.fill([tf.size(global_rows), self._dim], initial)
-                            for _, initial in self._slot_variables]
+    blocks = [embedding] + [
+        tf.fill([tf.size(global_rows), self._dim], initial) for _, initial in self._slot_variables
+    ]
     return tf.concat(blocks, axis=1)
 
   def apply_plan(self, variable: tf.Variable, token: tf.Tensor) -> tf.Operation:
@@ -304,20 +305,22 @@ class TieredStorage(tf.Module):
       from_device = in_sources >= 0
       device_positions = tf.where(from_device)[:, 0]
       store_positions = tf.where(tf.logical_not(from_device))[:, 0]
-      moved_rows = tf.concat([tf.gather(v, tf.gather(in_sources, device_positions))
-                              for v in variables], axis=1)
+      moved_rows = tf.concat(
+          [tf.gather(v, tf.gather(in_sources, device_positions)) for v in variables], axis=1)
       store_globals = tf.gather(in_globals, store_positions)
       with tf.control_dependencies([out_rows, moved_rows]):
         with tf.device(HOST_DEVICE):
-          taken, found = ops.load().mx_tier_store_swap(
-              self.store_handle, erase, store_globals, out_globals, out_rows)
+          taken, found = ops.load().mx_tier_store_swap(self.store_handle, erase, store_globals,
+                                                       out_globals, out_rows)
       store_rows = tf.where(found[:, None], taken, self.fresh_rows(store_globals))
       in_rows = tf.dynamic_stitch(
-          [tf.cast(device_positions, tf.int32), tf.cast(store_positions, tf.int32)],
-          [moved_rows, store_rows])
+          [tf.cast(device_positions, tf.int32),
+           tf.cast(store_positions, tf.int32)], [moved_rows, store_rows])
       in_rows = tf.reshape(in_rows, [-1, dim * len(variables)])
-      updates = [v.scatter_update(tf.IndexedSlices(in_rows[:, i * dim:(i + 1) * dim], in_slots))
-                 for i, v in enumerate(variables)]
+      updates = [
+          v.scatter_update(tf.IndexedSlices(in_rows[:, i * dim:(i + 1) * dim], in_slots))
+          for i, v in enumerate(variables)
+      ]
       applied = tf.group(updates)
     if key is not None:
       self._applied_ops[key] = applied
@@ -332,8 +335,8 @@ class TieredStorage(tf.Module):
     no plan was applied in the current graph (or eagerly, none yet).
     """
     token = self._last_token
-    if token is None or (tf.is_symbolic_tensor(token)
-                         and token.graph is not tf.compat.v1.get_default_graph()):
+    if token is None or (tf.is_symbolic_tensor(token) and
+                         token.graph is not tf.compat.v1.get_default_graph()):
       return None
     with tf.control_dependencies(after), tf.device(HOST_DEVICE):
       return ops.load().mx_device_cache_finish(self.cache_handle, token)
@@ -343,8 +346,7 @@ class TieredStorage(tf.Module):
     with tf.device(HOST_DEVICE):
       slots = ops.load().mx_device_cache_locate(self.cache_handle, global_rows)
       # -1 (no row) reads global row 0 here; callers read the default for it.
-      stored, found = ops.load().mx_tier_store_read(self.store_handle,
-                                                    tf.maximum(global_rows, 0))
+      stored, found = ops.load().mx_tier_store_read(self.store_handle, tf.maximum(global_rows, 0))
     return slots, stored, found
 
   def read(self, variable: tf.Variable, global_rows: tf.Tensor, default_value=None) -> tf.Tensor:
@@ -407,17 +409,20 @@ class TieredStorage(tf.Module):
     on_device = tf.minimum(n, self.config.device_vocabulary_size)
     slots = tf.range(on_device)
     empty = tf.zeros([0], tf.int64)
-    cache_state = {"slots": slots, "globals": global_rows[:on_device],
-                   "last_used": tf.zeros_like(slots), "frequency": tf.ones_like(slots),
-                   "dropped": empty, "counters": tf.zeros([5], tf.int64)}
+    cache_state = {
+        "slots": slots, "globals": global_rows[:on_device], "last_used": tf.zeros_like(slots),
+        "frequency": tf.ones_like(slots), "dropped": empty, "counters": tf.zeros([5], tf.int64)
+    }
     with tf.device(HOST_DEVICE):
       cache_op = ops.load().mx_device_cache_import_state(
           self.cache_handle, *[cache_state[k] for k in CACHE_STATE_NAMES], **self._cache_attrs())
-      store_op = ops.load().mx_tier_store_import(
-          self.store_handle, global_rows[on_device:], rows[on_device:], **self._store_attrs())
+      store_op = ops.load().mx_tier_store_import(self.store_handle, global_rows[on_device:],
+                                                 rows[on_device:], **self._store_attrs())
     dim = self._dim
-    updates = [v.scatter_update(tf.IndexedSlices(rows[:on_device, i * dim:(i + 1) * dim], slots))
-               for i, v in enumerate(variables)]
+    updates = [
+        v.scatter_update(tf.IndexedSlices(rows[:on_device, i * dim:(i + 1) * dim], slots))
+        for i, v in enumerate(variables)
+    ]
     if tf.executing_eagerly():
       return None
     return tf.group(cache_op, store_op, *updates)
@@ -439,19 +444,20 @@ class TieredStorage(tf.Module):
   def export_state(self) -> dict[str, tf.Tensor]:
     """The cache's applied state and every host/SSD row (keys of both NAMES tuples)."""
     with tf.device(HOST_DEVICE):
-      cache = dict(zip(CACHE_STATE_NAMES,
-                       ops.load().mx_device_cache_export_state(self.cache_handle)))
+      cache = dict(
+          zip(CACHE_STATE_NAMES,
+              ops.load().mx_device_cache_export_state(self.cache_handle)))
       globals_, values = ops.load().mx_tier_store_export(self.store_handle, cache["dropped"])
     return cache | {"store_globals": globals_, "store_values": values}
 
   def import_state(self, state: dict) -> tf.Operation:
     """Replaces both with an `export_state()`; creates them if needed."""
     with tf.device(HOST_DEVICE):
-      cache_op = ops.load().mx_device_cache_import_state(
-          self.cache_handle, *[state[n] for n in CACHE_STATE_NAMES], **self._cache_attrs())
-      store_op = ops.load().mx_tier_store_import(
-          self.store_handle, state["store_globals"], state["store_values"],
-          **self._store_attrs())
+      cache_op = ops.load().mx_device_cache_import_state(self.cache_handle,
+                                                         *[state[n] for n in CACHE_STATE_NAMES],
+                                                         **self._cache_attrs())
+      store_op = ops.load().mx_tier_store_import(self.store_handle, state["store_globals"],
+                                                 state["store_values"], **self._store_attrs())
     if tf.executing_eagerly():
       return None
     return tf.group(cache_op, store_op)

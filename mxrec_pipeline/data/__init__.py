@@ -11,5 +11,5 @@ TensorFlow):
 - `movielens`: MovieLens-100k (RecBole atomic files) as per-user ranking lists
   with a per-user time split.
 
-Source of the data sets and their pins: /work/shared/data.md.
+Source of the data sets and their pins: docs/data.md.
 """

@@ -7,16 +7,16 @@ Format, one query-document pair per line, a query's lines consecutive:
 e.g. `2 qid:1 1:3 2:3 ... 136:0` in MSLR-WEB (136 features, ids 1-136,
 graded labels 0-4). Feature ids are 1-based; a missing feature is 0. Source of
 the files: `fetch("mslr_5k")`, or MSLR-WEB10K/30K from Microsoft
-(/work/shared/data.md). Lines may end in CRLF, as in the MSLR files.
+(docs/data.md). Lines may end in CRLF, as in the MSLR files.
 """
 
 import dataclasses
 import os
-from typing import Iterator, List, Optional, Union
+from typing import Iterator
 
 import numpy as np
 
-PathLike = Union[str, os.PathLike]
+PathLike = str | os.PathLike
 
 # Feature and label names of TF-Ranking's DNN example on MSLR-derived data
 # (tensorflow_ranking/examples/keras/keras_dnn_tfrecord.py and
@@ -30,140 +30,136 @@ QID_FEATURE = "qid"
 
 @dataclasses.dataclass(frozen=True)
 class QueryList:
-    """The documents of one query.
+  """The documents of one query.
 
-    Attributes:
-        qid: query id from `qid:<int>`.
-        labels: `[list_size] float32` relevance labels, in file order.
-        features: `[list_size, num_features] float32`; column j holds feature
-            id j + 1; missing features are 0.
-    """
+  Attributes:
+    qid: query id from `qid:<int>`.
+    labels: `[list_size] float32` relevance labels, in file order.
+    features: `[list_size, num_features] float32`; column j holds feature
+      id j + 1; missing features are 0.
+  """
 
-    qid: int
-    labels: np.ndarray
-    features: np.ndarray
+  qid: int
+  labels: np.ndarray
+  features: np.ndarray
 
 
-def feature_names(num_features: int = 136) -> List[str]:
-    """Returns ["custom_features_1", ..., f"custom_features_{num_features}"]."""
-    return [f"{FEATURE_NAME_PREFIX}{i}" for i in range(1, num_features + 1)]
+def feature_names(num_features: int = 136) -> list[str]:
+  """Returns ["custom_features_1", ..., f"custom_features_{num_features}"]."""
+  return [f"{FEATURE_NAME_PREFIX}{i}" for i in range(1, num_features + 1)]
 
 
 def iter_letor(path: PathLike, num_features: int = 136) -> Iterator[QueryList]:
-    """Yields one `QueryList` per query of a LETOR text file, in file order.
+  """Yields one `QueryList` per query of a LETOR text file, in file order.
 
-    Args:
-        path: the text file (ASCII / UTF-8).
-        num_features: the largest allowed feature id; also the width of
-            `QueryList.features`.
+  Args:
+    path: the text file (ASCII / UTF-8).
+    num_features: the largest allowed feature id; also the width of
+      `QueryList.features`.
 
-    Raises:
-        ValueError: a malformed line: a bad label, missing or bad `qid:`, a
-            token that is not `<int id>:<float value>`, a feature id outside
-            [1, num_features] or repeated in a line, or a qid whose lines are
-            not consecutive. The message names the file, the 1-based line
-            number and the offending token.
-    """
-    if num_features < 1:
-        raise ValueError(
-            f"`num_features` must be positive, got {num_features}")
-    qid: Optional[int] = None
-    labels: List[float] = []
-    rows: List[np.ndarray] = []
-    seen = set()
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
-            tokens = line.split("#", 1)[0].split()
-            if not tokens:
-                continue
-            where = f"{path}:{lineno}"
-            label, line_qid, row = _parse_line(tokens, num_features, where)
-            if line_qid != qid:
-                if line_qid in seen:
-                    raise ValueError(
-                        f"{where}: qid {line_qid} appears again after other "
-                        "queries; a query's lines must be consecutive")
-                if qid is not None:
-                    yield _make_list(qid, labels, rows)
-                qid, labels, rows = line_qid, [], []
-                seen.add(line_qid)
-            labels.append(label)
-            rows.append(row)
-    if qid is not None:
-        yield _make_list(qid, labels, rows)
+  Raises:
+    ValueError: a malformed line: a bad label, missing or bad `qid:`, a
+      token that is not `<int id>:<float value>`, a feature id outside
+      [1, num_features] or repeated in a line, or a qid whose lines are
+      not consecutive. The message names the file, the 1-based line
+      number and the offending token.
+  """
+  if num_features < 1:
+    raise ValueError(f"`num_features` must be positive, got {num_features}")
+  qid: int | None = None
+  labels: list[float] = []
+  rows: list[np.ndarray] = []
+  seen = set()
+  with open(path, encoding="utf-8") as f:
+    for lineno, line in enumerate(f, start=1):
+      tokens = line.split("#", 1)[0].split()
+      if not tokens:
+        continue
+      where = f"{path}:{lineno}"
+      label, line_qid, row = _parse_line(tokens, num_features, where)
+      if line_qid != qid:
+        if line_qid in seen:
+          raise ValueError(f"{where}: qid {line_qid} appears again after other "
+                           "queries; a query's lines must be consecutive")
+        if qid is not None:
+          yield _make_list(qid, labels, rows)
+        qid, labels, rows = line_qid, [], []
+        seen.add(line_qid)
+      labels.append(label)
+      rows.append(row)
+  if qid is not None:
+    yield _make_list(qid, labels, rows)
 
 
-def read_letor(path: PathLike, num_features: int = 136) -> List[QueryList]:
-    """Returns `list(iter_letor(path, num_features))`; see `iter_letor`."""
-    return list(iter_letor(path, num_features))
+def read_letor(path: PathLike, num_features: int = 136) -> list[QueryList]:
+  """Returns `list(iter_letor(path, num_features))`; see `iter_letor`."""
+  return list(iter_letor(path, num_features))
 
 
 def letor_to_elwc(src: PathLike, dst: PathLike, num_features: int = 136) -> int:
-    """Converts a LETOR text file to an ELWC TFRecord file, one list a query.
+  """Converts a LETOR text file to an ELWC TFRecord file, one list a query.
 
-    Names follow TF-Ranking's DNN example (see `FEATURE_NAME_PREFIX`), so its
-    feature spec reads the output unchanged: each example has float features
-    "custom_features_1" .. f"custom_features_{num_features}" (all of them,
-    missing ones 0) and the float label "utility"; the context has the int64
-    feature "qid". Writing is atomic (`elwc.write_elwc_tfrecord`).
+  Names follow TF-Ranking's DNN example (see `FEATURE_NAME_PREFIX`), so its
+  feature spec reads the output unchanged: each example has float features
+  "custom_features_1" .. f"custom_features_{num_features}" (all of them,
+  missing ones 0) and the float label "utility"; the context has the int64
+  feature "qid". Writing is atomic (`elwc.write_elwc_tfrecord`).
 
-    Returns:
-        The number of lists (queries) written.
+  Returns:
+    The number of lists (queries) written.
 
-    Raises:
-        ValueError: as `iter_letor`.
-    """
-    from mxrec_pipeline.data import elwc  # TensorFlow only when converting.
+  Raises:
+    ValueError: as `iter_letor`.
+  """
+  from mxrec_pipeline.data import elwc  # TensorFlow only when converting.
 
-    names = feature_names(num_features)
+  names = feature_names(num_features)
 
-    def lists():
-        for query in iter_letor(src, num_features):
-            examples = []
-            for label, row in zip(query.labels, query.features):
-                example = dict(zip(names, row.tolist()))
-                example[LABEL_FEATURE] = float(label)
-                examples.append(example)
-            yield elwc.make_elwc({QID_FEATURE: query.qid}, examples)
+  def lists():
+    for query in iter_letor(src, num_features):
+      examples = []
+      for label, row in zip(query.labels, query.features):
+        example = dict(zip(names, row.tolist()))
+        example[LABEL_FEATURE] = float(label)
+        examples.append(example)
+      yield elwc.make_elwc({QID_FEATURE: query.qid}, examples)
 
-    return elwc.write_elwc_tfrecord(dst, lists())
+  return elwc.write_elwc_tfrecord(dst, lists())
 
 
-def _parse_line(tokens: List[str], num_features: int, where: str):
-    """Returns (label, qid, [num_features] float32 row) of one line."""
+def _parse_line(tokens: list[str], num_features: int, where: str):
+  """Returns (label, qid, [num_features] float32 row) of one line."""
+  try:
+    label = float(tokens[0])
+  except ValueError:
+    raise ValueError(f"{where}: bad label {tokens[0]!r}") from None
+  if len(tokens) < 2 or not tokens[1].startswith("qid:"):
+    got = tokens[1] if len(tokens) > 1 else "end of line"
+    raise ValueError(f"{where}: expected 'qid:<int>', got {got!r}")
+  try:
+    qid = int(tokens[1][len("qid:"):])
+  except ValueError:
+    raise ValueError(f"{where}: bad qid token {tokens[1]!r}") from None
+  row = np.zeros([num_features], np.float32)
+  seen = set()
+  for token in tokens[2:]:
+    fid_text, sep, value_text = token.partition(":")
     try:
-        label = float(tokens[0])
+      if not sep:
+        raise ValueError
+      fid, value = int(fid_text), float(value_text)
     except ValueError:
-        raise ValueError(f"{where}: bad label {tokens[0]!r}") from None
-    if len(tokens) < 2 or not tokens[1].startswith("qid:"):
-        got = tokens[1] if len(tokens) > 1 else "end of line"
-        raise ValueError(f"{where}: expected 'qid:<int>', got {got!r}")
-    try:
-        qid = int(tokens[1][len("qid:"):])
-    except ValueError:
-        raise ValueError(f"{where}: bad qid token {tokens[1]!r}") from None
-    row = np.zeros([num_features], np.float32)
-    seen = set()
-    for token in tokens[2:]:
-        fid_text, sep, value_text = token.partition(":")
-        try:
-            if not sep:
-                raise ValueError
-            fid, value = int(fid_text), float(value_text)
-        except ValueError:
-            raise ValueError(f"{where}: bad feature token {token!r}, expected "
-                             "'<int id>:<float value>'") from None
-        if not 1 <= fid <= num_features:
-            raise ValueError(f"{where}: feature id out of range [1, "
-                             f"{num_features}] in token {token!r}")
-        if fid in seen:
-            raise ValueError(f"{where}: repeated feature id in token {token!r}")
-        seen.add(fid)
-        row[fid - 1] = value
-    return label, qid, row
+      raise ValueError(f"{where}: bad feature token {token!r}, expected "
+                       "'<int id>:<float value>'") from None
+    if not 1 <= fid <= num_features:
+      raise ValueError(f"{where}: feature id out of range [1, "
+                       f"{num_features}] in token {token!r}")
+    if fid in seen:
+      raise ValueError(f"{where}: repeated feature id in token {token!r}")
+    seen.add(fid)
+    row[fid - 1] = value
+  return label, qid, row
 
 
-def _make_list(qid: int, labels: List[float],
-               rows: List[np.ndarray]) -> QueryList:
-    return QueryList(qid=qid, labels=np.asarray(labels, np.float32),
-                     features=np.stack(rows))
+def _make_list(qid: int, labels: list[float], rows: list[np.ndarray]) -> QueryList:
+  return QueryList(qid=qid, labels=np.asarray(labels, np.float32), features=np.stack(rows))

@@ -1,7 +1,7 @@
 """MovieLens-100k as a ranking task: one list per user, split by time.
 
 Reads GroupLens ml-100k in RecBole's atomic-file form
-(`fetch("movielens_100k")`, source /work/shared/data.md): tab-separated UTF-8
+(`fetch("movielens_100k")`, source docs/data.md): tab-separated UTF-8
 files whose header row is `name:type` per column. The real files have
 
     ml-100k.inter  user_id:token  item_id:token  rating:float  timestamp:float
@@ -35,11 +35,11 @@ import math
 import os
 import pathlib
 import string
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Mapping, Sequence
 
 from mxrec_pipeline.data import elwc
 
-PathLike = Union[str, os.PathLike]
+PathLike = str | os.PathLike
 
 INTER_FILE = "ml-100k.inter"
 USER_FILE = "ml-100k.user"
@@ -56,267 +56,255 @@ _MISSING_TITLES = ("unkonwn", "unknown")
 
 @dataclasses.dataclass(frozen=True)
 class Rating:
-    """One row of the `.inter` file.
+  """One row of the `.inter` file.
 
-    Attributes:
-        user_id: user token as int.
-        item_id: item token as int.
-        rating: the rating, 1-5 in ml-100k.
-        timestamp_s: Unix time of the rating, in seconds.
-    """
+  Attributes:
+    user_id: user token as int.
+    item_id: item token as int.
+    rating: the rating, 1-5 in ml-100k.
+    timestamp_s: Unix time of the rating, in seconds.
+  """
 
-    user_id: int
-    item_id: int
-    rating: float
-    timestamp_s: int
+  user_id: int
+  item_id: int
+  rating: float
+  timestamp_s: int
 
 
 @dataclasses.dataclass(frozen=True)
 class MovieLensElwc:
-    """What `build_movielens_elwc` wrote.
+  """What `build_movielens_elwc` wrote.
 
-    Attributes:
-        train_path: ELWC TFRecord of the training lists.
-        valid_path: ELWC TFRecord of the validation lists.
-        num_train_lists: records in `train_path`.
-        num_valid_lists: records in `valid_path`.
-        num_train_ratings: examples in `train_path`.
-        num_valid_ratings: examples in `valid_path`.
-    """
+  Attributes:
+    train_path: ELWC TFRecord of the training lists.
+    valid_path: ELWC TFRecord of the validation lists.
+    num_train_lists: records in `train_path`.
+    num_valid_lists: records in `valid_path`.
+    num_train_ratings: examples in `train_path`.
+    num_valid_ratings: examples in `valid_path`.
+  """
 
-    train_path: pathlib.Path
-    valid_path: pathlib.Path
-    num_train_lists: int
-    num_valid_lists: int
-    num_train_ratings: int
-    num_valid_ratings: int
-
-
-def read_atomic_file(path: PathLike) -> List[Dict[str, str]]:
-    """Reads a RecBole atomic file into one `{column name: text}` per row.
-
-    The header's `name:type` fields give the keys (the type is dropped).
-
-    Raises:
-        ValueError: a header field without `:type`, or a row whose number of
-            fields differs from the header's; the message names file and line.
-    """
-    with open(path, encoding="utf-8") as f:
-        header = f.readline().rstrip("\r\n").split("\t")
-        names = []
-        for field in header:
-            name, sep, type_ = field.partition(":")
-            if not sep or not name or not type_:
-                raise ValueError(f"{path}:1: header field {field!r} is not "
-                                 "'name:type'")
-            names.append(name)
-        rows = []
-        for lineno, line in enumerate(f, start=2):
-            line = line.rstrip("\r\n")
-            if not line:
-                continue
-            fields = line.split("\t")
-            if len(fields) != len(names):
-                raise ValueError(f"{path}:{lineno}: {len(fields)} fields, the "
-                                 f"header has {len(names)} ({names})")
-            rows.append(dict(zip(names, fields)))
-    return rows
+  train_path: pathlib.Path
+  valid_path: pathlib.Path
+  num_train_lists: int
+  num_valid_lists: int
+  num_train_ratings: int
+  num_valid_ratings: int
 
 
-def read_ratings(data_dir: PathLike) -> List[Rating]:
-    """Reads `ml-100k.inter` in file order.
+def read_atomic_file(path: PathLike) -> list[dict[str, str]]:
+  """Reads a RecBole atomic file into one `{column name: text}` per row.
 
-    Raises:
-        ValueError: a missing column or a non-numeric value; see
-            `read_atomic_file` for format errors.
-    """
-    path = pathlib.Path(data_dir) / INTER_FILE
-    rows = read_atomic_file(path)
-    _require_columns(path, rows, ("user_id", "item_id", "rating", "timestamp"))
-    try:
-        return [
-            Rating(int(r["user_id"]), int(r["item_id"]), float(r["rating"]),
-                   int(float(r["timestamp"]))) for r in rows
-        ]
-    except ValueError as e:
-        raise ValueError(f"{path}: {e}") from None
+  The header's `name:type` fields give the keys (the type is dropped).
 
-
-def read_users(data_dir: PathLike) -> Dict[int, Dict[str, object]]:
-    """Reads `ml-100k.user` into `{user_id: context features}`.
-
-    Returns:
-        Per user `{"user_id": int, "age": int, "gender": bytes,
-        "occupation": bytes, "zip": bytes}`.
-
-    Raises:
-        ValueError: a missing column or a non-integer id / age.
-    """
-    path = pathlib.Path(data_dir) / USER_FILE
-    rows = read_atomic_file(path)
-    _require_columns(path, rows,
-                     ("user_id", "age", "gender", "occupation", "zip_code"))
-    try:
-        return {
-            int(r["user_id"]): {
-                "user_id": int(r["user_id"]),
-                "age": int(r["age"]),
-                "gender": r["gender"].encode(),
-                "occupation": r["occupation"].encode(),
-                "zip": r["zip_code"].encode(),
-            } for r in rows
-        }
-    except ValueError as e:
-        raise ValueError(f"{path}: {e}") from None
+  Raises:
+    ValueError: a header field without `:type`, or a row whose number of
+      fields differs from the header's; the message names file and line.
+  """
+  with open(path, encoding="utf-8") as f:
+    header = f.readline().rstrip("\r\n").split("\t")
+    names = []
+    for field in header:
+      name, sep, type_ = field.partition(":")
+      if not sep or not name or not type_:
+        raise ValueError(f"{path}:1: header field {field!r} is not "
+                         "'name:type'")
+      names.append(name)
+    rows = []
+    for lineno, line in enumerate(f, start=2):
+      line = line.rstrip("\r\n")
+      if not line:
+        continue
+      fields = line.split("\t")
+      if len(fields) != len(names):
+        raise ValueError(f"{path}:{lineno}: {len(fields)} fields, the "
+                         f"header has {len(names)} ({names})")
+      rows.append(dict(zip(names, fields)))
+  return rows
 
 
-def read_items(data_dir: PathLike) -> Dict[int, Dict[str, object]]:
-    """Reads `ml-100k.item` into `{item_id: example features}`.
+def read_ratings(data_dir: PathLike) -> list[Rating]:
+  """Reads `ml-100k.inter` in file order.
 
-    Returns:
-        Per item `{"item_id": int, "genres": [bytes], "title_tokens": [bytes],
-        "year": int}`. `year` is 0 unless `release_year` is all digits; the
-        placeholder title "unkonwn" [sic] gives no tokens.
-
-    Raises:
-        ValueError: a missing column or a non-integer item id.
-    """
-    path = pathlib.Path(data_dir) / ITEM_FILE
-    rows = read_atomic_file(path)
-    _require_columns(path, rows,
-                     ("item_id", "movie_title", "release_year", "class"))
-    try:
-        return {
-            int(r["item_id"]): {
-                "item_id": int(r["item_id"]),
-                "genres": [g.encode() for g in r["class"].split()],
-                "title_tokens": title_tokens(r["movie_title"]),
-                "year": int(r["release_year"])
-                        if r["release_year"].isdigit() else 0,
-            } for r in rows
-        }
-    except ValueError as e:
-        raise ValueError(f"{path}: {e}") from None
+  Raises:
+    ValueError: a missing column or a non-numeric value; see
+      `read_atomic_file` for format errors.
+  """
+  path = pathlib.Path(data_dir) / INTER_FILE
+  rows = read_atomic_file(path)
+  _require_columns(path, rows, ("user_id", "item_id", "rating", "timestamp"))
+  try:
+    return [
+        Rating(int(r["user_id"]), int(r["item_id"]), float(r["rating"]), int(float(r["timestamp"])))
+        for r in rows
+    ]
+  except ValueError as e:
+    raise ValueError(f"{path}: {e}") from None
 
 
-def title_tokens(title: str) -> List[bytes]:
-    """Lower-cases, splits on white space, strips punctuation off each end.
+def read_users(data_dir: PathLike) -> dict[int, dict[str, object]]:
+  """Reads `ml-100k.user` into `{user_id: context features}`.
 
-    "Misérables, Les" -> [b"mis\\xc3\\xa9rables", b"les"] (UTF-8); the
-    placeholder "unkonwn" -> [].
-    """
-    if title.strip().lower() in _MISSING_TITLES:
-        return []
-    tokens = (t.strip(string.punctuation) for t in title.lower().split())
-    return [t.encode() for t in tokens if t]
+  Returns:
+    Per user `{"user_id": int, "age": int, "gender": bytes,
+    "occupation": bytes, "zip": bytes}`.
+
+  Raises:
+    ValueError: a missing column or a non-integer id / age.
+  """
+  path = pathlib.Path(data_dir) / USER_FILE
+  rows = read_atomic_file(path)
+  _require_columns(path, rows, ("user_id", "age", "gender", "occupation", "zip_code"))
+  try:
+    return {
+        int(r["user_id"]): {
+            "user_id": int(r["user_id"]),
+            "age": int(r["age"]),
+            "gender": r["gender"].encode(),
+            "occupation": r["occupation"].encode(),
+            "zip": r["zip_code"].encode(),
+        } for r in rows
+    }
+  except ValueError as e:
+    raise ValueError(f"{path}: {e}") from None
+
+
+def read_items(data_dir: PathLike) -> dict[int, dict[str, object]]:
+  """Reads `ml-100k.item` into `{item_id: example features}`.
+
+  Returns:
+    Per item `{"item_id": int, "genres": [bytes], "title_tokens": [bytes],
+    "year": int}`. `year` is 0 unless `release_year` is all digits; the
+    placeholder title "unkonwn" [sic] gives no tokens.
+
+  Raises:
+    ValueError: a missing column or a non-integer item id.
+  """
+  path = pathlib.Path(data_dir) / ITEM_FILE
+  rows = read_atomic_file(path)
+  _require_columns(path, rows, ("item_id", "movie_title", "release_year", "class"))
+  try:
+    return {
+        int(r["item_id"]): {
+            "item_id": int(r["item_id"]),
+            "genres": [g.encode() for g in r["class"].split()],
+            "title_tokens": title_tokens(r["movie_title"]),
+            "year": int(r["release_year"]) if r["release_year"].isdigit() else 0,
+        } for r in rows
+    }
+  except ValueError as e:
+    raise ValueError(f"{path}: {e}") from None
+
+
+def title_tokens(title: str) -> list[bytes]:
+  """Lower-cases, splits on white space, strips punctuation off each end.
+
+  "Misérables, Les" -> [b"mis\\xc3\\xa9rables", b"les"] (UTF-8); the
+  placeholder "unkonwn" -> [].
+  """
+  if title.strip().lower() in _MISSING_TITLES:
+    return []
+  tokens = (t.strip(string.punctuation) for t in title.lower().split())
+  return [t.encode() for t in tokens if t]
 
 
 def split_by_time(
-        ratings: Sequence[Rating],
-        valid_fraction: float = 0.2,
-) -> Tuple[Dict[int, List[Rating]], Dict[int, List[Rating]]]:
-    """Splits each user's ratings into earlier (train) and latest (valid).
+    ratings: Sequence[Rating],
+    valid_fraction: float = 0.2,
+) -> tuple[dict[int, list[Rating]], dict[int, list[Rating]]]:
+  """Splits each user's ratings into earlier (train) and latest (valid).
 
-    Per user, ratings are sorted by (timestamp, item_id). A user with n >= 2
-    ratings puts the last `max(1, floor(valid_fraction * n))` of them, at most
-    n - 1, into validation and the rest into training; a user with one rating
-    is in training only. Hence every training rating of a user is no later
-    than (ties possible) every validation rating of that user.
+  Per user, ratings are sorted by (timestamp, item_id). A user with n >= 2
+  ratings puts the last `max(1, floor(valid_fraction * n))` of them, at most
+  n - 1, into validation and the rest into training; a user with one rating
+  is in training only. Hence every training rating of a user is no later
+  than (ties possible) every validation rating of that user.
 
-    Returns:
-        `(train, valid)`, each `{user_id: time-ordered ratings}`; `valid` has
-        no entry for users without validation ratings. Users are in order of
-        first appearance.
+  Returns:
+    `(train, valid)`, each `{user_id: time-ordered ratings}`; `valid` has
+    no entry for users without validation ratings. Users are in order of
+    first appearance.
 
-    Raises:
-        ValueError: `valid_fraction` not in (0, 1).
-    """
-    if not 0.0 < valid_fraction < 1.0:
-        raise ValueError(
-            f"`valid_fraction` must be in (0, 1), got {valid_fraction}")
-    by_user: Dict[int, List[Rating]] = {}
+  Raises:
+    ValueError: `valid_fraction` not in (0, 1).
+  """
+  if not 0.0 < valid_fraction < 1.0:
+    raise ValueError(f"`valid_fraction` must be in (0, 1), got {valid_fraction}")
+  by_user: dict[int, list[Rating]] = {}
+  for r in ratings:
+    by_user.setdefault(r.user_id, []).append(r)
+  train, valid = {}, {}
+  for user_id, user_ratings in by_user.items():
+    user_ratings = sorted(user_ratings, key=lambda r: (r.timestamp_s, r.item_id))
+    n = len(user_ratings)
+    # The epsilon keeps e.g. 0.29 * 100 = 28.999... at 29.
+    num_valid = min(n - 1, max(1, math.floor(valid_fraction * n + 1e-9)))
+    train[user_id] = user_ratings[:n - num_valid]
+    if num_valid > 0:
+      valid[user_id] = user_ratings[n - num_valid:]
+  return train, valid
+
+
+def build_movielens_elwc(data_dir: PathLike, out_dir: PathLike, valid_fraction: float = 0.2,
+                         max_list_size: int | None = None) -> MovieLensElwc:
+  """Writes `train.tfrecord` and `valid.tfrecord` (ELWC) for ml-100k.
+
+  One list per user and split (see the module docstring for the features
+  and `split_by_time` for the split), examples in time order. Files are
+  written atomically.
+
+  Args:
+    data_dir: directory with `ml-100k.{inter,user,item}`.
+    out_dir: output directory, created if missing.
+    valid_fraction: share of each user's latest ratings for validation.
+    max_list_size: if set, a longer list is cut into consecutive
+      time-ordered chunks of at most this many examples, each with the
+      user's context, so no rating is dropped.
+
+  Returns:
+    A `MovieLensElwc` with the paths and the list and rating counts.
+
+  Raises:
+    ValueError: bad `valid_fraction` or `max_list_size`, malformed files,
+      or a rating of a user or item the other files do not have.
+  """
+  if max_list_size is not None and max_list_size < 1:
+    raise ValueError(f"`max_list_size` must be positive, got {max_list_size}")
+  data_dir, out_dir = pathlib.Path(data_dir), pathlib.Path(out_dir)
+  users, items = read_users(data_dir), read_items(data_dir)
+  train, valid = split_by_time(read_ratings(data_dir), valid_fraction)
+  out_dir.mkdir(parents=True, exist_ok=True)
+  counts = []
+  for name, split in (("train", train), ("valid", valid)):
+    path = out_dir / f"{name}.tfrecord"
+    lists = _user_lists(split, users, items, max_list_size)
+    num_lists = elwc.write_elwc_tfrecord(path, lists)
+    counts.append((path, num_lists, sum(map(len, split.values()))))
+  (train_path, n_train, r_train), (valid_path, n_valid, r_valid) = counts
+  return MovieLensElwc(train_path, valid_path, n_train, n_valid, r_train, r_valid)
+
+
+def _user_lists(split: Mapping[int, list[Rating]], users: Mapping[int, dict[str, object]],
+                items: Mapping[int, dict[str, object]], max_list_size: int | None):
+  """Yields the ELWCs of one split, user by user."""
+  for user_id, ratings in split.items():
+    if user_id not in users:
+      raise ValueError(f"user {user_id} has ratings but is not in "
+                       f"{USER_FILE}")
+    examples = []
     for r in ratings:
-        by_user.setdefault(r.user_id, []).append(r)
-    train, valid = {}, {}
-    for user_id, user_ratings in by_user.items():
-        user_ratings = sorted(user_ratings,
-                              key=lambda r: (r.timestamp_s, r.item_id))
-        n = len(user_ratings)
-        # The epsilon keeps e.g. 0.29 * 100 = 28.999... at 29.
-        num_valid = min(n - 1, max(1, math.floor(valid_fraction * n + 1e-9)))
-        train[user_id] = user_ratings[:n - num_valid]
-        if num_valid > 0:
-            valid[user_id] = user_ratings[n - num_valid:]
-    return train, valid
+      if r.item_id not in items:
+        raise ValueError(f"item {r.item_id} is rated by user "
+                         f"{user_id} but is not in {ITEM_FILE}")
+      examples.append({**items[r.item_id], "timestamp": r.timestamp_s, LABEL_FEATURE: r.rating})
+    size = max_list_size or len(examples)
+    for start in range(0, len(examples), size):
+      yield elwc.make_elwc(users[user_id], examples[start:start + size])
 
 
-def build_movielens_elwc(data_dir: PathLike,
-                         out_dir: PathLike,
-                         valid_fraction: float = 0.2,
-                         max_list_size: Optional[int] = None) -> MovieLensElwc:
-    """Writes `train.tfrecord` and `valid.tfrecord` (ELWC) for ml-100k.
-
-    One list per user and split (see the module docstring for the features
-    and `split_by_time` for the split), examples in time order. Files are
-    written atomically.
-
-    Args:
-        data_dir: directory with `ml-100k.{inter,user,item}`.
-        out_dir: output directory, created if missing.
-        valid_fraction: share of each user's latest ratings for validation.
-        max_list_size: if set, a longer list is cut into consecutive
-            time-ordered chunks of at most this many examples, each with the
-            user's context, so no rating is dropped.
-
-    Returns:
-        A `MovieLensElwc` with the paths and the list and rating counts.
-
-    Raises:
-        ValueError: bad `valid_fraction` or `max_list_size`, malformed files,
-            or a rating of a user or item the other files do not have.
-    """
-    if max_list_size is not None and max_list_size < 1:
-        raise ValueError(
-            f"`max_list_size` must be positive, got {max_list_size}")
-    data_dir, out_dir = pathlib.Path(data_dir), pathlib.Path(out_dir)
-    users, items = read_users(data_dir), read_items(data_dir)
-    train, valid = split_by_time(read_ratings(data_dir), valid_fraction)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    counts = []
-    for name, split in (("train", train), ("valid", valid)):
-        path = out_dir / f"{name}.tfrecord"
-        lists = _user_lists(split, users, items, max_list_size)
-        num_lists = elwc.write_elwc_tfrecord(path, lists)
-        counts.append((path, num_lists, sum(map(len, split.values()))))
-    (train_path, n_train, r_train), (valid_path, n_valid, r_valid) = counts
-    return MovieLensElwc(train_path, valid_path, n_train, n_valid, r_train,
-                         r_valid)
-
-
-def _user_lists(split: Mapping[int, List[Rating]],
-                users: Mapping[int, Dict[str, object]],
-                items: Mapping[int, Dict[str, object]],
-                max_list_size: Optional[int]):
-    """Yields the ELWCs of one split, user by user."""
-    for user_id, ratings in split.items():
-        if user_id not in users:
-            raise ValueError(f"user {user_id} has ratings but is not in "
-                             f"{USER_FILE}")
-        examples = []
-        for r in ratings:
-            if r.item_id not in items:
-                raise ValueError(f"item {r.item_id} is rated by user "
-                                 f"{user_id} but is not in {ITEM_FILE}")
-            examples.append({**items[r.item_id], "timestamp": r.timestamp_s,
-                             LABEL_FEATURE: r.rating})
-        size = max_list_size or len(examples)
-        for start in range(0, len(examples), size):
-            yield elwc.make_elwc(users[user_id], examples[start:start + size])
-
-
-def _require_columns(path: pathlib.Path, rows: List[Dict[str, str]],
+def _require_columns(path: pathlib.Path, rows: list[dict[str, str]],
                      columns: Sequence[str]) -> None:
-    missing = [c for c in columns if rows and c not in rows[0]]
-    if missing:
-        raise ValueError(f"{path}: missing columns {missing}, has "
-                         f"{sorted(rows[0])}")
+  missing = [c for c in columns if rows and c not in rows[0]]
+  if missing:
+    raise ValueError(f"{path}: missing columns {missing}, has "
+                     f"{sorted(rows[0])}")

@@ -25,7 +25,6 @@ from mxrec_pipeline.core import combiner as combiner_lib
 from mxrec_pipeline.embedding import optimizers
 
 
-
 @dataclasses.dataclass(frozen=True, eq=False)
 class TableConfig:
   """One embedding table (tf.tpu.experimental.embedding.TableConfig).
@@ -74,8 +73,8 @@ class TableConfig:
       raise ValueError(f"TableConfig {self.name or ''}: `initializer` must be callable or None, "
                        f"got {self.initializer!r}")
     if self.initializer is None:
-      object.__setattr__(self, "initializer", tf.initializers.TruncatedNormal(
-          mean=0.0, stddev=1 / math.sqrt(self.dim)))
+      object.__setattr__(self, "initializer",
+                         tf.initializers.TruncatedNormal(mean=0.0, stddev=1 / math.sqrt(self.dim)))
     combiner_lib.check_combiner(self.combiner, f"TableConfig {self.name or ''}")
     if self.name is not None and (not isinstance(self.name, str) or not self.name):
       raise ValueError(f"TableConfig: `name` must be a non-empty string or None, "
@@ -124,9 +123,8 @@ class FeatureConfig:
 
   def __post_init__(self):
     if not isinstance(self.table, TableConfig):
-      raise ValueError(
-          f"FeatureConfig {self.name or ''}: `table` must be a "
-          f"mxrec_pipeline.embedding.TableConfig, got {type(self.table).__name__}")
+      raise ValueError(f"FeatureConfig {self.name or ''}: `table` must be a "
+                       f"mxrec_pipeline.embedding.TableConfig, got {type(self.table).__name__}")
     value = self.max_sequence_length
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
       raise ValueError(f"FeatureConfig {self.name or ''}: `max_sequence_length` must be an "

@@ -62,7 +62,6 @@ from mxrec_pipeline.embedding import lookup, optimizers, shapes
 from mxrec_pipeline.embedding.config import FeatureConfig, TableConfig
 from mxrec_pipeline.util import initialize
 
-
 # The methods have no tensor-dependent Python control flow; converting them
 # (and what they call) with AutoGraph inside tf.function costs seconds per process.
 _not_autograph = tf.autograph.experimental.do_not_convert
@@ -173,9 +172,9 @@ class Embedding(tf.Module):
     by_config = {}
     with tf.init_scope(), self._strategy.scope():
       for name, config in zip(names, configs):
-        tables[name] = core_embedding.create_table(
-            key_dtype=tf.int64, dim=config.dim, name=name, emb_initializer=config.initializer,
-            device_vocabulary_size=config.vocabulary_size)
+        tables[name] = core_embedding.create_table(key_dtype=tf.int64, dim=config.dim, name=name,
+                                                   emb_initializer=config.initializer,
+                                                   device_vocabulary_size=config.vocabulary_size)
         table_optimizer = config.optimizer if config.optimizer is not None else optimizer
         if table_optimizer is None:
           continue
@@ -213,23 +212,26 @@ class Embedding(tf.Module):
     """
     if self._built:
       return
-    if isinstance(per_replica_input_shapes, int) or (
-        per_replica_input_shapes is None and per_replica_batch_size):
+    if isinstance(per_replica_input_shapes, int) or (per_replica_input_shapes is None and
+                                                     per_replica_batch_size):
       batch_size = per_replica_input_shapes or per_replica_batch_size
-      incoming = [tf.TensorShape([batch_size, f.max_sequence_length])
-                  if f.max_sequence_length > 0 and not f.output_shape
-                  else tf.TensorShape([batch_size]) for f in self._features]
+      incoming = [
+          tf.TensorShape([batch_size, f.max_sequence_length])
+          if f.max_sequence_length > 0 and not f.output_shape else tf.TensorShape([batch_size])
+          for f in self._features
+      ]
     elif per_replica_input_shapes is not None:
       flat = tf.__internal__.nest.flatten_up_to(self._feature_config, per_replica_input_shapes)
-      incoming = [shapes.output_shape_from_input_shape(path, feature, shape)
-                  for path, feature, shape in zip(self._paths, self._features, flat)]
+      incoming = [
+          shapes.output_shape_from_input_shape(path, feature, shape)
+          for path, feature, shape in zip(self._paths, self._features, flat)
+      ]
     else:
       incoming = None
     if incoming is not None:
       for path, declared, shape in zip(self._paths, self._declared, incoming):
         shapes.check_output_shape(path, declared, shape)
-      _untracked(self, declared=[shapes.resolve(d, s)
-                                 for d, s in zip(self._declared, incoming)])
+      _untracked(self, declared=[shapes.resolve(d, s) for d, s in zip(self._declared, incoming)])
     _untracked(self, built=True)
 
   @property
@@ -247,8 +249,10 @@ class Embedding(tf.Module):
     at serving time: map ids to rows with `row_lookup_tables()` (or
     `export_key_index()`), then `tf.nn.embedding_lookup(table, rows)`.
     """
-    return {config: self._tables[name].variable
-            for config, name in zip(self._table_configs, self._table_names)}
+    return {
+        config: self._tables[name].variable
+        for config, name in zip(self._table_configs, self._table_names)
+    }
 
   def export_key_index(self) -> dict[TableConfig, tuple[tf.Tensor, tf.Tensor]]:
     """TableConfig -> (keys [n] int64, rows [n] int64): which id owns which row.
@@ -256,8 +260,10 @@ class Embedding(tf.Module):
     Unordered. int32 ids are their int64 value; string ids are
     `tf.strings.to_hash_bucket_fast(ids, 2**63 - 1)`.
     """
-    return {config: self._tables[name].key_index.export()
-            for config, name in zip(self._table_configs, self._table_names)}
+    return {
+        config: self._tables[name].key_index.export()
+        for config, name in zip(self._table_configs, self._table_names)
+    }
 
   def row_lookup_tables(self) -> dict[TableConfig, tf.lookup.StaticHashTable]:
     """TableConfig -> stock `tf.lookup.StaticHashTable` of id -> row (-1 if absent).
@@ -270,8 +276,10 @@ class Embedding(tf.Module):
       emb = tf.nn.embedding_lookup(tables[config], tf.maximum(rows, 0))
       emb *= tf.cast(rows >= 0, emb.dtype)[..., None]      # unseen ids: zeros
     """
-    return {config: self._tables[name].key_index.to_stock_table()
-            for config, name in zip(self._table_configs, self._table_names)}
+    return {
+        config: self._tables[name].key_index.to_stock_table()
+        for config, name in zip(self._table_configs, self._table_names)
+    }
 
   def serving_tables(self) -> dict[TableConfig, tuple[tf.lookup.StaticHashTable, tf.Tensor]]:
     """TableConfig -> (positions, rows): compact snapshots for serving, only the used rows.
@@ -286,9 +294,11 @@ class Embedding(tf.Module):
 
       emb = tf.nn.embedding_lookup(rows, positions.lookup(ids))  # unseen: zeros
     """
-    return {config: self._tables[name].key_index.to_compact_table(functools.partial(
-        core_lookup.unique_embeddings, self._tables[name], training=False))
-            for config, name in zip(self._table_configs, self._table_names)}
+    return {
+        config: self._tables[name].key_index.to_compact_table(
+            functools.partial(core_lookup.unique_embeddings, self._tables[name], training=False)
+        ) for config, name in zip(self._table_configs, self._table_names)
+    }
 
   # ------------------------------------------------------------ train step --
 
@@ -333,8 +343,8 @@ class Embedding(tf.Module):
                          "training_step; dequeue and apply_gradients go inside strategy.run")
     with self._lock:
       pending = self._step
-      if pending is not None and pending.training and (
-          len(pending.applied) < self._strategy.num_replicas_in_sync):
+      if pending is not None and pending.training and (len(pending.applied)
+                                                       < self._strategy.num_replicas_in_sync):
         # Reported once: a step that failed half-way must not block the next one.
         _untracked(self, step=None)
         raise RuntimeError(
@@ -350,14 +360,19 @@ class Embedding(tf.Module):
       tf.nest.assert_same_structure(self._feature_config, weights)
       flat_weights = tf.nest.flatten(weights)
     num_replicas = self._strategy.num_replicas_in_sync
-    per_replica = [self._local_values(path, value, num_replicas)
-                   for path, value in zip(self._paths, tf.nest.flatten(features))]
+    per_replica = [
+        self._local_values(path, value, num_replicas)
+        for path, value in zip(self._paths, tf.nest.flatten(features))
+    ]
     per_replica_weights = [
         (None,) * num_replicas if w is None else self._local_values(path, w, num_replicas)
-        for path, w in zip(self._paths, flat_weights)]
+        for path, w in zip(self._paths, flat_weights)
+    ]
     with tf.name_scope(name or "enqueue"):
-      plans = [[self._plan(i, per_replica[i][r], per_replica_weights[i][r])
-                for i in range(len(self._features))] for r in range(num_replicas)]
+      plans = [[
+          self._plan(i, per_replica[i][r], per_replica_weights[i][r])
+          for i in range(len(self._features))
+      ] for r in range(num_replicas)]
       rows, restores = self._insert(plans, training)
     step = _Step(training=training, graph=_current_graph(), rows=rows,
                  features=[list(zip(restores[r], plans[r])) for r in range(num_replicas)])
@@ -382,12 +397,14 @@ class Embedding(tf.Module):
     replica = self._replica_id("dequeue")
     step = self._current_step("dequeue")
     with tf.name_scope(name or "dequeue"):
-      unique = {table: core_lookup.unique_embeddings(self._tables[table], rows,
-                                                     training=step.training)
-                for table, rows in step.rows[replica].items()}
-      outputs = [plan.activation(core_lookup.per_id(unique[table], restore))
-                 for table, (restore, plan) in zip(self._table_of_feature,
-                                                   step.features[replica])]
+      unique = {
+          table: core_lookup.unique_embeddings(self._tables[table], rows, training=step.training)
+          for table, rows in step.rows[replica].items()
+      }
+      outputs = [
+          plan.activation(core_lookup.per_id(unique[table], restore))
+          for table, (restore, plan) in zip(self._table_of_feature, step.features[replica])
+      ]
     return tf.nest.pack_sequence_as(self._feature_config, outputs)
 
   @_not_autograph
@@ -481,16 +498,20 @@ class Embedding(tf.Module):
     """
     self._maybe_build()
     tf.nest.assert_same_structure(self._feature_config, features)
-    flat_weights = ([None] * len(self._features) if weights is None
-                    else tf.nest.flatten(weights))
-    plans = [[self._plan(i, _to_tensor(value), w) for i, (value, w) in
-              enumerate(zip(tf.nest.flatten(features), flat_weights))]]
+    flat_weights = ([None] * len(self._features) if weights is None else tf.nest.flatten(weights))
+    plans = [[
+        self._plan(i, _to_tensor(value), w)
+        for i, (value, w) in enumerate(zip(tf.nest.flatten(features), flat_weights))
+    ]]
     rows, restores = self._insert(plans, training)
-    unique = {table: core_lookup.unique_embeddings(self._tables[table], table_rows,
-                                                   training=training)
-              for table, table_rows in rows[0].items()}
-    outputs = [plan.activation(core_lookup.per_id(unique[table], restore))
-               for table, restore, plan in zip(self._table_of_feature, restores[0], plans[0])]
+    unique = {
+        table: core_lookup.unique_embeddings(self._tables[table], table_rows, training=training)
+        for table, table_rows in rows[0].items()
+    }
+    outputs = [
+        plan.activation(core_lookup.per_id(unique[table], restore))
+        for table, restore, plan in zip(self._table_of_feature, restores[0], plans[0])
+    ]
     return tf.nest.pack_sequence_as(self._feature_config, outputs)
 
   # -------------------------------------------------------------- internals --
@@ -503,8 +524,8 @@ class Embedding(tf.Module):
     """Shape checks and FeaturePlan of feature i's input (one replica's)."""
     path, feature = self._paths[i], self._features[i]
     inp = _to_tensor(inp)
-    incoming = shapes.output_shape_from_input_shape(
-        path, feature, shapes.input_shape(path, feature, inp))
+    incoming = shapes.output_shape_from_input_shape(path, feature,
+                                                    shapes.input_shape(path, feature, inp))
     shapes.check_output_shape(path, self._declared[i], incoming)
     return lookup.plan(path, feature, inp, weight, shapes.resolve(self._declared[i], incoming))
 
@@ -527,14 +548,16 @@ class Embedding(tf.Module):
       for table_name in self._table_names:
         members = [i for i, t in enumerate(self._table_of_feature) if t == table_name]
         # Feature-major, then replica: the order of one replica's global batch.
-        keys = [tf.reshape(key_index_lib.to_keys(plans[r][i].ids, what=self._paths[i]), [-1])
-                for i in members for r in range(num_replicas)]
+        keys = [
+            tf.reshape(key_index_lib.to_keys(plans[r][i].ids, what=self._paths[i]), [-1])
+            for i in members for r in range(num_replicas)
+        ]
         unique_rows, restore, _ = self._tables[table_name].key_index.insert(
             keys[0] if len(keys) == 1 else tf.concat(keys, 0), training=training)
         sizes = [tf.size(k) for k in keys]
         parts = [restore] if len(keys) == 1 else tf.split(restore, tf.stack(sizes))
-        part = {(i, r): parts[j * num_replicas + r]
-                for j, i in enumerate(members) for r in range(num_replicas)}
+        part = {(i, r): parts[j * num_replicas + r] for j, i in enumerate(members)
+                for r in range(num_replicas)}
         for r in range(num_replicas):
           if num_replicas == 1:
             rows[r][table_name] = unique_rows
@@ -543,11 +566,11 @@ class Embedding(tf.Module):
             continue
           # This replica's distinct rows, and its ids' positions among them.
           local_parts = [part[(i, r)] for i in members]
-          mine, local = tf.unique(tf.concat(local_parts, 0) if len(members) > 1
-                                  else local_parts[0], out_idx=tf.int32)
+          mine, local = tf.unique(
+              tf.concat(local_parts, 0) if len(members) > 1 else local_parts[0], out_idx=tf.int32)
           rows[r][table_name] = tf.gather(unique_rows, mine)
-          split = ([local] if len(members) == 1
-                   else tf.split(local, tf.stack([tf.size(p) for p in local_parts])))
+          split = ([local] if len(members) == 1 else tf.split(
+              local, tf.stack([tf.size(p) for p in local_parts])))
           for i, s in zip(members, split):
             restores[r][i] = s
     return rows, restores
@@ -556,11 +579,10 @@ class Embedding(tf.Module):
     """Per-replica components of an input (a plain value is one replica's)."""
     values = self._strategy.experimental_local_results(value)
     if len(values) != num_replicas:
-      raise ValueError(
-          f"Input {path} has {len(values)} per-replica value(s), but the strategy has "
-          f"{num_replicas} replicas; feed enqueue from "
-          "strategy.experimental_distribute_dataset(...) (or "
-          "distribute_datasets_from_function)")
+      raise ValueError(f"Input {path} has {len(values)} per-replica value(s), but the strategy has "
+                       f"{num_replicas} replicas; feed enqueue from "
+                       "strategy.experimental_distribute_dataset(...) (or "
+                       "distribute_datasets_from_function)")
     return values
 
   def _replica_id(self, what: str) -> int:

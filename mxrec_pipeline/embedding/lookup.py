@@ -9,8 +9,9 @@ a table is that map's transpose (see Embedding.apply_gradients).
 
 The ids of one position are reduced by the sparse core's combiner
 (core/combiner.py: sum, mean or sqrtn, weighted as in
-tf.nn.embedding_lookup_sparse; empty positions give zeros). Sequence features place each id's embedding at its
-position instead, padded with zeros and truncated to the sequence length.
+tf.nn.embedding_lookup_sparse; empty positions give zeros). Sequence features
+place each id's embedding at its position instead, padded with zeros and
+truncated to the sequence length.
 """
 
 from __future__ import annotations
@@ -40,8 +41,8 @@ class FeaturePlan:
   shape: tf.TensorShape
 
 
-def plan(path: str, feature: FeatureConfig, inp, weight, output_shape: tf.TensorShape
-         ) -> FeaturePlan:
+def plan(path: str, feature: FeatureConfig, inp, weight,
+         output_shape: tf.TensorShape) -> FeaturePlan:
   """The FeaturePlan of one feature's input.
 
   Args:
@@ -100,8 +101,7 @@ def _sparse_plan(path, feature, inp, weight, dim):
     keep = sp.indices[:, 1] < length
     positions = tf.boolean_mask(sp.indices, keep)
     out = tf.stack([sp.dense_shape[0], tf.constant(length, tf.int64), tf.constant(dim, tf.int64)])
-    return (tf.boolean_mask(sp.values, keep),
-            lambda per_id: tf.scatter_nd(positions, per_id, out),
+    return (tf.boolean_mask(sp.values, keep), lambda per_id: tf.scatter_nd(positions, per_id, out),
             tf.TensorShape([inp.shape[0], length]))
   outer = sp.dense_shape[:-1]
   strides = tf.math.cumprod(outer, exclusive=True, reverse=True)
@@ -138,8 +138,7 @@ def _ragged_sequence_length(path, feature, inp) -> int | None:
                    f"{feature.output_shape}, batch size {batch_size}")
 
 
-def _shaped(path: str, natural, natural_shape: tf.TensorShape, target: tf.TensorShape,
-             dim: int):
+def _shaped(path: str, natural, natural_shape: tf.TensorShape, target: tf.TensorShape, dim: int):
   """`natural` then a shape check against, or a reshape to, target + [dim].
 
   Raises:

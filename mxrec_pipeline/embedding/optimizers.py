@@ -30,14 +30,14 @@ from __future__ import annotations
 
 import dataclasses
 import numbers
-from typing import Callable, Union
+from typing import Callable
 
 import tensorflow as tf
 
 from mxrec_pipeline.optimizers.base import HashOptimizer
 
-LearningRate = Union[float, Callable[[], float]]
-ClipValue = Union[float, tuple, None]
+LearningRate = float | Callable[[], float]
+ClipValue = float | tuple | None
 
 
 class Optimizer:
@@ -64,8 +64,8 @@ class Optimizer:
   def _check_common(self) -> None:
     kind = type(self).__name__
     lr = self.learning_rate
-    if not callable(lr) and (isinstance(lr, bool) or not isinstance(lr, numbers.Real)
-                             or not lr > 0):
+    if not callable(lr) and (isinstance(lr, bool) or not isinstance(lr, numbers.Real) or
+                             not lr > 0):
       raise ValueError(f"{kind}: `learning_rate` must be a positive float or a callable, "
                        f"got {lr!r}")
     if not self.use_gradient_accumulation and self.clipvalue is not None:
@@ -207,8 +207,7 @@ class Adam(Optimizer):
   def build_hash_optimizer(self, name: str) -> HashOptimizer:
     """See `Optimizer`."""
     return _AdamRows(name=name, beta_1=self.beta_1, beta_2=self.beta_2, epsilon=self.epsilon,
-                     lazy=self.lazy_adam, sum_inside_sqrt=self.sum_inside_sqrt,
-                     **self._options())
+                     lazy=self.lazy_adam, sum_inside_sqrt=self.sum_inside_sqrt, **self._options())
 
 
 SUPPORTED = (SGD, Adagrad, Adam)
@@ -279,11 +278,11 @@ class _TpuRows(HashOptimizer):
       return updates
     with tf.control_dependencies(updates):
       if self.moves_all_rows:
-        clipped = var.assign(_clip(var.read_value(), self.clip_weight_min,
-                                   self.clip_weight_max))
+        clipped = var.assign(_clip(var.read_value(), self.clip_weight_min, self.clip_weight_max))
       else:
-        clipped = var.scatter_update(tf.IndexedSlices(
-            _clip(tf.gather(var, rows), self.clip_weight_min, self.clip_weight_max), rows))
+        clipped = var.scatter_update(
+            tf.IndexedSlices(
+                _clip(tf.gather(var, rows), self.clip_weight_min, self.clip_weight_max), rows))
     return updates + [clipped]
 
   def _step_rows(self, var, slots, rows, grad, lr):
@@ -307,8 +306,10 @@ class _AdagradRows(_TpuRows):
   def _step_rows(self, var, slots, rows, grad, lr):
     acc = slots["accumulators"]
     acc_rows = tf.gather(acc, rows) + tf.square(grad)
-    return [acc.scatter_update(tf.IndexedSlices(acc_rows, rows)),
-            var.scatter_sub(tf.IndexedSlices(lr * grad * tf.math.rsqrt(acc_rows), rows))]
+    return [
+        acc.scatter_update(tf.IndexedSlices(acc_rows, rows)),
+        var.scatter_sub(tf.IndexedSlices(lr * grad * tf.math.rsqrt(acc_rows), rows))
+    ]
 
 
 class _AdamRows(_TpuRows):
@@ -338,9 +339,11 @@ class _AdamRows(_TpuRows):
       m_new, v_new, delta = self._step(m.read_value(), v.read_value(), dense_grad, lr)
       return [m.assign(m_new), v.assign(v_new), var.assign_sub(delta)]
     m_rows, v_rows, delta = self._step(tf.gather(m, rows), tf.gather(v, rows), grad, lr)
-    return [m.scatter_update(tf.IndexedSlices(m_rows, rows)),
-            v.scatter_update(tf.IndexedSlices(v_rows, rows)),
-            var.scatter_sub(tf.IndexedSlices(delta, rows))]
+    return [
+        m.scatter_update(tf.IndexedSlices(m_rows, rows)),
+        v.scatter_update(tf.IndexedSlices(v_rows, rows)),
+        var.scatter_sub(tf.IndexedSlices(delta, rows))
+    ]
 
 
 def _clip(x: tf.Tensor, low: float | None, high: float | None) -> tf.Tensor:

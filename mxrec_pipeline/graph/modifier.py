@@ -127,8 +127,8 @@ class GraphModifierHook(tf.compat.v1.train.SessionRunHook):
       modify_graph_and_start_emb_cache(graph, self._dump_graph)
     else:
       manager.start_asc_pipeline()
-    initializers = (graph.get_collection(TRAIN_INITIALIZERS)
-                    + graph.get_collection(EVAL_INITIALIZERS))
+    initializers = (graph.get_collection(TRAIN_INITIALIZERS) +
+                    graph.get_collection(EVAL_INITIALIZERS))
     self._initializer = tf.group(initializers) if initializers else None
 
   def after_create_session(self, session, coord):
@@ -177,24 +177,24 @@ def _rewrite(graph: tf.Graph, get_next: tf.Operation, lookups: list[deferred.Pen
   variant = _make_iterator_op(graph, get_next).inputs[0]
   structure = tuple(tf.TensorSpec(t.shape, t.dtype) for t in outputs)
   dataset = tf.data.experimental.from_variant(variant, structure)
-  specs = [fs.FeatureSpec(l.feature_name, table_name=l.table_name) for l in lookups]
+  specs = [fs.FeatureSpec(lkp.feature_name, table_name=lkp.table_name) for lkp in lookups]
   by_table = helper.group_by_table(specs)
 
   def native_insert(table_name, keys):
     return admission.insert(container, table_name, keys, training[table_name])
 
   def add_insertion(*flat):
-    features = {l.feature_name: flat[_through_identity(l.ids).value_index] for l in lookups}
+    features = {lkp.feature_name: flat[_through_identity(lkp.ids).value_index] for lkp in lookups}
     inserted = helper.insert_ids(features, by_table, native_insert)
     return flat + tuple(inserted[fs.unique_rows_key(t)] for t in by_table) + tuple(
-        inserted[fs.restore_key(l.feature_name)] for l in lookups)
+        inserted[fs.restore_key(lkp.feature_name)] for lkp in lookups)
 
   dataset = dataset.map(add_insertion).prefetch(tf.data.AUTOTUNE)
   iterator = tf.compat.v1.data.make_initializable_iterator(dataset)
   new = iterator.get_next()
   new_outputs, rest = new[:len(outputs)], new[len(outputs):]
   new_rows = dict(zip(by_table, rest[:len(by_table)]))
-  new_restore = dict(zip((l.feature_name for l in lookups), rest[len(by_table):]))
+  new_restore = dict(zip((lkp.feature_name for lkp in lookups), rest[len(by_table):]))
   for old, replacement in zip(outputs, new_outputs):
     _rewire(old, replacement)
   for lookup in lookups:

@@ -34,8 +34,7 @@ def training_checkpoint(model, **extra) -> tf.train.Checkpoint:
   return tf.train.Checkpoint(model=model, optimizer=model.optimizer,
                              sparse_optimizer=model.sparse_optimizer, key_indexes=key_indexes,
                              **({"tiers": tiers} if tiers else {}),
-                             **({"random_generators": generators} if generators else {}),
-                             **extra)
+                             **({"random_generators": generators} if generators else {}), **extra)
 
 
 def random_generators(model) -> list:
@@ -49,8 +48,10 @@ def random_generators(model) -> list:
   """
   # `_random_generator` is the one attribute through which Keras 2's
   # BaseRandomLayer exposes its generator.
-  return [layer._random_generator for layer in model.submodules  # pylint: disable=protected-access
-          if isinstance(layer, tf.keras.__internal__.layers.BaseRandomLayer)]
+  return [
+      layer._random_generator for layer in model.submodules  # pylint: disable=protected-access
+      if isinstance(layer, tf.keras.__internal__.layers.BaseRandomLayer)
+  ]
 
 
 class TrainingCheckpoint:
@@ -76,8 +77,7 @@ class TrainingCheckpoint:
     atomic_dir.remove_checkpoint_temp_dirs(directory)
     self.epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="epochs_done")
     self._checkpoint = training_checkpoint(model, epoch=self.epoch)
-    self._manager = tf.train.CheckpointManager(self._checkpoint, directory,
-                                               max_to_keep=max_to_keep)
+    self._manager = tf.train.CheckpointManager(self._checkpoint, directory, max_to_keep=max_to_keep)
 
   @property
   def latest(self) -> str | None:
@@ -258,8 +258,8 @@ class BestModelExporter(tf.keras.callbacks.Callback):
     if self.monitor not in logs:
       raise KeyError(f"BestModelExporter: '{self.monitor}' is not in the logs {sorted(logs)}")
     value = float(logs[self.monitor])
-    better = self.best is None or (value > self.best if self.higher_is_better
-                                   else value < self.best)
+    better = self.best is None or (value > self.best
+                                   if self.higher_is_better else value < self.best)
     if better:
       self.best = value
       self.export_fn(self.model, self.path)
@@ -285,12 +285,10 @@ class EvictCallback(tf.keras.callbacks.Callback):
   """
 
   def __init__(self, evict_time_interval: int = feature_process.DEFAULT_EVICT_TIME_INTERVAL_S,
-               evict_step_interval: int | None = None, *,
-               clock: Callable[[], float] | None = None):
+               evict_step_interval: int | None = None, *, clock: Callable[[], float] | None = None):
     super().__init__()
-    self._schedule = feature_process.EvictSchedule(
-        evict_time_interval, evict_step_interval,
-        *([] if clock is None else [clock]))
+    self._schedule = feature_process.EvictSchedule(evict_time_interval, evict_step_interval,
+                                                   *([] if clock is None else [clock]))
     self.last_freed = {}
 
   def on_train_begin(self, logs=None):

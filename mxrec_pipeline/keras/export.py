@@ -81,8 +81,7 @@ class ServingModule(tf.Module):
       positions, rows = table.key_index.to_compact_table(
           functools.partial(core_lookup.unique_embeddings, table, training=False))
       self.lookup_tables[name] = positions
-      self.serving_rows[name] = tf.Variable(rows, trainable=False,
-                                            name=f"{name}_serving_rows")
+      self.serving_rows[name] = tf.Variable(rows, trainable=False, name=f"{name}_serving_rows")
 
   def _stock_insert(self, table_name, keys):
     unique_keys, restore = tf.unique(keys, out_idx=tf.int32)
@@ -98,9 +97,9 @@ class ServingModule(tf.Module):
 
   def serve_elwc(self, serialized: tf.Tensor) -> dict:
     """Parses [batch_size] serialized ELWC protos with tfr, then scores them."""
-    features = tfr.data.parse_from_example_list(
-        serialized, context_feature_spec=self._context_spec,
-        example_feature_spec=self._example_spec, mask_feature_name=self._mask)
+    features = tfr.data.parse_from_example_list(serialized, context_feature_spec=self._context_spec,
+                                                example_feature_spec=self._example_spec,
+                                                mask_feature_name=self._mask)
     return self.score(features)
 
   def raw_input_signature(self) -> dict[str, tf.TensorSpec] | None:
@@ -140,14 +139,18 @@ def export_serving_model(model, export_dir: str, context_feature_spec, example_f
   """
   module = ServingModule(model, context_feature_spec, example_feature_spec, mask_feature_name,
                          sparse_features)
-  sparse_layers = [layer for layer in getattr(model, "_sparse_layers", [])
-                   if layer.feature.table in module.serving_rows]
+  sparse_layers = [
+      layer for layer in getattr(model, "_sparse_layers", [])
+      if layer.feature.table in module.serving_rows
+  ]
   try:
     for layer in sparse_layers:  # The serving functions read the snapshots.
       layer.serving_rows = module.serving_rows[layer.feature.table]
-    signatures = {"serving_default": tf.function(
-        module.serve_elwc,
-        input_signature=[tf.TensorSpec([None], tf.string, name=SERVING_INPUT)])}
+    signatures = {
+        "serving_default": tf.function(
+            module.serve_elwc,
+            input_signature=[tf.TensorSpec([None], tf.string, name=SERVING_INPUT)])
+    }
     raw = module.raw_input_signature()
     if raw is not None:
       signatures["predict"] = tf.function(

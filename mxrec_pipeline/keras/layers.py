@@ -114,8 +114,8 @@ def get_or_create_table(spec: TableSpec, seed: int | None = None) -> embedding.S
     table_seed = None if seed is None else (seed + zlib.crc32(spec.name.encode())) % 2**31
     return embedding.create_table(
         key_dtype=tf.as_dtype(spec.key_dtype), dim=spec.dim, name=spec.name,
-        emb_initializer=tf.keras.initializers.TruncatedNormal(
-            stddev=spec.initializer_stddev, seed=table_seed),
+        emb_initializer=tf.keras.initializers.TruncatedNormal(stddev=spec.initializer_stddev,
+                                                              seed=table_seed),
         device_vocabulary_size=spec.device_vocabulary_size,
         host_vocabulary_size=spec.host_vocabulary_size,
         ssd_vocabulary_size=spec.ssd_vocabulary_size, ssd_data_path=list(spec.ssd_data_path),
@@ -123,12 +123,11 @@ def get_or_create_table(spec: TableSpec, seed: int | None = None) -> embedding.S
   host_rows = table.tiers.config.host_vocabulary_size if table.is_tiered else 0
   if ((table.dim, table.device_vocabulary_size, host_rows)
       != (spec.dim, spec.device_vocabulary_size, spec.host_vocabulary_size)):
-    raise ValueError(
-        f"table '{spec.name}' exists with dim={table.dim}, "
-        f"device_vocabulary_size={table.device_vocabulary_size}, "
-        f"host_vocabulary_size={host_rows}; the spec asks for dim={spec.dim}, "
-        f"device_vocabulary_size={spec.device_vocabulary_size}, "
-        f"host_vocabulary_size={spec.host_vocabulary_size}")
+    raise ValueError(f"table '{spec.name}' exists with dim={table.dim}, "
+                     f"device_vocabulary_size={table.device_vocabulary_size}, "
+                     f"host_vocabulary_size={host_rows}; the spec asks for dim={spec.dim}, "
+                     f"device_vocabulary_size={spec.device_vocabulary_size}, "
+                     f"host_vocabulary_size={spec.host_vocabulary_size}")
   return table
 
 
@@ -199,8 +198,8 @@ class SparseLookup(tf.keras.layers.Layer):
       config = admission.config_of(self.table_spec.name)
       unique_emb = lookup.unique_embeddings(
           initialize.get_config_initializer().tables[self.table_spec.name], unique_rows,
-          training=training, plan_token=plan[0] if plan else None,
-          admitting=training and config is not None and config.admits)
+          training=training, plan_token=plan[0] if plan else None, admitting=training and
+          config is not None and config.admits)
     return combine(lookup.per_id(unique_emb, restore), self.feature.combiner)
 
   def get_config(self):

@@ -75,8 +75,8 @@ class SparseRankingModel(tf.keras.Model):
     restore fills them at once.
     """
     super().compile(*args, **kwargs)
-    self.sparse_optimizer = sparse_optimizer or factory.get_optimizer(
-        "lazy_adam", learning_rate=0.001)
+    self.sparse_optimizer = sparse_optimizer or factory.get_optimizer("lazy_adam",
+                                                                      learning_rate=0.001)
     self.sparse_optimizer.build(self.table_variables)
 
   @property
@@ -139,9 +139,8 @@ class ModelBuilder(tfr.keras.model.ModelBuilder):
   """
 
   def __init__(self, input_creator: Callable, preprocessor, scorer, mask_feature_name: str,
-               sparse_features: Sequence[SparseFeature] = (),
-               tables: Sequence[TableSpec] = (), seed: int | None = None,
-               name: str | None = None):
+               sparse_features: Sequence[SparseFeature] = (), tables: Sequence[TableSpec] = (),
+               seed: int | None = None, name: str | None = None):
     if isinstance(preprocessor, Mapping):
       preprocessor = PreprocessorWithSpec(dict(preprocessor))
     super().__init__(input_creator, preprocessor, scorer, mask_feature_name, name=name)
@@ -171,13 +170,12 @@ class ModelBuilder(tfr.keras.model.ModelBuilder):
       model_inputs[fs.restore_key(feature.name)] = restore
       table = feature.table
       if table not in unique_rows_inputs:
-        unique_rows_inputs[table] = tf.keras.Input(
-            shape=(), dtype=tf.int64, name=fs.unique_rows_key(table))
+        unique_rows_inputs[table] = tf.keras.Input(shape=(), dtype=tf.int64,
+                                                   name=fs.unique_rows_key(table))
         model_inputs[fs.unique_rows_key(table)] = unique_rows_inputs[table]
         if self.tables[table].tiered:
           # The device-cache plan of the batch, [1] int64 (core/tiers.py).
-          plan_inputs[table] = tf.keras.Input(shape=(), dtype=tf.int64,
-                                              name=fs.plan_key(table))
+          plan_inputs[table] = tf.keras.Input(shape=(), dtype=tf.int64, name=fs.plan_key(table))
           model_inputs[fs.plan_key(table)] = plan_inputs[table]
       layer = layers.SparseLookup(feature, self.tables[table], seed=self.seed,
                                   name=f"sparse_lookup_{feature.name}")
@@ -186,8 +184,7 @@ class ModelBuilder(tfr.keras.model.ModelBuilder):
       embedded = layer((restore, unique_rows_inputs[table], *plan))
       target = context_features if feature.name in context_inputs else example_features
       target[feature.name] = embedded
-    context_features, example_features = self.preprocess(
-        context_features, example_features, mask)
+    context_features, example_features = self.preprocess(context_features, example_features, mask)
     logits = self.score(context_features, example_features, mask)
     model_inputs[self._mask_feature_name] = mask
     return SparseRankingModel(inputs=model_inputs, outputs=logits, name=self._name,

@@ -31,7 +31,7 @@ from mxrec_pipeline.core.asc import feature_spec as fs
 from mxrec_pipeline.core.asc import helper
 # Re-exported: users import PipelineHparams and RANKING_METRICS from here.
 from mxrec_pipeline.hparams import (  # pylint: disable=unused-import
-    RANKING_METRICS, STRATEGIES, PipelineHparams)
+    RANKING_METRICS, PipelineHparams)
 from mxrec_pipeline.keras import callbacks as callbacks_lib
 from mxrec_pipeline.keras import export as export_lib
 from mxrec_pipeline.keras import model as model_lib
@@ -43,6 +43,7 @@ AbstractPipeline = tfr.keras.pipeline.AbstractPipeline
 AbstractDatasetBuilder = tfr.keras.pipeline.AbstractDatasetBuilder
 DatasetHparams = tfr.keras.pipeline.DatasetHparams
 
+
 def metric_name(key: str) -> str:
   """Keras name of a RANKING_METRICS key: "ndcg@10" -> "ndcg_10"."""
   return key.replace("@", "_")
@@ -50,8 +51,10 @@ def metric_name(key: str) -> str:
 
 def build_ranking_metrics() -> list[tf.keras.metrics.Metric]:
   """tfr metric objects for RANKING_METRICS, named by `metric_name`."""
-  return [tfr.keras.metrics.get(key, topn=topn, name=metric_name(name))
-          for name, (key, topn) in RANKING_METRICS.items()]
+  return [
+      tfr.keras.metrics.get(key, topn=topn, name=metric_name(name))
+      for name, (key, topn) in RANKING_METRICS.items()
+  ]
 
 
 @contextlib.contextmanager
@@ -92,8 +95,7 @@ def epoch_steps(num_epochs: int, num_train_steps: int | None) -> list[int | None
   if num_train_steps is None:
     return [None] * num_epochs
   per_epoch = math.ceil(num_train_steps / num_epochs)
-  return [min(per_epoch, num_train_steps - start)
-          for start in range(0, num_train_steps, per_epoch)]
+  return [min(per_epoch, num_train_steps - start) for start in range(0, num_train_steps, per_epoch)]
 
 
 class BaseDatasetBuilder(tfr.keras.pipeline.BaseDatasetBuilder):
@@ -113,8 +115,7 @@ class BaseDatasetBuilder(tfr.keras.pipeline.BaseDatasetBuilder):
 
   def __init__(self, context_feature_spec, example_feature_spec, training_only_example_spec,
                mask_feature_name, hparams: DatasetHparams,
-               sparse_features: Sequence[SparseFeature] = (),
-               training_only_context_spec=None):
+               sparse_features: Sequence[SparseFeature] = (), training_only_context_spec=None):
     super().__init__(context_feature_spec, example_feature_spec, training_only_example_spec,
                      mask_feature_name, hparams, training_only_context_spec)
     self.sparse_features = list(sparse_features)
@@ -130,8 +131,8 @@ class BaseDatasetBuilder(tfr.keras.pipeline.BaseDatasetBuilder):
       dataset = dataset.map(helper.get_asc_insert_func(specs, is_training=is_training))
       raw_ids = {f.name for f in self.sparse_features}
       # The model reads the insertion results, not the raw ids.
-      dataset = dataset.map(lambda features, *rest: (
-          {k: v for k, v in features.items() if k not in raw_ids}, *rest))
+      dataset = dataset.map(lambda features, *rest:
+                            ({k: v for k, v in features.items() if k not in raw_ids}, *rest))
     return dataset.prefetch(tf.data.AUTOTUNE)
 
   def _build_dataset(self, file_pattern: str, batch_size: int, list_size: int | None = None,
@@ -149,11 +150,11 @@ class BaseDatasetBuilder(tfr.keras.pipeline.BaseDatasetBuilder):
         file_pattern=file_pattern, data_format=tfr.data.ELWC, batch_size=batch_size,
         list_size=list_size,
         context_feature_spec={**self._context_feature_spec, **self._training_only_context_spec},
-        example_feature_spec={**self._example_feature_spec, **self._training_only_example_spec},
-        mask_feature_name=self._mask_feature_name, reader=self._hparams.dataset_reader,
-        num_epochs=num_epochs, shuffle=randomize_input, shuffle_buffer_size=1000,
-        shuffle_seed=shuffle_seed, sloppy_ordering=False, drop_final_batch=False,
-        shuffle_examples=False)
+        example_feature_spec={**self._example_feature_spec, **self._training_only_example_spec
+                             }, mask_feature_name=self._mask_feature_name,
+        reader=self._hparams.dataset_reader, num_epochs=num_epochs, shuffle=randomize_input,
+        shuffle_buffer_size=1000, shuffle_seed=shuffle_seed, sloppy_ordering=False,
+        drop_final_batch=False, shuffle_examples=False)
     return dataset.map(self._features_and_labels, num_parallel_calls=tf.data.AUTOTUNE)
 
   def build_train_dataset(self, num_epochs: int | None = None) -> tf.data.Dataset:
@@ -165,10 +166,9 @@ class BaseDatasetBuilder(tfr.keras.pipeline.BaseDatasetBuilder):
     Args:
       num_epochs: Passes over the training data; None repeats forever.
     """
-    dataset = self._build_dataset(
-        file_pattern=self._hparams.train_input_pattern,
-        batch_size=self._hparams.train_batch_size,
-        list_size=self._hparams.list_size, num_epochs=num_epochs)
+    dataset = self._build_dataset(file_pattern=self._hparams.train_input_pattern,
+                                  batch_size=self._hparams.train_batch_size,
+                                  list_size=self._hparams.list_size, num_epochs=num_epochs)
     return self._insert(dataset, is_training=True)
 
   def build_train_epoch(self, epoch: int, num_steps: int | None = None,
@@ -192,10 +192,11 @@ class BaseDatasetBuilder(tfr.keras.pipeline.BaseDatasetBuilder):
     Returns:
       A dataset of (features, labels) batches as `build_train_dataset`'s.
     """
-    dataset = self._build_dataset(
-        file_pattern=self._hparams.train_input_pattern,
-        batch_size=self._hparams.train_batch_size, list_size=self._hparams.list_size,
-        num_epochs=1 if num_steps is None else None, shuffle_seed=epoch_seed(seed, epoch))
+    dataset = self._build_dataset(file_pattern=self._hparams.train_input_pattern,
+                                  batch_size=self._hparams.train_batch_size,
+                                  list_size=self._hparams.list_size,
+                                  num_epochs=1 if num_steps is None else None,
+                                  shuffle_seed=epoch_seed(seed, epoch))
     if num_steps is not None:
       dataset = dataset.take(num_steps)
     return self._insert(dataset, is_training=True)
@@ -207,10 +208,9 @@ class BaseDatasetBuilder(tfr.keras.pipeline.BaseDatasetBuilder):
       num_epochs: Passes over the validation data; None repeats forever.
     """
     dataset = self._build_dataset(
-        file_pattern=self._hparams.valid_input_pattern,
-        batch_size=self._hparams.valid_batch_size,
-        list_size=self._hparams.valid_list_size or self._hparams.list_size,
-        randomize_input=False, num_epochs=num_epochs)
+        file_pattern=self._hparams.valid_input_pattern, batch_size=self._hparams.valid_batch_size,
+        list_size=self._hparams.valid_list_size or self._hparams.list_size, randomize_input=False,
+        num_epochs=num_epochs)
     return self._insert(dataset, is_training=False)
 
   def build_raw_valid_dataset(self) -> tf.data.Dataset:
@@ -219,11 +219,10 @@ class BaseDatasetBuilder(tfr.keras.pipeline.BaseDatasetBuilder):
     For scorers that read raw features (baselines); same batches and order as
     `build_valid_dataset(num_epochs=1)`.
     """
-    return self._build_dataset(
-        file_pattern=self._hparams.valid_input_pattern,
-        batch_size=self._hparams.valid_batch_size,
-        list_size=self._hparams.valid_list_size or self._hparams.list_size,
-        randomize_input=False, num_epochs=1)
+    return self._build_dataset(file_pattern=self._hparams.valid_input_pattern,
+                               batch_size=self._hparams.valid_batch_size,
+                               list_size=self._hparams.valid_list_size or self._hparams.list_size,
+                               randomize_input=False, num_epochs=1)
 
   def build_signatures(self, model):
     """Not used: ModelFitPipeline exports with `export.export_serving_model`."""
@@ -239,13 +238,12 @@ class SimpleDatasetBuilder(BaseDatasetBuilder):
     sparse_features: The SparseFeatures to insert.
   """
 
-  def __init__(self, context_feature_spec, example_feature_spec, mask_feature_name: str,
-               label_spec, hparams: DatasetHparams,
-               sparse_features: Sequence[SparseFeature] = (), sample_weight_spec=None):
-    super().__init__(
-        context_feature_spec, example_feature_spec,
-        dict([label_spec] + ([sample_weight_spec] if sample_weight_spec else [])),
-        mask_feature_name, hparams, sparse_features)
+  def __init__(self, context_feature_spec, example_feature_spec, mask_feature_name: str, label_spec,
+               hparams: DatasetHparams, sparse_features: Sequence[SparseFeature] = (),
+               sample_weight_spec=None):
+    super().__init__(context_feature_spec, example_feature_spec,
+                     dict([label_spec] + ([sample_weight_spec] if sample_weight_spec else [])),
+                     mask_feature_name, hparams, sparse_features)
     self._label_spec = label_spec
     self._sample_weight_spec = sample_weight_spec
 
@@ -330,19 +328,21 @@ class ModelFitPipeline(AbstractPipeline):
     if self.checkpoint is not None:
       callbacks.insert(1, callbacks_lib.SparseCheckpoint(self.checkpoint))
     if hparams.export_best_model:
-      monitor = ("val_loss" if hparams.best_exporter_metric == "loss"
-                 else "val_" + metric_name(hparams.best_exporter_metric))
-      callbacks.append(callbacks_lib.BestModelExporter(
-          lambda m, path: self.export_saved_model(m, path),
-          os.path.join(hparams.model_dir, "export", "best_model_by_metric"), monitor,
-          higher_is_better=hparams.best_exporter_metric_higher_better))
+      monitor = ("val_loss" if hparams.best_exporter_metric == "loss" else "val_" +
+                 metric_name(hparams.best_exporter_metric))
+      callbacks.append(
+          callbacks_lib.BestModelExporter(
+              lambda m, path: self.export_saved_model(m, path),
+              os.path.join(hparams.model_dir, "export", "best_model_by_metric"), monitor,
+              higher_is_better=hparams.best_exporter_metric_higher_better))
     return callbacks
 
   def export_saved_model(self, model, export_to: str) -> str:
     """Exports a SavedModel that scores raw ids; see export.export_serving_model."""
     builder = self._dataset_builder
     return export_lib.export_serving_model(
-        model, export_to,
+        model,
+        export_to,
         context_feature_spec=builder._context_feature_spec,  # pylint: disable=protected-access
         example_feature_spec=builder._example_feature_spec,  # pylint: disable=protected-access
         mask_feature_name=builder._mask_feature_name,  # pylint: disable=protected-access
@@ -351,17 +351,17 @@ class ModelFitPipeline(AbstractPipeline):
   def _compile(self, model):
     hparams = self._hparams
     model.compile(
-        optimizer=tf.keras.optimizers.get({"class_name": hparams.optimizer,
-                                           "config": {"learning_rate": hparams.learning_rate}}),
-        sparse_optimizer=factory.get_optimizer(
-            hparams.sparse_optimizer, hparams.sparse_learning_rate or hparams.learning_rate),
-        loss=self.build_loss(), metrics=self.build_metrics(),
+        optimizer=tf.keras.optimizers.get({
+            "class_name": hparams.optimizer, "config": {"learning_rate": hparams.learning_rate}
+        }), sparse_optimizer=factory.get_optimizer(
+            hparams.sparse_optimizer, hparams.sparse_learning_rate or
+            hparams.learning_rate), loss=self.build_loss(), metrics=self.build_metrics(),
         weighted_metrics=self.build_weighted_metrics(),
         steps_per_execution=hparams.steps_per_execution)
 
-  def train_and_validate(self, verbose: int = 0,
-                         callbacks: Sequence[tf.keras.callbacks.Callback] = ()
-                         ) -> dict[str, float]:
+  def train_and_validate(
+      self, verbose: int = 0,
+      callbacks: Sequence[tf.keras.callbacks.Callback] = ()) -> dict[str, float]:
     """Trains (or resumes), validates each epoch, exports; returns the final metrics.
 
     Calls init() when the process has no run yet (mxRec semantics: the run,
@@ -422,8 +422,7 @@ class ModelFitPipeline(AbstractPipeline):
       run_callbacks.set_epoch_steps(plan[epoch])
       model.fit(self._train_epoch(epoch, plan[epoch]), initial_epoch=epoch, epochs=epoch + 1,
                 steps_per_epoch=plan[epoch], validation_data=valid,
-                validation_steps=hparams.num_valid_steps, callbacks=run_callbacks,
-                verbose=verbose)
+                validation_steps=hparams.num_valid_steps, callbacks=run_callbacks, verbose=verbose)
       if model.stop_training:  # e.g. EarlyStopping.
         break
     run_callbacks.end_run()
@@ -431,8 +430,8 @@ class ModelFitPipeline(AbstractPipeline):
     self.export_saved_model(model, os.path.join(hparams.model_dir, "export", "latest_model"))
     results = model.evaluate(self._dataset_builder.build_valid_dataset(num_epochs=1),
                              return_dict=True, verbose=0)
-    return {key: float(results[metric_name(key)]) for key in RANKING_METRICS} | {
-        "loss": float(results["loss"])}
+    return {key: float(results[metric_name(key)]) for key in RANKING_METRICS
+           } | {"loss": float(results["loss"])}
 
   def _restore(self, checkpoint: callbacks_lib.TrainingCheckpoint) -> int:
     """Restores the run's latest checkpoint as `hparams.resume` says; returns the start epoch."""
@@ -444,9 +443,10 @@ class ModelFitPipeline(AbstractPipeline):
           "`resume` is false: set pipeline.resume: true to continue it, or start over with "
           "`mxrec-pipeline train --fresh` (which clears the run's outputs) or another model_dir")
     epochs_done = checkpoint.restore()
-    print(f"Resumed from {checkpoint.latest}: {epochs_done} epoch(s) and "
-          f"{int(self.model.optimizer.iterations.numpy())} step(s) done, continuing at epoch "
-          f"{epochs_done + 1}", flush=True)
+    print(
+        f"Resumed from {checkpoint.latest}: {epochs_done} epoch(s) and "
+        f"{int(self.model.optimizer.iterations.numpy())} step(s) done, continuing at epoch "
+        f"{epochs_done + 1}", flush=True)
     return epochs_done
 
   def _train_epoch(self, epoch: int, num_steps: int | None) -> tf.data.Dataset:

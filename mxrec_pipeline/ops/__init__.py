@@ -23,17 +23,14 @@ def load():
   """
   running = tf.__version__
   if not _LIBRARY.exists():
-    raise ImportError(
-        f"native ops not built: {_LIBRARY} is missing. Build them with `make native` "
-        f"(or `pip install -e .`) for the running TensorFlow {running}.")
+    raise ImportError(f"native ops not built: {_LIBRARY} is missing. Build them with `make native` "
+                      f"(or `pip install -e .`) for the running TensorFlow {running}.")
   built = _BUILT_FOR.read_text().strip() if _BUILT_FOR.exists() else "unknown"
   if built != running:
-    raise ImportError(
-        f"{_LIBRARY.name} was built for TensorFlow {built}, running {running}; "
-        "rebuild with `make native` (or `pip install -e .`).")
+    raise ImportError(f"{_LIBRARY.name} was built for TensorFlow {built}, running {running}; "
+                      "rebuild with `make native` (or `pip install -e .`).")
   try:
     return tf.load_op_library(str(_LIBRARY))
   except tf.errors.NotFoundError as e:
-    raise ImportError(
-        f"cannot load {_LIBRARY}: {e}. Rebuild with `make native` "
-        f"(built for TensorFlow {built}, running {running}).") from e
+    raise ImportError(f"cannot load {_LIBRARY}: {e}. Rebuild with `make native` "
+                      f"(built for TensorFlow {built}, running {running}).") from e

@@ -30,13 +30,14 @@ class Adagrad(HashOptimizer):
   def _update_rows(self, var, slots, rows, grad, step):
     acc = slots["accumulator"]
     acc_rows = tf.gather(acc, rows) + tf.square(grad)
-    return [acc.scatter_update(tf.IndexedSlices(acc_rows, rows)),
-            var.scatter_sub(tf.IndexedSlices(
-                self.learning_rate * grad / tf.sqrt(acc_rows), rows))]
+    return [
+        acc.scatter_update(tf.IndexedSlices(acc_rows, rows)),
+        var.scatter_sub(tf.IndexedSlices(self.learning_rate * grad / tf.sqrt(acc_rows), rows))
+    ]
 
 
-def create_hash_optimizer(learning_rate=0.001, initial_accumulator_value=0.9,
-                          use_locking=False, name="Adagrad") -> Adagrad:
+def create_hash_optimizer(learning_rate=0.001, initial_accumulator_value=0.9, use_locking=False,
+                          name="Adagrad") -> Adagrad:
   """mxRec's factory of the table Adagrad optimizer (same parameters and defaults).
 
   `use_locking` is accepted for mxRec scripts; updates are row-wise scatters.

@@ -42,8 +42,8 @@ def init_common_state(optimizer: tf.Module, learning_rate: float, name: str) -> 
   optimizer.learning_rate = float(learning_rate)
   optimizer.optimizer_name = name
   with tf.init_scope():
-    optimizer.iterations = tf.compat.v1.Variable(
-        0, dtype=tf.int64, trainable=False, use_resource=True, name=f"{name}/iterations")
+    optimizer.iterations = tf.compat.v1.Variable(0, dtype=tf.int64, trainable=False,
+                                                 use_resource=True, name=f"{name}/iterations")
 
 
 class HashOptimizer(tf.Module):
@@ -130,12 +130,10 @@ class HashOptimizer(tf.Module):
         concat = isinstance(context.strategy, tf.distribute.MirroredStrategy)
         if not concat:
           grads = context.all_reduce(tf.distribute.ReduceOp.SUM, grads)
-        return context.merge_call(
-            self._distributed_apply,
-            args=(grads, [v for _, v in pairs], tables, global_step, concat))
-      return self._distributed_apply(
-          tf.distribute.get_strategy(), [g for g, _ in pairs], [v for _, v in pairs], tables,
-          global_step)
+        return context.merge_call(self._distributed_apply,
+                                  args=(grads, [v for _, v in pairs], tables, global_step, concat))
+      return self._distributed_apply(tf.distribute.get_strategy(), [g for g, _ in pairs],
+                                     [v for _, v in pairs], tables, global_step)
 
   def _distributed_apply(self, strategy, grads, variables, tables, global_step,
                          concat_replicas=False):
@@ -145,8 +143,7 @@ class HashOptimizer(tf.Module):
       grads = [_concat_replicas(strategy, grad) for grad in grads]
     for grad, var, table in zip(grads, variables, tables):
       slots = self._slots[table.table_name]
-      update = strategy.extended.update(var, self._apply_one, args=(grad, slots, step),
-                                        group=True)
+      update = strategy.extended.update(var, self._apply_one, args=(grad, slots, step), group=True)
       updates.append(update)
       if table.is_tiered:
         # The batch's rows are trained: its device-cache slots may make room.
@@ -154,11 +151,12 @@ class HashOptimizer(tf.Module):
         if finish is not None:
           updates.append(finish)
     with tf.control_dependencies(updates):
-      increments = [strategy.extended.update(
-          self.iterations, lambda v: v.assign_add(1), group=True)]
+      increments = [
+          strategy.extended.update(self.iterations, lambda v: v.assign_add(1), group=True)
+      ]
       if global_step is not None:
-        increments.append(strategy.extended.update(
-            global_step, lambda v: v.assign_add(1), group=True))
+        increments.append(
+            strategy.extended.update(global_step, lambda v: v.assign_add(1), group=True))
     if tf.executing_eagerly():
       return None
     return tf.group(updates + increments)
@@ -195,16 +193,15 @@ class HashOptimizer(tf.Module):
       return
     if table_name in self._slots:
       if self._slot_owners[table_name] is not var:
-        raise ValueError(
-            f"{self.optimizer_name}: it already holds slots of another table named "
-            f"'{table_name}' (from an earlier init()); create a new optimizer per run")
+        raise ValueError(f"{self.optimizer_name}: it already holds slots of another table named "
+                         f"'{table_name}' (from an earlier init()); create a new optimizer per run")
       return
     self._slot_owners[table_name] = var
     slots = {}
     for slot_name, initial in self.slot_initial_values.items():
       with tf.distribute.get_strategy().extended.colocate_vars_with(var):
         slots[slot_name] = tf.compat.v1.Variable(
-            lambda: tf.fill(tf.shape(var), tf.cast(initial, var.dtype)),
+            lambda initial=initial: tf.fill(tf.shape(var), tf.cast(initial, var.dtype)),
             dtype=var.dtype, trainable=False, use_resource=True,
             name=f"{table_name}/{self.optimizer_name}/{slot_name}")
     self._slots[table_name] = slots
@@ -241,4 +238,3 @@ def _local(slot, var):
       if value.device == var.device:
         return value
   return slot
-

@@ -40,9 +40,8 @@ class Ftrl(HashOptimizer):
   """
 
   def __init__(self, learning_rate, learning_rate_power=-0.5, initial_accumulator_value=0.1,
-               l1_regularization_strength=0.0, l2_regularization_strength=0.0,
-               accum_name=None, linear_name=None, l2_shrinkage_regularization_strength=0.0,
-               name="Ftrl"):
+               l1_regularization_strength=0.0, l2_regularization_strength=0.0, accum_name=None,
+               linear_name=None, l2_shrinkage_regularization_strength=0.0, name="Ftrl"):
     super().__init__(learning_rate, name)
     if not learning_rate_power <= 0:
       raise ValueError(f"{name}: `learning_rate_power` must be <= 0, got {learning_rate_power}")
@@ -50,9 +49,9 @@ class Ftrl(HashOptimizer):
       raise ValueError(f"{name}: `initial_accumulator_value` must be positive, "
                        f"got {initial_accumulator_value}")
     for arg, value in (("l1_regularization_strength", l1_regularization_strength),
-                       ("l2_regularization_strength", l2_regularization_strength),
-                       ("l2_shrinkage_regularization_strength",
-                        l2_shrinkage_regularization_strength)):
+                       ("l2_regularization_strength",
+                        l2_regularization_strength), ("l2_shrinkage_regularization_strength",
+                                                      l2_shrinkage_regularization_strength)):
       if not value >= 0:
         raise ValueError(f"{name}: `{arg}` must be >= 0, got {value}")
     self.accum_name = accum_name or "accum"
@@ -67,8 +66,9 @@ class Ftrl(HashOptimizer):
     self.l1 = float(l1_regularization_strength)
     self.l2 = float(l2_regularization_strength)
     self.l2_shrinkage = float(l2_shrinkage_regularization_strength)
-    self.slot_initial_values = {self.accum_name: float(initial_accumulator_value),
-                                self.linear_name: 0.0}
+    self.slot_initial_values = {
+        self.accum_name: float(initial_accumulator_value), self.linear_name: 0.0
+    }
 
   def _update_rows(self, var, slots, rows, grad, step):
     del step
@@ -88,11 +88,13 @@ class Ftrl(HashOptimizer):
     z_new = z + shrunk_grad - (n_new_p - n_p) / lr * w
     quadratic = n_new_p / lr + 2.0 * tf.cast(self.l2, dtype)
     l1 = tf.cast(self.l1, dtype)
-    w_new = tf.where(tf.abs(z_new) > l1, (tf.sign(z_new) * l1 - z_new) / quadratic,
-                     tf.zeros_like(z_new))
-    return [accum.scatter_update(tf.IndexedSlices(n_new, rows)),
-            linear.scatter_update(tf.IndexedSlices(z_new, rows)),
-            var.scatter_update(tf.IndexedSlices(w_new, rows))]
+    w_new = tf.where(
+        tf.abs(z_new) > l1, (tf.sign(z_new) * l1 - z_new) / quadratic, tf.zeros_like(z_new))
+    return [
+        accum.scatter_update(tf.IndexedSlices(n_new, rows)),
+        linear.scatter_update(tf.IndexedSlices(z_new, rows)),
+        var.scatter_update(tf.IndexedSlices(w_new, rows))
+    ]
 
 
 def create_hash_optimizer(learning_rate, use_locking=False, name="Ftrl", *,

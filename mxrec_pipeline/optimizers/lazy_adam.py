@@ -41,8 +41,7 @@ class LazyAdam(HashOptimizer):
 
   slot_initial_values = {"m": 0.0, "v": 0.0}
 
-  def __init__(self, learning_rate=0.001, beta1=0.9, beta2=0.999, epsilon=1e-8,
-               name="LazyAdam"):
+  def __init__(self, learning_rate=0.001, beta1=0.9, beta2=0.999, epsilon=1e-8, name="LazyAdam"):
     super().__init__(learning_rate, name)
     self.beta1, self.beta2, self.epsilon = adam_hyperparameters(name, beta1, beta2, epsilon)
 
@@ -55,9 +54,11 @@ class LazyAdam(HashOptimizer):
     m_rows = beta1 * tf.gather(m, rows) + (1 - beta1) * grad
     v_rows = beta2 * tf.gather(v, rows) + (1 - beta2) * tf.square(grad)
     step_rows = lr_t * m_rows / (tf.sqrt(v_rows) + self.epsilon)
-    return [m.scatter_update(tf.IndexedSlices(m_rows, rows)),
-            v.scatter_update(tf.IndexedSlices(v_rows, rows)),
-            var.scatter_sub(tf.IndexedSlices(step_rows, rows))]
+    return [
+        m.scatter_update(tf.IndexedSlices(m_rows, rows)),
+        v.scatter_update(tf.IndexedSlices(v_rows, rows)),
+        var.scatter_sub(tf.IndexedSlices(step_rows, rows))
+    ]
 
 
 def create_hash_optimizer(learning_rate=0.001, beta1=0.9, beta2=0.999, epsilon=1e-8,

@@ -122,15 +122,15 @@ class _PlainTableIO(_TableIO):
     self.table = table
     self.slots = slots  # (slot name "<optimizer>/<slot>", variable)
     keys, rows = table.key_index.export()
-    self.export_fetches = {"keys": keys, "rows": rows,
-                           "embeddings": tf.gather(table.variable, rows),
-                           "slots": [tf.gather(v, rows) for _, v in slots]}
+    self.export_fetches = {
+        "keys": keys, "rows": rows, "embeddings": tf.gather(table.variable, rows),
+        "slots": [tf.gather(v, rows) for _, v in slots]
+    }
     dtype, dim = table.variable.dtype, table.dim
     self.keys = tf.compat.v1.placeholder(tf.int64, [None], name="keys")
     self.rows = tf.compat.v1.placeholder(tf.int64, [None], name="rows")
     self.embeddings = tf.compat.v1.placeholder(dtype, [None, dim], name="embeddings")
-    self.slot_values = [tf.compat.v1.placeholder(dtype, [None, dim], name="slot")
-                        for _ in slots]
+    self.slot_values = [tf.compat.v1.placeholder(dtype, [None, dim], name="slot") for _ in slots]
     slot_initializers = [v.initializer for _, v in slots]
     # Re-initializing the rows draws the initializer again: a seeded stateful
     # initializer (tf.compat.v1.truncated_normal_initializer(seed=...)) then
@@ -152,11 +152,14 @@ class _PlainTableIO(_TableIO):
   def _restore_after(self, initializers) -> tf.Operation:
     """Imports keys and scatters rows and slots after `initializers` (the index is replaced)."""
     with tf.control_dependencies(initializers):
-      updates = [self.table.key_index.import_(self.keys, self.rows),
-                 self.table.variable.scatter_update(
-                     tf.IndexedSlices(self.embeddings, self.rows))]
-      updates += [v.scatter_update(tf.IndexedSlices(values, self.rows))
-                  for (_, v), values in zip(self.slots, self.slot_values)]
+      updates = [
+          self.table.key_index.import_(self.keys, self.rows),
+          self.table.variable.scatter_update(tf.IndexedSlices(self.embeddings, self.rows))
+      ]
+      updates += [
+          v.scatter_update(tf.IndexedSlices(values, self.rows))
+          for (_, v), values in zip(self.slots, self.slot_values)
+      ]
     return tf.group(updates)
 
   def sparse_ids(self) -> set[int]:
@@ -167,14 +170,16 @@ class _PlainTableIO(_TableIO):
 
   def to_arrays(self, fetched) -> tuple[dict, dict]:
     order = np.argsort(fetched["keys"], kind="stable")
-    arrays = {"keys": fetched["keys"][order], "rows": fetched["rows"][order],
-              "embeddings": fetched["embeddings"][order]}
+    arrays = {
+        "keys": fetched["keys"][order], "rows": fetched["rows"][order],
+        "embeddings": fetched["embeddings"][order]
+    }
     for i, values in enumerate(fetched["slots"]):
       arrays[f"slot-{i}"] = values[order]
-    meta = {"kind": self.kind, "dim": self.table.dim,
-            "capacity": self.table.device_vocabulary_size,
-            "slots": [name for name, _ in self.slots],
-            "slot_initial_values": None}
+    meta = {
+        "kind": self.kind, "dim": self.table.dim, "capacity": self.table.device_vocabulary_size,
+        "slots": [name for name, _ in self.slots], "slot_initial_values": None
+    }
     return arrays, meta
 
   def feed(self, arrays: dict, meta: dict, where: str) -> dict:
@@ -210,8 +215,9 @@ class _TieredTableIO(_TableIO):
     tiers = table.tiers
     self.slots = _tiered_slots(table)  # (slot name "<optimizer>/<slot>", variable, initial)
     keys, rows = table.key_index.export()
-    self.export_fetches = {"keys": keys, "rows": rows,
-                           "values": tiers.read_rows(table.variable, rows)}
+    self.export_fetches = {
+        "keys": keys, "rows": rows, "values": tiers.read_rows(table.variable, rows)
+    }
     self.keys = tf.compat.v1.placeholder(tf.int64, [None], name="keys")
     self.rows = tf.compat.v1.placeholder(tf.int64, [None], name="rows")
     self.values = tf.compat.v1.placeholder(tf.float32, [None, tiers.width], name="values")
@@ -233,11 +239,13 @@ class _TieredTableIO(_TableIO):
     dim = self.table.dim
     arrays = _key_ordered_blocks(fetched, dim)
     config = self.table.tiers.config
-    meta = {"kind": self.kind, "dim": dim, "capacity": self.table.device_vocabulary_size,
-            "host_vocabulary_size": config.host_vocabulary_size,
-            "ssd_vocabulary_size": config.ssd_vocabulary_size,
-            "slots": [name for name, _, _ in self.slots],
-            "slot_initial_values": [initial for _, _, initial in self.slots]}
+    meta = {
+        "kind": self.kind, "dim": dim, "capacity": self.table.device_vocabulary_size,
+        "host_vocabulary_size": config.host_vocabulary_size,
+        "ssd_vocabulary_size": config.ssd_vocabulary_size,
+        "slots": [name for name, _, _ in self.slots],
+        "slot_initial_values": [initial for _, _, initial in self.slots]
+    }
     return arrays, meta
 
   def feed(self, arrays: dict, meta: dict, where: str) -> dict:
@@ -272,9 +280,10 @@ class _ExpansionTableIO(_TableIO):
     self.table = table
     keys, rows = table.key_index.export()
     values, initial = table.store.read_rows(rows)
-    self.export_fetches = {"keys": keys, "rows": rows, "values": values,
-                           "slot_initial_values": initial,
-                           "num_slots": table.store.size()[1]}
+    self.export_fetches = {
+        "keys": keys, "rows": rows, "values": values, "slot_initial_values": initial,
+        "num_slots": table.store.size()[1]
+    }
     self.keys = tf.compat.v1.placeholder(tf.int64, [None], name="keys")
     self.rows = tf.compat.v1.placeholder(tf.int64, [None], name="rows")
     self.values = tf.compat.v1.placeholder(tf.float32, [None, None], name="values")
@@ -282,8 +291,7 @@ class _ExpansionTableIO(_TableIO):
     self.has_slots = tf.compat.v1.placeholder(tf.bool, [], name="has_slots")
     with tf.control_dependencies([table.variable.initializer]):  # Empties index and store.
       imported = table.key_index.import_(self.keys, self.rows)
-      laid_out = tf.cond(self.has_slots,
-                         lambda: _done_after(table.store.set_slots(self.initial)),
+      laid_out = tf.cond(self.has_slots, lambda: _done_after(table.store.set_slots(self.initial)),
                          lambda: tf.constant(True))
     with tf.control_dependencies([imported, laid_out]):
       grown = table.grow_to_cover(self.rows)
@@ -304,10 +312,11 @@ class _ExpansionTableIO(_TableIO):
     if names is None or len(names) != num_slots:
       names = [f"slot_{i}" for i in range(num_slots)]
     has_layout = int(fetched["num_slots"]) >= 0
-    meta = {"kind": self.kind, "dim": dim, "capacity": self.table.device_vocabulary_size,
-            "slots": list(names),
-            "slot_initial_values": ([float(v) for v in fetched["slot_initial_values"]]
-                                    if has_layout else None)}
+    meta = {
+        "kind": self.kind, "dim": dim, "capacity": self.table.device_vocabulary_size,
+        "slots": list(names), "slot_initial_values":
+            ([float(v) for v in fetched["slot_initial_values"]] if has_layout else None)
+    }
     return arrays, meta
 
   def feed(self, arrays: dict, meta: dict, where: str) -> dict:
@@ -315,12 +324,13 @@ class _ExpansionTableIO(_TableIO):
     if initial is not None and len(initial) != len(meta["slots"]):
       raise ValueError(f"{where}: table '{self.table.table_name}' lists {len(meta['slots'])} "
                        f"slots but {len(initial)} initial values")
-    values = np.concatenate(
-        [arrays["embeddings"]] + [arrays[f"slot-{i}"] for i in range(len(meta["slots"]))],
-        axis=1).astype(np.float32)
-    return {self.keys: arrays["keys"], self.rows: arrays["rows"], self.values: values,
-            self.initial: np.asarray(initial or [], np.float32),
-            self.has_slots: initial is not None}
+    values = np.concatenate([arrays["embeddings"]] +
+                            [arrays[f"slot-{i}"] for i in range(len(meta["slots"]))],
+                            axis=1).astype(np.float32)
+    return {
+        self.keys: arrays["keys"], self.rows: arrays["rows"], self.values: values,
+        self.initial: np.asarray(initial or [], np.float32), self.has_slots: initial is not None
+    }
 
 
 def _key_ordered_blocks(fetched: dict, dim: int) -> dict:
@@ -331,8 +341,9 @@ def _key_ordered_blocks(fetched: dict, dim: int) -> dict:
   """
   order = np.argsort(fetched["keys"], kind="stable")
   values = fetched["values"][order]
-  arrays = {"keys": fetched["keys"][order], "rows": fetched["rows"][order],
-            "embeddings": values[:, :dim]}
+  arrays = {
+      "keys": fetched["keys"][order], "rows": fetched["rows"][order], "embeddings": values[:, :dim]
+  }
   for i in range(values.shape[1] // dim - 1):
     arrays[f"slot-{i}"] = values[:, dim * (i + 1):dim * (i + 2)]
   return arrays
@@ -375,14 +386,14 @@ def _tiered_slots(table) -> list[tuple[str, tf.Variable, float]]:
   the order of its slot_initial_values (core/tiers.py `_add_slots`).
   """
   tiers = table.tiers
-  names = [f"{optimizer.optimizer_name}/{slot}"
-           for optimizer in tiers._optimizers  # pylint: disable=protected-access
-           for slot in optimizer.slot_initial_values]
+  names = [
+      f"{optimizer.optimizer_name}/{slot}" for optimizer in tiers._optimizers  # pylint: disable=protected-access
+      for slot in optimizer.slot_initial_values
+  ]
   variables = tiers._slot_variables  # pylint: disable=protected-access
   if len(names) != len(variables):  # Only if core/tiers.py changed its bookkeeping.
     names = [v.op.name[len(table.table_name) + 1:] for v, _ in variables]
-  return [(name, variable, float(initial))
-          for name, (variable, initial) in zip(names, variables)]
+  return [(name, variable, float(initial)) for name, (variable, initial) in zip(names, variables)]
 
 
 class Saver(tf.compat.v1.train.Saver):
@@ -411,8 +422,8 @@ class Saver(tf.compat.v1.train.Saver):
     graph = tf.compat.v1.get_default_graph()
     variables = tf.compat.v1.global_variables()
     tables = [t for t in run.tables.values() if getattr(t.variable, "graph", None) is graph]
-    claimed = {id(t.variable) for t in tables} | {
-        id(v) for t in tables if t.is_tiered for _, v, _ in _tiered_slots(t)}
+    claimed = {id(t.variable) for t in tables
+              } | {id(v) for t in tables if t.is_tiered for _, v, _ in _tiered_slots(t)}
     with tf.name_scope("sparse_saver"):
       self._tables = []
       for table in tables:
@@ -432,8 +443,7 @@ class Saver(tf.compat.v1.train.Saver):
       return id(getattr(item, "op", None)) not in handles  # A SaveableObject.
 
     if var_list is None:
-      var_list = variables + tf.compat.v1.get_collection(
-          tf.compat.v1.GraphKeys.SAVEABLE_OBJECTS)
+      var_list = variables + tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.SAVEABLE_OBJECTS)
     if isinstance(var_list, dict):
       var_list = {name: v for name, v in var_list.items() if is_dense(v)}
     else:
@@ -442,9 +452,9 @@ class Saver(tf.compat.v1.train.Saver):
       kwargs.setdefault("allow_empty", True)
     super().__init__(var_list, **kwargs)
 
-  def save(self, sess, save_path, global_step=None, latest_filename=None,
-           meta_graph_suffix="meta", write_meta_graph=True, write_state=True,
-           strip_default_attrs=False, save_debug_info=False):
+  def save(self, sess, save_path, global_step=None, latest_filename=None, meta_graph_suffix="meta",
+           write_meta_graph=True, write_state=True, strip_default_attrs=False,
+           save_debug_info=False):
     """Writes the sparse part, then the dense checkpoint; see tf.compat.v1.train.Saver.
 
     Returns:
@@ -462,10 +472,9 @@ class Saver(tf.compat.v1.train.Saver):
       self._write_sparse(sess, directory)
     before = set(self.last_checkpoints)
     try:
-      path = super().save(sess, save_path, global_step=global_step,
-                          latest_filename=latest_filename, meta_graph_suffix=meta_graph_suffix,
-                          write_meta_graph=write_meta_graph, write_state=write_state,
-                          strip_default_attrs=strip_default_attrs,
+      path = super().save(sess, save_path, global_step=global_step, latest_filename=latest_filename,
+                          meta_graph_suffix=meta_graph_suffix, write_meta_graph=write_meta_graph,
+                          write_state=write_state, strip_default_attrs=strip_default_attrs,
                           save_debug_info=save_debug_info)
     except BaseException:
       shutil.rmtree(directory, ignore_errors=True)
@@ -545,8 +554,8 @@ class Saver(tf.compat.v1.train.Saver):
       if name not in tables:
         raise ValueError(f"{where} has no table '{name}' (it has {sorted(tables)})")
       table_meta = tables[name]
-      if (_KIND_FAMILY.get(table_meta.get("kind")) != _KIND_FAMILY[io.kind]
-          or table_meta.get("dim") != io.table.dim):
+      if (_KIND_FAMILY.get(table_meta.get("kind")) != _KIND_FAMILY[io.kind] or
+          table_meta.get("dim") != io.table.dim):
         raise ValueError(f"{where}: table '{name}' was saved as a {table_meta.get('kind')} "
                          f"of dim {table_meta.get('dim')}, this graph has a {io.kind} of dim "
                          f"{io.table.dim}")

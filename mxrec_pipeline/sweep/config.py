@@ -63,11 +63,13 @@ class PrunerKey:
   NONE = "none"
 
 
-_SAMPLERS = {SamplerKey.TPE: optuna.samplers.TPESampler,
-             SamplerKey.RANDOM: optuna.samplers.RandomSampler}
-_PRUNERS = {PrunerKey.MEDIAN: optuna.pruners.MedianPruner,
-            PrunerKey.HYPERBAND: optuna.pruners.HyperbandPruner,
-            PrunerKey.NONE: optuna.pruners.NopPruner}
+_SAMPLERS = {
+    SamplerKey.TPE: optuna.samplers.TPESampler, SamplerKey.RANDOM: optuna.samplers.RandomSampler
+}
+_PRUNERS = {
+    PrunerKey.MEDIAN: optuna.pruners.MedianPruner,
+    PrunerKey.HYPERBAND: optuna.pruners.HyperbandPruner, PrunerKey.NONE: optuna.pruners.NopPruner
+}
 
 
 @dataclasses.dataclass
@@ -283,8 +285,9 @@ def load(path: str, *, n_trials: int | None = None, storage: str | None = None,
   Raises:
     SweepConfigError: unreadable file, bad YAML or an invalid value, naming the key.
   """
-  raw = dict(yaml_io.load_yaml_mapping(path, SweepConfigError, "sweep config",
-                                          "a mapping with base_config and search_space"))
+  raw = dict(
+      yaml_io.load_yaml_mapping(path, SweepConfigError, "sweep config",
+                                "a mapping with base_config and search_space"))
   raw.setdefault("study_name", pathlib.Path(path).stem)
   if n_trials is not None:
     raw["n_trials"] = n_trials
@@ -322,10 +325,8 @@ def from_dict(raw: dict) -> SweepConfig:
   except ValueError as e:
     raise SweepConfigError(str(e)) from e
   for name, cls in _SECTIONS.items():
-    values[name] = config_parsing.build_dataclass(cls, raw.get(name) or {}, name,
-                                                  SweepConfigError)
+    values[name] = config_parsing.build_dataclass(cls, raw.get(name) or {}, name, SweepConfigError)
   try:
     return SweepConfig(**values)
   except (TypeError, ValueError) as e:
     raise SweepConfigError(f"sweep config: {e}") from e
-

@@ -55,10 +55,13 @@ def trial_rows(study: optuna.Study, config: config_lib.SweepConfig) -> list[dict
     if trial.state == TrialState.FAIL and error is None:
       error = "no heartbeat: its worker's machine stopped or lost the database"
     rows.append({
-        "number": trial.number, "state": trial.state.name, "value": trial.value,
+        "number": trial.number,
+        "state": trial.state.name,
+        "value": trial.value,
         "epochs": len(trial.intermediate_values),
         "duration_s": trial.duration.total_seconds() if trial.duration else None,
-        "params": params, "error": error,
+        "params": params,
+        "error": error,
     })
   return rows
 
@@ -86,15 +89,20 @@ def format_table(rows: list[dict], config: config_lib.SweepConfig) -> str:
   keys = [p.key for p in config.search_space]
   keys += sorted({k for row in rows for k in row["params"]} - set(keys))
   names = _short_names(keys)
-  header = ["trial", "state", config.objective.metric, "epochs", "time_s",
-            *(names[k] for k in keys), "error"]
+  header = [
+      "trial", "state", config.objective.metric, "epochs", "time_s", *(names[k] for k in keys),
+      "error"
+  ]
   table = [header]
   for row in rows:
     error = " ".join((row["error"] or "").split())
-    table.append([str(row["number"]), row["state"], _cell(row["value"]), str(row["epochs"]),
-                  "-" if row["duration_s"] is None else f"{row['duration_s']:.0f}",
-                  *(_cell(row["params"].get(k)) for k in keys),
-                  error if len(error) <= _ERROR_WIDTH else error[:_ERROR_WIDTH - 3] + "..."])
+    table.append([
+        str(row["number"]), row["state"],
+        _cell(row["value"]),
+        str(row["epochs"]), "-" if row["duration_s"] is None else f"{row['duration_s']:.0f}",
+        *(_cell(row["params"].get(k)) for k in keys),
+        error if len(error) <= _ERROR_WIDTH else error[:_ERROR_WIDTH - 3] + "..."
+    ])
   widths = [max(len(r[i]) for r in table) for i in range(len(header))]
   return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in table)
 
@@ -105,11 +113,11 @@ def write_trials_csv(rows: list[dict], path: str) -> None:
     writer = csv.writer(f)
     writer.writerow(["number", "state", "value", "epochs", "duration_s", *keys, "error"])
     for row in rows:
-      writer.writerow([row["number"], row["state"], row["value"], row["epochs"],
-                       row["duration_s"],
-                       *(_csv_cell(row["params"][k]) if k in row["params"] else ""
-                         for k in keys),
-                       row["error"] or ""])
+      writer.writerow([
+          row["number"], row["state"], row["value"], row["epochs"], row["duration_s"],
+          *(_csv_cell(row["params"][k]) if k in row["params"] else "" for k in keys),
+          row["error"] or ""
+      ])
 
 
 def best_trial(study: optuna.Study) -> optuna.trial.FrozenTrial | None:
@@ -130,11 +138,15 @@ def write_best(study: optuna.Study, config: config_lib.SweepConfig) -> dict | No
   best = best_trial(study)
   if best is None:
     return None
-  params = {k: config.param(k).decode(v) for k, v in best.params.items()
-            if k in {p.key for p in config.search_space}}
+  params = {
+      k: config.param(k).decode(v) for k, v in best.params.items()
+      if k in {p.key for p in config.search_space}
+  }
   recorded = best.user_attrs.get(worker_lib.OVERRIDES_ATTR)  # None: not run by a worker.
-  overrides = [o for o in recorded or space_lib.to_overrides({**config.overrides, **params})
-               if not o.startswith("pipeline.model_dir=")]
+  overrides = [
+      o for o in recorded or space_lib.to_overrides({**config.overrides, **params})
+      if not o.startswith("pipeline.model_dir=")
+  ]
   overrides.append(f"pipeline.model_dir={os.path.join(config.sweep_dir, RETRAIN_DIR)}")
   job = job_config.load(config.base_config, overrides)
   path = os.path.join(config.sweep_dir, BEST_CONFIG)
@@ -150,10 +162,14 @@ def write_best(study: optuna.Study, config: config_lib.SweepConfig) -> dict | No
   owner = best.user_attrs.get(storage_lib.WORKER_ATTR, {})
   model_dir = best.user_attrs.get(worker_lib.MODEL_DIR_ATTR)
   summary = {
-      "number": best.number, "value": best.value, "metric": config.objective.metric,
+      "number": best.number,
+      "value": best.value,
+      "metric": config.objective.metric,
       "params": params,
       "metrics": best.user_attrs.get(worker_lib.METRICS_ATTR),
-      "host": owner.get("host"), "model_dir": model_dir, "best_config": path,
+      "host": owner.get("host"),
+      "model_dir": model_dir,
+      "best_config": path,
       "best_model": None,
   }
   summary["best_model"] = _copy_best_model(config, summary)
@@ -205,8 +221,7 @@ def write_plots(study: optuna.Study, config: config_lib.SweepConfig) -> tuple[li
       with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # Experimental-feature and few-trials warnings.
         try:
-          figure = getattr(plotly_plots, f"plot_{name}")(
-              study, target_name=config.objective.metric)
+          figure = getattr(plotly_plots, f"plot_{name}")(study, target_name=config.objective.metric)
           figure.write_html(path + ".html", include_plotlyjs="directory")
           written.append(path + ".html")
           axes = getattr(mpl_plots, f"plot_{name}")(study, target_name=config.objective.metric)
@@ -232,10 +247,11 @@ def report(study: optuna.Study, config: config_lib.SweepConfig, out: TextIO) -> 
   write_trials_csv(rows, os.path.join(config.sweep_dir, TRIALS_CSV))
   counts = storage_lib.count_states(study)
   print(format_table(rows, config), file=out)
-  print(f"\n{len(rows)} trials: {counts[TrialState.COMPLETE]} complete, "
-        f"{counts[TrialState.PRUNED]} pruned, {counts[TrialState.FAIL]} failed, "
-        f"{counts[TrialState.RUNNING]} running (target: {config.n_trials} complete + pruned)",
-        file=out)
+  print(
+      f"\n{len(rows)} trials: {counts[TrialState.COMPLETE]} complete, "
+      f"{counts[TrialState.PRUNED]} pruned, {counts[TrialState.FAIL]} failed, "
+      f"{counts[TrialState.RUNNING]} running (target: {config.n_trials} complete + pruned)",
+      file=out)
   try:
     summary = write_best(study, config)
   except ValueError as e:  # The base config no longer takes the best trial's values.
@@ -244,13 +260,14 @@ def report(study: optuna.Study, config: config_lib.SweepConfig, out: TextIO) -> 
   if summary is None:
     print("no trial completed: no best config", file=out)
   elif summary:
-    print(f"best: trial {summary['number']}, {summary['metric']} = {summary['value']:.4f}, "
-          + ", ".join(f"{k}={_cell(v)}" for k, v in summary["params"].items()),
-          file=out)
+    print(
+        f"best: trial {summary['number']}, {summary['metric']} = {summary['value']:.4f}, " +
+        ", ".join(f"{k}={_cell(v)}" for k, v in summary["params"].items()), file=out)
     print(f"best config: {summary['best_config']}", file=out)
-    print("best model: " + (summary["best_model"] or
-                            f"{summary['model_dir']}/{EXPORT_SUBDIR} on {summary['host']} "
-                            "(not found on this machine: not copied)"), file=out)
+    print(
+        "best model: " +
+        (summary["best_model"] or f"{summary['model_dir']}/{EXPORT_SUBDIR} on {summary['host']} "
+         "(not found on this machine: not copied)"), file=out)
   written, skipped = write_plots(study, config)
   print(f"plots: {os.path.join(config.sweep_dir, PLOTS_DIR)} ({len(written)} files)", file=out)
   for name, why in skipped.items():

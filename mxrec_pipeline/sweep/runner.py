@@ -41,8 +41,8 @@ from mxrec_pipeline.sweep import space as space_lib
 from mxrec_pipeline.sweep import storage as storage_lib
 from mxrec_pipeline.sweep import worker as worker_lib
 
-STUDY_ATTR = "mxrec_sweep"   # study user attribute: the sweep's search space and objective
-STOP_WAIT_S = 60.0           # for workers to stop after SIGTERM before SIGKILL
+STUDY_ATTR = "mxrec_sweep"  # study user attribute: the sweep's search space and objective
+STOP_WAIT_S = 60.0  # for workers to stop after SIGTERM before SIGKILL
 TrialState = optuna.trial.TrialState
 
 
@@ -60,9 +60,8 @@ def check_against_base(config: config_lib.SweepConfig):
   from mxrec_pipeline import config as job_config
   from mxrec_pipeline.hparams import RANKING_METRICS
   if config.objective.metric not in RANKING_METRICS:
-    raise config_lib.SweepConfigError(
-        f"objective.metric must be one of {list(RANKING_METRICS)}, "
-        f"got {config.objective.metric!r}")
+    raise config_lib.SweepConfigError(f"objective.metric must be one of {list(RANKING_METRICS)}, "
+                                      f"got {config.objective.metric!r}")
   fixed = space_lib.to_overrides(
       {**config.overrides, "pipeline.model_dir": worker_lib.trial_dir(config, 0)})
   try:
@@ -79,8 +78,8 @@ def check_against_base(config: config_lib.SweepConfig):
             f"search_space.{param.key}: not a key of the {job.builder} job config "
             f"(sections {sorted(tree)}; see docs/configuration.md)")
       node = node[part]
-    values = (param.choices if param.type == space_lib.ParamType.CATEGORICAL
-              else (param.low, param.high))
+    values = (param.choices if param.type == space_lib.ParamType.CATEGORICAL else
+              (param.low, param.high))
     for value in values:
       try:
         job_config.load(config.base_config, fixed + space_lib.to_overrides({param.key: value}))
@@ -98,10 +97,11 @@ def open_study(config: config_lib.SweepConfig,
     SweepConfigError: the study exists with another search space, objective
       or direction (start a new study_name for those).
   """
-  definition = json.loads(json.dumps({
-      "search_space": {p.key: p.to_dict() for p in config.search_space},
-      "objective": {"metric": config.objective.metric,
-                    "direction": config.objective.direction}}))
+  definition = json.loads(
+      json.dumps({
+          "search_space": {p.key: p.to_dict() for p in config.search_space},
+          "objective": {"metric": config.objective.metric, "direction": config.objective.direction}
+      }))
   study = optuna.create_study(study_name=config.study_name, storage=storage,
                               direction=config.objective.direction, load_if_exists=True)
   stored = study.user_attrs.get(STUDY_ATTR)
@@ -164,12 +164,11 @@ def run_sweep(path: str, *, n_trials: int | None = None, n_jobs: int = 1,
   if dead:
     worker_lib.log(f"marked FAIL trials {dead}: their workers died")
   counts = storage_lib.count_states(study)
-  worker_lib.log(
-      f"study '{config.study_name}' in {storage_lib.printable(config.storage_url)}: "
-      f"{counts[TrialState.COMPLETE]} complete, {counts[TrialState.PRUNED]} pruned, "
-      f"{counts[TrialState.FAIL]} failed, {counts[TrialState.RUNNING]} running; target "
-      f"{config.n_trials} complete + pruned; {n_jobs} worker(s); trials in "
-      f"{config.sweep_dir}/{worker_lib.TRIALS_DIR}")
+  worker_lib.log(f"study '{config.study_name}' in {storage_lib.printable(config.storage_url)}: "
+                 f"{counts[TrialState.COMPLETE]} complete, {counts[TrialState.PRUNED]} pruned, "
+                 f"{counts[TrialState.FAIL]} failed, {counts[TrialState.RUNNING]} running; target "
+                 f"{config.n_trials} complete + pruned; {n_jobs} worker(s); trials in "
+                 f"{config.sweep_dir}/{worker_lib.TRIALS_DIR}")
   deadline = None if timeout_s is None else time.time() + timeout_s
   # Ctrl-C (the whole process group gets SIGINT) and SIGTERM stop the sweep the
   # same way, even where the shell started this process with SIGINT ignored.
@@ -180,9 +179,10 @@ def run_sweep(path: str, *, n_trials: int | None = None, n_jobs: int = 1,
       for index in range(n_jobs):
         # The spec goes through stdin: a storage URL may hold a password.
         spec = {"config": config.to_dict(), "index": index, "deadline": deadline}
-        workers.append(subprocess.Popen(  # pylint: disable=consider-using-with
-            [sys.executable, "-m", "mxrec_pipeline.sweep.worker"], stdin=subprocess.PIPE,
-            text=True))
+        workers.append(
+            subprocess.Popen(  # pylint: disable=consider-using-with
+                [sys.executable, "-m", "mxrec_pipeline.sweep.worker"], stdin=subprocess.PIPE,
+                text=True))
         workers[-1].stdin.write(json.dumps(spec))
         workers[-1].stdin.close()
       codes = [w.wait() for w in workers]

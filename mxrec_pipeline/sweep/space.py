@@ -99,8 +99,8 @@ class ParamSpec:
     for name in ("low", "high"):
       value = getattr(self, name)
       if not isinstance(value, number) or isinstance(value, bool):
-        raise ValueError(f"{where}: `{name}` must be {'an int' if self.type == 'int' else 'a number'}"
-                         f", got {value!r}")
+        kind = "an int" if self.type == "int" else "a number"
+        raise ValueError(f"{where}: `{name}` must be {kind}, got {value!r}")
     if not self.low <= self.high:
       raise ValueError(f"{where}: `low` must be <= `high`, got low={self.low}, high={self.high}")
     if not isinstance(self.log, bool):
@@ -152,8 +152,7 @@ def encode_choice(choice: Any) -> Any:
 
 def flow_yaml(value: Any) -> str:
   """One-line YAML of a value: 0.003 -> "0.003", [64, 32] -> "[64, 32]"."""
-  return yaml.safe_dump(value, default_flow_style=True, width=1 << 16).strip().removesuffix(
-      "\n...")
+  return yaml.safe_dump(value, default_flow_style=True, width=1 << 16).strip().removesuffix("\n...")
 
 
 def from_dict(raw: dict) -> list[ParamSpec]:
@@ -177,8 +176,10 @@ def from_dict(raw: dict) -> list[ParamSpec]:
                        f"{sorted(fields)}")
     if "type" not in spec:
       raise ValueError(f"search_space.{key}: `type` is required, one of {list(PARAM_TYPES)}")
-    spec = {name: _yaml_number(value) if name in ("low", "high", "step") else value
-            for name, value in spec.items()}
+    spec = {
+        name: _yaml_number(value) if name in ("low", "high", "step") else value
+        for name, value in spec.items()
+    }
     specs.append(ParamSpec(key=key, **spec))
   return specs
 

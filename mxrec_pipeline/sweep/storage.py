@@ -43,8 +43,8 @@ import sqlalchemy
 from mxrec_pipeline.sweep import config as config_lib
 
 # Trial user attributes written by the sweep.
-WORKER_ATTR = "worker"      # {"host", "pid", "start_ticks", "index"} of the worker
-ERROR_ATTR = "error"        # why a FAIL trial failed
+WORKER_ATTR = "worker"  # {"host", "pid", "start_ticks", "index"} of the worker
+ERROR_ATTR = "error"  # why a FAIL trial failed
 TrialState = optuna.trial.TrialState
 # Drivers for URLs that name none (`postgresql://`): the ones installed with
 # the project, not SQLAlchemy's defaults.
@@ -91,8 +91,8 @@ def check_storage(url: str) -> None:
       raise StorageError(f"storage {shown}: the directory {directory} of the SQLite file does "
                          "not exist (create it, or give a file in an existing directory)")
   # psycopg2, pymysql and mysqlclient take connect_timeout; other drivers may not.
-  connect_args = ({"connect_timeout": CONNECT_TIMEOUT_S}
-                  if backend in ("postgresql", "mysql", "mariadb") else {})
+  connect_args = ({"connect_timeout": CONNECT_TIMEOUT_S} if backend in ("postgresql", "mysql",
+                                                                        "mariadb") else {})
   try:
     parsed.get_dialect().import_dbapi()
   except sqlalchemy.exc.NoSuchModuleError as e:
@@ -133,9 +133,9 @@ def open_storage(config: config_lib.SweepConfig) -> optuna.storages.RDBStorage:
   def create():
     with warnings.catch_warnings():
       warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)  # Heartbeat.
-      return optuna.storages.RDBStorage(
-          url, engine_kwargs=engine_kwargs, heartbeat_interval=config.heartbeat_interval_s,
-          grace_period=config.heartbeat_grace_period_s)
+      return optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs,
+                                        heartbeat_interval=config.heartbeat_interval_s,
+                                        grace_period=config.heartbeat_grace_period_s)
 
   try:
     return create()
@@ -158,10 +158,13 @@ def finished(counts: dict[TrialState, int]) -> int:
 
 # --- Dead trials -------------------------------------------------------------
 
+
 def worker_identity(index: int) -> dict:
   """This process as a trial's owner: host, pid, start time (clock ticks), index."""
-  return {"host": socket.gethostname(), "pid": os.getpid(),
-          "start_ticks": _start_ticks(os.getpid()), "index": index}
+  return {
+      "host": socket.gethostname(), "pid": os.getpid(), "start_ticks": _start_ticks(os.getpid()),
+      "index": index
+  }
 
 
 def _start_ticks(pid: int) -> int | None:
@@ -214,8 +217,8 @@ def fail_dead_trials(study: optuna.Study, storage: optuna.storages.BaseStorage) 
       failed.append(trial.number)  # By the heartbeat.
       continue
     owner = trial.user_attrs.get(WORKER_ATTR)
-    if (trial.state != TrialState.RUNNING or not owner or owner.get("host") != host
-        or is_alive(owner)):
+    if (trial.state != TrialState.RUNNING or not owner or owner.get("host") != host or
+        is_alive(owner)):
       continue
     trial_id = storage.get_trial_id_from_study_id_trial_number(study_id, trial.number)
     try:
@@ -230,6 +233,7 @@ def fail_dead_trials(study: optuna.Study, storage: optuna.storages.BaseStorage) 
 
 
 # --- Trial-start lock --------------------------------------------------------
+
 
 class TrialStartLock:
   """A lock among all workers of a study (see the module docstring).
@@ -305,6 +309,7 @@ def trial_start_lock(url: str, study_name: str) -> TrialStartLock:
   if backend in ("mysql", "mariadb"):
     return _SqlLock(url, "SELECT GET_LOCK(:key, -1)", "SELECT RELEASE_LOCK(:key)",
                     "mxrec_sweep_" + digest.hex()[:32])
-  warnings.warn(f"no trial-start lock for {backend} databases: parallel workers may run up to "
-                "one trial each beyond n_trials", RuntimeWarning)
+  warnings.warn(
+      f"no trial-start lock for {backend} databases: parallel workers may run up to "
+      "one trial each beyond n_trials", RuntimeWarning, stacklevel=2)
   return TrialStartLock()

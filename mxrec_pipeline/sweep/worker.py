@@ -54,22 +54,22 @@ from mxrec_pipeline.sweep import trial as trial_lib
 
 TRIALS_DIR = "trials"
 # Trial user attributes (besides storage.WORKER_ATTR and ERROR_ATTR).
-MODEL_DIR_ATTR = "model_dir"      # the trial's model_dir (on its worker's host)
-OVERRIDES_ATTR = "overrides"      # its --set list over the base config
-METRICS_ATTR = "metrics"          # its metrics.json "model" metrics
-PID_ATTR = "trial_pid"            # pid of its trial process
-POLL_S = 1.0                      # while waiting for other workers' trials
-STOP_GRACE_S = 30.0               # a trial process gets this long to exit on SIGTERM
+MODEL_DIR_ATTR = "model_dir"  # the trial's model_dir (on its worker's host)
+OVERRIDES_ATTR = "overrides"  # its --set list over the base config
+METRICS_ATTR = "metrics"  # its metrics.json "model" metrics
+PID_ATTR = "trial_pid"  # pid of its trial process
+POLL_S = 1.0  # while waiting for other workers' trials
+STOP_GRACE_S = 30.0  # a trial process gets this long to exit on SIGTERM
 TrialState = optuna.trial.TrialState
 
 
 class ExitCode:
   """Exit statuses of a worker process."""
 
-  DONE = 0              # the study has n_trials COMPLETE + PRUNED trials
-  FAILURES = 3          # max_consecutive_failures of its trials failed in a row
-  TIMEOUT = 4           # the deadline passed
-  INTERRUPTED = 130     # SIGINT or SIGTERM
+  DONE = 0  # the study has n_trials COMPLETE + PRUNED trials
+  FAILURES = 3  # max_consecutive_failures of its trials failed in a row
+  TIMEOUT = 4  # the deadline passed
+  INTERRUPTED = 130  # SIGINT or SIGTERM
 
 
 class TrialFailedError(Exception):
@@ -111,12 +111,13 @@ class Worker:
     self.storage = storage_lib.open_storage(config)
     self.owner = storage_lib.worker_identity(index)
     self.lock = storage_lib.trial_start_lock(config.storage_url, config.study_name)
-    num_trials = len(self.storage.get_all_trials(
-        self.storage.get_study_id_from_name(config.study_name), deepcopy=False))
+    num_trials = len(
+        self.storage.get_all_trials(self.storage.get_study_id_from_name(config.study_name),
+                                    deepcopy=False))
     self.study = optuna.load_study(
         study_name=config.study_name, storage=self.storage,
-        sampler=config_lib.build_sampler(
-            config.sampler, worker_seed(config.sampler.seed, index, num_trials)),
+        sampler=config_lib.build_sampler(config.sampler,
+                                         worker_seed(config.sampler.seed, index, num_trials)),
         pruner=config_lib.build_pruner(config.pruner))
     self.stop_requested = False
     self._process: subprocess.Popen | None = None
@@ -185,20 +186,23 @@ class Worker:
         shutil.rmtree(directory)
       os.makedirs(directory)
       with open(os.path.join(directory, trial_lib.SPEC_FILE), "w", encoding="utf-8") as f:
-        json.dump({"study": config.study_name, "number": trial.number,
-                   "base_config": config.base_config, "overrides": overrides,
-                   "metric": config.objective.metric, "params": params}, f, indent=2)
+        json.dump(
+            {
+                "study": config.study_name, "number": trial.number,
+                "base_config": config.base_config, "overrides": overrides,
+                "metric": config.objective.metric, "params": params
+            }, f, indent=2)
       trial.set_user_attr(MODEL_DIR_ATTR, directory)
       trial.set_user_attr(OVERRIDES_ATTR, overrides)
-      log(f"trial {trial.number} started (worker {self.index}): "
-          + ", ".join(f"{k}={_brief(v)}" for k, v in params.items()))
+      log(f"trial {trial.number} started (worker {self.index}): " +
+          ", ".join(f"{k}={_brief(v)}" for k, v in params.items()))
 
       def on_epoch(epoch: int, value: float) -> bool:
         trial.report(value, epoch)
         return trial.should_prune()
 
-      outcome = self.run_trial_process(
-          directory, lambda pid: trial.set_user_attr(PID_ATTR, pid), on_epoch)
+      outcome = self.run_trial_process(directory, lambda pid: trial.set_user_attr(PID_ATTR, pid),
+                                       on_epoch)
     except Exception as e:  # pylint: disable=broad-except
       outcome = {"error": trial_lib.describe_error(e)}
     if self.stop_requested and "error" in outcome:
@@ -235,9 +239,11 @@ class Worker:
     try:
       with open(log_path, "ab") as log_file:
         self._process = subprocess.Popen(  # pylint: disable=consider-using-with
-            [sys.executable, "-m", "mxrec_pipeline.sweep.trial", directory,
-             "--report-fd", str(report_w), "--control-fd", str(control_r)],
-            stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
+            [
+                sys.executable, "-m", "mxrec_pipeline.sweep.trial", directory, "--report-fd",
+                str(report_w), "--control-fd",
+                str(control_r)
+            ], stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
             pass_fds=(report_w, control_r))
     except BaseException:
       for fd in (report_r, control_w):
@@ -290,8 +296,8 @@ def describe_exit(code: int, log_path: str) -> str:
   """Why a trial process ended without a result, with its log's last line."""
   if code < 0:
     name = signal.Signals(-code).name
-    what = f"trial process killed by {name}" + (
-        " (out of memory? see dmesg)" if name == "SIGKILL" else "")
+    what = f"trial process killed by {name}" + (" (out of memory? see dmesg)"
+                                                if name == "SIGKILL" else "")
   else:
     what = f"trial process exited with status {code} without a result"
   try:

@@ -113,10 +113,9 @@ def remove_checkpoint_temp_dirs(checkpoint_dir: str, checkpoint_name: str = "ckp
   if not tf.io.gfile.isdir(checkpoint_dir):
     return []
   removed = sorted(
-      os.path.join(checkpoint_dir, name.rstrip("/"))
-      for name in tf.io.gfile.listdir(checkpoint_dir)
-      if name.startswith(f"{checkpoint_name}-") and "_temp" in name
-      and tf.io.gfile.isdir(os.path.join(checkpoint_dir, name)))
+      os.path.join(checkpoint_dir, name.rstrip("/")) for name in tf.io.gfile.listdir(checkpoint_dir)
+      if name.startswith(f"{checkpoint_name}-") and "_temp" in name and
+      tf.io.gfile.isdir(os.path.join(checkpoint_dir, name)))
   for path in removed:
     tf.io.gfile.rmtree(path)
   return removed
@@ -128,5 +127,7 @@ def _siblings(target: str, marker: str) -> list[str]:
   parent = parent or "."
   if not tf.io.gfile.isdir(parent):
     return []
-  return [os.path.join(parent, name.rstrip("/")) for name in tf.io.gfile.listdir(parent)
-          if name.startswith(base + marker)]
+  return [
+      os.path.join(parent, name.rstrip("/")) for name in tf.io.gfile.listdir(parent)
+      if name.startswith(base + marker)
+  ]

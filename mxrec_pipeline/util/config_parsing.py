@@ -93,8 +93,8 @@ def build_dataclass(cls, values, where: str, error: type[Exception]):
   check_keys(values, fields, where, error)
   hints = typing.get_type_hints(cls)
   for name, field in fields.items():
-    required = (field.default is dataclasses.MISSING
-                and field.default_factory is dataclasses.MISSING)
+    required = (field.default is dataclasses.MISSING and
+                field.default_factory is dataclasses.MISSING)
     if required and name not in values:
       raise error(f"{where}.{name} is required")
     if name in values:

@@ -132,9 +132,8 @@ def init(**kwargs) -> ConfigInitializer:
   if unknown:
     raise TypeError(f"init() got unknown arguments {unknown}; supported: {sorted(known)}")
   if _initializer is not None:
-    raise RuntimeError(
-        "init() was already called; call terminate_config_initializer() before "
-        "calling init() again")
+    raise RuntimeError("init() was already called; call terminate_config_initializer() before "
+                       "calling init() again")
   _initializer = ConfigInitializer(InitConfig(**kwargs))
   return _initializer
 
@@ -142,9 +141,10 @@ def init(**kwargs) -> ConfigInitializer:
 def terminate_config_initializer() -> None:
   """Ends the run started by init(): forgets its tables. Safe to call twice.
 
-  Key indexes (and tiered tables' caches and stores) created eagerly are freed here (nothing else would free them:
-  they live in the process's resource manager, not in the table objects);
-  those of tf.compat.v1 graphs are freed with their session.
+  Key indexes (and tiered tables' caches and stores) created eagerly are freed
+  here (nothing else would free them: they live in the process's resource
+  manager, not in the table objects); those of tf.compat.v1 graphs are freed
+  with their session.
   """
   global _initializer
   if _initializer is not None:
@@ -167,10 +167,9 @@ def get_config_initializer() -> ConfigInitializer:
     RuntimeError: init() has not been called.
   """
   if _initializer is None:
-    raise RuntimeError(
-        "mxrec_pipeline is not initialized: call "
-        "mxrec_pipeline.util.initialize.init() before creating tables or "
-        "building the input pipeline")
+    raise RuntimeError("mxrec_pipeline is not initialized: call "
+                       "mxrec_pipeline.util.initialize.init() before creating tables or "
+                       "building the input pipeline")
   return _initializer
 
 

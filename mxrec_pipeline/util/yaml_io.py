@@ -33,8 +33,8 @@ class UniqueKeyLoader(yaml.SafeLoader):  # pylint: disable=too-many-ancestors
         line = key_node.start_mark.line + 1
         try:
           if key in first_line:
-            where = (f"lines {first_line[key]} and {line}" if first_line[key] != line
-                     else f"twice on line {line}")
+            where = (f"lines {first_line[key]} and {line}"
+                     if first_line[key] != line else f"twice on line {line}")
             raise DuplicateKeyError(None, None,
                                     f"duplicate key {key!r} ({where}): remove one of them")
           first_line[key] = line

@@ -13,8 +13,10 @@ from mxrec_pipeline.optimizers import keys
 
 
 def test_loss_keys_are_tfrs():
-  tfr_keys = {v for k, v in vars(tfr.keras.losses.RankingLossKey).items()
-              if not k.startswith("_") and isinstance(v, str)}
+  tfr_keys = {
+      v for k, v in vars(tfr.keras.losses.RankingLossKey).items()
+      if not k.startswith("_") and isinstance(v, str)
+  }
   assert hparams.LOSS_KEYS == tfr_keys
 
 

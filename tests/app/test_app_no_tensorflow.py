@@ -27,8 +27,10 @@ print(json.dumps({"code": code, "imported": heavy}))
 
 
 def _run_cli(tmp_path, *args):
-  env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-      [str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])}
+  env = {
+      **os.environ, "PYTHONPATH": os.pathsep.join(
+          [str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])
+  }
   process = subprocess.run([sys.executable, "-c", WRAPPER, *args], cwd=tmp_path, env=env,
                            capture_output=True, text=True, timeout=120, check=False)
   result = json.loads(process.stdout.strip().splitlines()[-1])
@@ -42,14 +44,14 @@ def test_help_does_not_import_tensorflow(tmp_path):
 
 
 @pytest.mark.parametrize("raw, overrides, message", [
-    ({"builder": "movielens_listwise", "pipeline": {"model_dir": "/x", "learnin_rate": 1}}, [],
-     "pipeline.learnin_rate"),
-    ({"builder": "movielens_dcn", "pipeline": {"model_dir": "/x"}}, ["model.combiner=max"],
-     "model.combiner must be one of"),
-    ({"builder": "mslr_dnn", "pipeline": {"model_dir": "/x"}},
-     ["pipeline.sparse_optimizer=nope"], "unsupported sparse optimizer 'nope'"),
-    ({"builder": "movielens_listwise", "pipeline": {"model_dir": "/x", "loss": "nope"}}, [],
-     "`loss` must be a tfr loss key"),
+    ({"builder": "movielens_listwise", "pipeline": {"model_dir": "/x", "learnin_rate": 1}
+     }, [], "pipeline.learnin_rate"),
+    ({"builder": "movielens_dcn", "pipeline": {"model_dir": "/x"}
+     }, ["model.combiner=max"], "model.combiner must be one of"),
+    ({"builder": "mslr_dnn", "pipeline": {"model_dir": "/x"}
+     }, ["pipeline.sparse_optimizer=nope"], "unsupported sparse optimizer 'nope'"),
+    ({"builder": "movielens_listwise", "pipeline": {"model_dir": "/x", "loss": "nope"}
+     }, [], "`loss` must be a tfr loss key"),
 ])
 def test_bad_train_config_exits_2_without_tensorflow(tmp_path, raw, overrides, message):
   path = tmp_path / "bad.yaml"
@@ -62,10 +64,12 @@ def test_bad_train_config_exits_2_without_tensorflow(tmp_path, raw, overrides, m
 
 def test_bad_sweep_config_exits_2_without_tensorflow(tmp_path):
   path = tmp_path / "sweep.yaml"
-  path.write_text(yaml.safe_dump({
-      "base_config": str(REPO / "configs" / "movielens_listwise.yaml"),
-      "sweep_dir": str(tmp_path / "sweep"),
-      "search_space": {"model.nope": {"type": "int", "low": 1, "high": 2}}}))
+  path.write_text(
+      yaml.safe_dump({
+          "base_config": str(REPO / "configs" / "movielens_listwise.yaml"),
+          "sweep_dir": str(tmp_path / "sweep"),
+          "search_space": {"model.nope": {"type": "int", "low": 1, "high": 2}}
+      }))
   code, imported, _, err = _run_cli(tmp_path, "sweep", str(path), "--set", "pipeline.num_epochs=1")
   assert (code, imported) == (2, [])
   assert "search_space.model.nope: not a key of the movielens_listwise job config" in err

@@ -15,8 +15,9 @@ from mxrec_pipeline.keras.pipeline import RANKING_METRICS
 CONFIG_DIR = pathlib.Path(__file__).resolve().parents[2] / "configs"
 
 # Overrides that make any config a few-second run.
-TINY_PIPELINE = ["pipeline.num_epochs=1", "pipeline.num_train_steps=2",
-                 "pipeline.export_best_model=false"]
+TINY_PIPELINE = [
+    "pipeline.num_epochs=1", "pipeline.num_train_steps=2", "pipeline.export_best_model=false"
+]
 
 
 def write_letor(path: pathlib.Path, num_queries: int, docs_per_query: int, first_qid: int,
@@ -49,15 +50,15 @@ def write_movielens(data_dir: pathlib.Path, num_users: int = 6, ratings_per_user
       inter.append(f"{user}\t{item}\t{rng.integers(1, 6)}\t{1000 * user + 10 * t}\n")
   (data_dir / "ml-100k.inter").write_text("".join(inter))
   genders, jobs = "MF", ("student", "writer", "other")
-  (data_dir / "ml-100k.user").write_text(
-      "user_id:token\tage:token\tgender:token\toccupation:token\tzip_code:token\n" + "".join(
-          f"{u}\t{20 + u}\t{genders[u % 2]}\t{jobs[u % 3]}\t{10000 + u}\n"
-          for u in range(1, num_users + 1)))
+  (data_dir / "ml-100k.user"
+  ).write_text("user_id:token\tage:token\tgender:token\toccupation:token\tzip_code:token\n" +
+               "".join(f"{u}\t{20 + u}\t{genders[u % 2]}\t{jobs[u % 3]}\t{10000 + u}\n"
+                       for u in range(1, num_users + 1)))
   genres = ("Drama", "Comedy", "Action Thriller")
-  (data_dir / "ml-100k.item").write_text(
-      "item_id:token\tmovie_title:token_seq\trelease_year:token\tclass:token_seq\n" + "".join(
-          f"{i}\tMovie number {i}\t{1980 + i}\t{genres[i % 3]}\n"
-          for i in range(1, num_items + 1)))
+  (data_dir / "ml-100k.item"
+  ).write_text("item_id:token\tmovie_title:token_seq\trelease_year:token\tclass:token_seq\n" +
+               "".join(f"{i}\tMovie number {i}\t{1980 + i}\t{genres[i % 3]}\n"
+                       for i in range(1, num_items + 1)))
   return data_dir
 
 

@@ -47,12 +47,15 @@ def test_cross_rejects_bad_projection_dim():
     movielens_dcn.Cross(0)
 
 
+@pytest.mark.slow
 def test_trains_with_tables_exports_and_serves_without_the_project(tmp_path, capsys):
   data_dir = lib.write_movielens(tmp_path / "ml")
-  overrides = [f"data.data_dir={data_dir}", f"data.elwc_dir={tmp_path / 'elwc'}",
-               f"pipeline.model_dir={tmp_path / 'run'}", "model.hidden_layer_dims=[8]",
-               "model.projection_dim=4", "model.id_dim=4", "model.attribute_dim=2",
-               "model.device_vocabulary_size=200", "dataset.train_batch_size=4"]
+  overrides = [
+      f"data.data_dir={data_dir}", f"data.elwc_dir={tmp_path / 'elwc'}",
+      f"pipeline.model_dir={tmp_path / 'run'}", "model.hidden_layer_dims=[8]",
+      "model.projection_dim=4", "model.id_dim=4", "model.attribute_dim=2",
+      "model.device_vocabulary_size=200", "dataset.train_batch_size=4"
+  ]
   metrics = lib.train_cli(capsys, CONFIG, overrides)
   lib.assert_metrics_file(metrics)
 
@@ -61,8 +64,9 @@ def test_trains_with_tables_exports_and_serves_without_the_project(tmp_path, cap
   reexport = jobs.export(config, str(tmp_path / "reexport"))
   valid = str(tmp_path / "elwc" / "valid.tfrecord")
   served = subprocess.run(
-      [sys.executable, "-c", _SERVE, str(tmp_path / "run" / "export" / "latest_model"), valid],
-      capture_output=True, text=True, check=True, cwd=tmp_path)
+      [sys.executable, "-c", _SERVE,
+       str(tmp_path / "run" / "export" / "latest_model"), valid], capture_output=True, text=True,
+      check=True, cwd=tmp_path)
   in_process = tf.saved_model.load(reexport).signatures["serving_default"](
       examples=lib.serialized_lists(valid))["scores"]
   np.testing.assert_allclose(json.loads(served.stdout), in_process, rtol=1e-5, atol=1e-6)
@@ -87,6 +91,6 @@ def test_model_has_cross_layers_and_sparse_lookups():
     ("model.cross_layers=2", "model.cross_layers"),
 ])
 def test_config_errors_name_the_key(tmp_path, capsys, override, key):
-  err = lib.cli_error(capsys, ["train", CONFIG, "--set", f"pipeline.model_dir={tmp_path}/run",
-                               "--set", override])
+  err = lib.cli_error(
+      capsys, ["train", CONFIG, "--set", f"pipeline.model_dir={tmp_path}/run", "--set", override])
   assert key in err

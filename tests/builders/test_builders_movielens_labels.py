@@ -9,10 +9,10 @@ from builders import movielens
 
 def test_relevance_labels_keep_padding_negative():
   rating = tf.constant([[1.0, 3.0, 4.0, 5.0, -1.0]])
-  np.testing.assert_array_equal(movielens.relevance_labels(rating, "graded").numpy(),
-                                [[0.0, 2.0, 3.0, 4.0, -1.0]])
-  np.testing.assert_array_equal(movielens.relevance_labels(rating, "liked").numpy(),
-                                [[0.0, 0.0, 1.0, 2.0, -1.0]])
+  np.testing.assert_array_equal(
+      movielens.relevance_labels(rating, "graded").numpy(), [[0.0, 2.0, 3.0, 4.0, -1.0]])
+  np.testing.assert_array_equal(
+      movielens.relevance_labels(rating, "liked").numpy(), [[0.0, 0.0, 1.0, 2.0, -1.0]])
   with pytest.raises(ValueError, match="relevance must be one of"):
     movielens.relevance_labels(rating, "stars")
 

@@ -27,19 +27,22 @@ def test_signed_log1p():
 
 def test_preprocessor_joins_features_in_order_then_log1p():
   examples = {"b": tf.constant([[[3.0]]]), "a": tf.constant([[[-1.0, 0.0]]])}
-  context, features = mslr.Log1pConcatPreprocessor(["b", "a"], "joined")(
-      {"q": tf.constant([[1.0]])}, examples, tf.constant([[True]]))
+  context, features = mslr.Log1pConcatPreprocessor(["b", "a"],
+                                                   "joined")({"q": tf.constant([[1.0]])}, examples,
+                                                             tf.constant([[True]]))
   assert list(context) == ["q"] and list(features) == ["joined"]
   np.testing.assert_allclose(features["joined"], [[[np.log1p(3.0), -np.log1p(1.0), 0.0]]],
                              rtol=1e-6)
 
 
+@pytest.mark.slow
 def test_trains_on_user_files_writes_metrics_and_exports(tmp_path, letor_files, capsys):
   train, valid = letor_files
-  overrides = [f"data.train_path={train}", f"data.valid_path={valid}",
-               f"data.elwc_dir={tmp_path / 'elwc'}", f"pipeline.model_dir={tmp_path / 'run'}",
-               "model.hidden_layer_dims=[8]", "dataset.train_batch_size=4",
-               "dataset.list_size=8"]
+  overrides = [
+      f"data.train_path={train}", f"data.valid_path={valid}", f"data.elwc_dir={tmp_path / 'elwc'}",
+      f"pipeline.model_dir={tmp_path / 'run'}", "model.hidden_layer_dims=[8]",
+      "dataset.train_batch_size=4", "dataset.list_size=8"
+  ]
   metrics = lib.train_cli(capsys, CONFIG, overrides)
 
   lib.assert_metrics_file(metrics)
@@ -52,8 +55,10 @@ def test_trains_on_user_files_writes_metrics_and_exports(tmp_path, letor_files, 
   assert cli.main(args) == 0
   (valid_elwc,) = [str(p) for p in (tmp_path / "elwc").iterdir() if p.name.startswith("vali.")]
   lists = lib.serialized_lists(valid_elwc)
-  scores = [tf.saved_model.load(str(d)).signatures["serving_default"](examples=lists)["scores"]
-            for d in (tmp_path / "run" / "export" / "latest_model", tmp_path / "reexport")]
+  scores = [
+      tf.saved_model.load(str(d)).signatures["serving_default"](examples=lists)["scores"]
+      for d in (tmp_path / "run" / "export" / "latest_model", tmp_path / "reexport")
+  ]
   assert scores[0].shape == [4, 6]
   np.testing.assert_allclose(scores[0], scores[1], rtol=1e-5, atol=1e-6)
 
@@ -74,8 +79,10 @@ def test_elwc_conversion_is_cached_and_follows_the_source(tmp_path, letor_files)
 
 def test_baseline_ranks_by_whole_document_bm25():
   score = mslr.MslrDnn().build_baseline(None, mslr.MslrDataConfig())
-  features = {"custom_features_110": tf.constant([[[2.0], [7.0]]]),
-              "custom_features_106": tf.constant([[[9.0], [1.0]]])}
+  features = {
+      "custom_features_110": tf.constant([[[2.0], [7.0]]]),
+      "custom_features_106": tf.constant([[[9.0], [1.0]]])
+  }
   np.testing.assert_array_equal(score(features), [[2.0, 7.0]])
 
 

@@ -8,8 +8,8 @@ import builders_testlib as lib
 from mxrec_pipeline import config as config_lib
 
 # Job configs name a builder (configs/ also holds other kinds, e.g. sweeps).
-JOB_CONFIGS = sorted(p for p in lib.CONFIG_DIR.glob("*.yaml")
-                     if "builder" in (yaml.safe_load(p.read_text()) or {}))
+JOB_CONFIGS = sorted(
+    p for p in lib.CONFIG_DIR.glob("*.yaml") if "builder" in (yaml.safe_load(p.read_text()) or {}))
 
 
 def test_new_rankers_are_registered():

@@ -112,11 +112,11 @@ class NumpyFtrl:
     del t
     n, z = slots["accum"], slots["linear"]
     n_new = n[rows] + grad**2
-    z[rows] += (grad + 2 * self.l2_shrinkage * w[rows]
-                - (n_new**self.power - n[rows]**self.power) / self.lr * w[rows])
+    z[rows] += (grad + 2 * self.l2_shrinkage * w[rows] -
+                (n_new**self.power - n[rows]**self.power) / self.lr * w[rows])
     quadratic = n_new**self.power / self.lr + 2 * self.l2
-    w[rows] = np.where(np.abs(z[rows]) > self.l1,
-                       (np.sign(z[rows]) * self.l1 - z[rows]) / quadratic, 0.0)
+    w[rows] = np.where(
+        np.abs(z[rows]) > self.l1, (np.sign(z[rows]) * self.l1 - z[rows]) / quadratic, 0.0)
     n[rows] = n_new
 
 

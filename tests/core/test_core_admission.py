@@ -24,13 +24,15 @@ def _stats(table):
 def test_feature_spec_admission_with_faae_coefficients():
   init()
   table = lib.make_table("t", dim=DIM, capacity=CAPACITY)
-  specs = [FeatureSpec("a", table_name="t", access_threshold=2),
-           FeatureSpec("b", table_name="t", access_threshold=2, faae_coefficient=2)]
+  specs = [
+      FeatureSpec("a", table_name="t", access_threshold=2),
+      FeatureSpec("b", table_name="t", access_threshold=2, faae_coefficient=2)
+  ]
   batches = [{"a": np.array([1, 2, 2], np.int64), "b": np.array([3], np.int64)},
              {"a": np.array([1, 4], np.int64), "b": np.array([4], np.int64)}]
   dataset = tf.data.Dataset.from_generator(
-      lambda: iter(batches), output_signature={"a": tf.TensorSpec([None], tf.int64),
-                                               "b": tf.TensorSpec([None], tf.int64)})
+      lambda: iter(batches),
+      output_signature={"a": tf.TensorSpec([None], tf.int64), "b": tf.TensorSpec([None], tf.int64)})
   inserted = list(dataset.map(get_asc_insert_func(specs, is_training=True)))
   initial = lib.initial_rows(CAPACITY, DIM)
 
@@ -43,8 +45,9 @@ def test_feature_spec_admission_with_faae_coefficients():
   # Batch 2: key 1 reaches 2 -> row 2; key 4 has 1 + 2 -> row 3.
   assert inserted[1]["mxrec__t__unique_rows"].numpy().tolist() == [2, 3]
   assert lib.index_dict(table) == {2: 0, 3: 1, 1: 2, 4: 3}
-  assert _stats(table) == {"size": 4, "capacity": CAPACITY, "admissions": 4, "evictions": 0,
-                           "pending": 0}
+  assert _stats(table) == {
+      "size": 4, "capacity": CAPACITY, "admissions": 4, "evictions": 0, "pending": 0
+  }
 
 
 def test_pending_keys_read_zeros_and_get_no_update():
@@ -90,14 +93,16 @@ def test_tf2_checkpoint_keeps_admission_counts(tmp_path):
   init()
   table = lib.make_table("t", dim=DIM, capacity=CAPACITY)
   tf.train.Checkpoint(index=table.key_index).restore(path).assert_consumed()
-  assert _stats(table) == {"size": 0, "capacity": CAPACITY, "admissions": 0, "evictions": 0,
-                           "pending": 2}
+  assert _stats(table) == {
+      "size": 0, "capacity": CAPACITY, "admissions": 0, "evictions": 0, "pending": 2
+  }
   # Key 8 had 2 sightings: one more admits it; key 9 (1 + 1) still waits.
   sparse_lookup(table, tf.constant([8, 9], tf.int64), access_and_evict_config=config)
   assert lib.index_dict(table) == {8: 0}
 
 
 def test_tf1_saver_keeps_admission_counts(tmp_path):
+
   def build():
     init()
     table = lib.make_table("t", dim=DIM, capacity=CAPACITY)
@@ -116,8 +121,9 @@ def test_tf1_saver_keeps_admission_counts(tmp_path):
     table, ids, emb, stats, saver = build()
     with tf.compat.v1.Session() as sess:
       saver.restore(sess, path)
-      assert sess.run(stats) == {"size": 1, "capacity": CAPACITY, "admissions": 1,
-                                 "evictions": 0, "pending": 1}
+      assert sess.run(stats) == {
+          "size": 1, "capacity": CAPACITY, "admissions": 1, "evictions": 0, "pending": 1
+      }
       sess.run(emb, {ids: [1]})
       keys, rows = sess.run(table.key_index.export())
       assert dict(zip(keys.tolist(), rows.tolist())) == {2: 0, 1: 1}
@@ -143,8 +149,10 @@ def _graph_lookups(modify_graph):
   items = np.array([[5, 6], [6, 7], [5, 5], [8, 1], [6, 6], [7, 5]], np.int64)
   with tf.Graph().as_default():
     init()
-    specs = [FeatureSpec("user", table_name="t", access_threshold=2),
-             FeatureSpec("item", table_name="t", access_threshold=2)]
+    specs = [
+        FeatureSpec("user", table_name="t", access_threshold=2),
+        FeatureSpec("item", table_name="t", access_threshold=2)
+    ]
     dataset = tf.data.Dataset.from_tensor_slices({"user": users, "item": items}).batch(2)
     if not modify_graph:
       dataset = dataset.map(get_asc_insert_func(specs, is_training=True))
@@ -153,8 +161,10 @@ def _graph_lookups(modify_graph):
     table = lib.make_table("t", dim=DIM, capacity=10)
     if modify_graph:
       config = {"access_threshold": 2}
-      embs = [sparse_lookup(table, batch[name], modify_graph=True,
-                            access_and_evict_config=config) for name in ("user", "item")]
+      embs = [
+          sparse_lookup(table, batch[name], modify_graph=True, access_and_evict_config=config)
+          for name in ("user", "item")
+      ]
       modifier.modify_graph_and_start_emb_cache()
       initializer = modifier.get_initializer(True)
     else:

@@ -50,8 +50,8 @@ def test_full_table_fails_the_dataset_batch():
   table = lib.make_table("item", capacity=4)
   spec = FeatureSpec("ids", table_name="item")
   insert = get_asc_insert_func([spec], is_training=True)
-  dataset = tf.data.Dataset.from_tensor_slices(
-      {"ids": np.array([[1, 2, 3], [4, 5, 1]], np.int64)}).map(insert)
+  dataset = tf.data.Dataset.from_tensor_slices({"ids": np.array([[1, 2, 3], [4, 5, 1]],
+                                                                np.int64)}).map(insert)
   iterator = iter(dataset)
   next(iterator)
   with pytest.raises(tf.errors.ResourceExhaustedError, match=FULL):
@@ -99,8 +99,9 @@ def test_eval_on_a_full_table_and_gradient_of_unseen_keys_is_zero():
                                             (np.zeros([3, 3]), r"\(3, 3\)")])
 def test_serving_default_of_wrong_shape_raises(default, shape):
   table = lib.make_table("item", capacity=8)
-  with pytest.raises(ValueError, match=r"serving_default_value.* must be a scalar or of "
-                                       rf"shape \[3\], got shape {shape}") as error:
+  with pytest.raises(
+      ValueError, match=r"serving_default_value.* must be a scalar or of "
+      rf"shape \[3\], got shape {shape}") as error:
     embedding.sparse_lookup(table, tf.constant([1], tf.int64), is_train=False,
                             serving_default_value=default)
   assert "'item" in str(error.value)  # Names the table.
@@ -117,8 +118,8 @@ def test_eval_insert_func_does_not_grow_the_table():
   out = embedding.sparse_lookup(table, spec, batch=eval_batch, is_train=False,
                                 serving_default_value=-4.0)
   rows = lib.initial_rows(8, 3)
-  np.testing.assert_array_equal(out.numpy(), [rows[index[2]], [-4.0] * 3, rows[index[1]],
-                                              [-4.0] * 3])
+  np.testing.assert_array_equal(out.numpy(),
+                                [rows[index[2]], [-4.0] * 3, rows[index[1]], [-4.0] * 3])
   assert lib.index_dict(table) == index
   assert train_batch["ids"].shape == [3]
 
@@ -148,7 +149,8 @@ def test_static_mode_needs_send_count():
   terminate_config_initializer()
   init(use_dynamic=False)
   table = lib.make_table("item")
-  with pytest.raises(ValueError, match=r"sparse_lookup\('item'\): init\(use_dynamic=False\) "
-                                       r"needs `send_count`"):
+  with pytest.raises(
+      ValueError, match=r"sparse_lookup\('item'\): init\(use_dynamic=False\) "
+      r"needs `send_count`"):
     embedding.sparse_lookup(table, tf.constant([1], tf.int64))
   assert embedding.sparse_lookup(table, tf.constant([1], tf.int64), send_count=4).shape == [1, 3]

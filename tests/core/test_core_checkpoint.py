@@ -9,10 +9,18 @@ from mxrec_pipeline.util.initialize import init, terminate_config_initializer
 
 import sparse_testlib as lib
 
-ITEM_BATCHES = [np.array([[1, 2, 1], [3, 4, 2]], np.int64), np.array([[5, 1, 6], [2, 2, 7]]),
-                np.array([[8, 3, 3], [9, 1, 5]], np.int64), np.array([[2, 10, 11], [4, 4, 12]])]
-USER_BATCHES = [np.array([100, 200], np.int32), np.array([300, 100], np.int32),
-                np.array([200, 200], np.int32), np.array([400, 500], np.int32)]
+ITEM_BATCHES = [
+    np.array([[1, 2, 1], [3, 4, 2]], np.int64),
+    np.array([[5, 1, 6], [2, 2, 7]]),
+    np.array([[8, 3, 3], [9, 1, 5]], np.int64),
+    np.array([[2, 10, 11], [4, 4, 12]])
+]
+USER_BATCHES = [
+    np.array([100, 200], np.int32),
+    np.array([300, 100], np.int32),
+    np.array([200, 200], np.int32),
+    np.array([400, 500], np.int32)
+]
 
 
 def _tables(seed):
@@ -24,8 +32,7 @@ def _tables(seed):
 def _loss(item, user, item_ids, user_ids):
   item_emb = embedding.sparse_lookup(item, item_ids)  # [2, 3, 3]
   user_emb = embedding.sparse_lookup(user, user_ids)  # [2, 2]
-  return (tf.reduce_sum(tf.square(item_emb - 0.5))
-          + tf.reduce_sum(tf.square(user_emb + 1.0)))
+  return (tf.reduce_sum(tf.square(item_emb - 0.5)) + tf.reduce_sum(tf.square(user_emb + 1.0)))
 
 
 def _eager_step(item, user, optimizer, step):
@@ -40,8 +47,10 @@ def _eager_state(item, user, optimizer):
   state = {"iterations": optimizer.iterations.numpy()}
   for table in (item, user):
     keys, rows = lib.sorted_export(*table.key_index.export())
-    state.update({f"{table.table_name}/keys": keys, f"{table.table_name}/rows": rows,
-                  f"{table.table_name}/embedding": table.variable.numpy()})
+    state.update({
+        f"{table.table_name}/keys": keys, f"{table.table_name}/rows": rows,
+        f"{table.table_name}/embedding": table.variable.numpy()
+    })
     for slot in ("m", "v"):
       state[f"{table.table_name}/{slot}"] = optimizer.get_slot(table.table_name, slot).numpy()
   return state

@@ -8,11 +8,15 @@ import sys
 import time
 
 import numpy as np
+import pytest
 import tensorflow as tf
 
 from mxrec_pipeline.util.initialize import init
 
 import sparse_testlib as lib
+
+# Trains in subprocesses, one of them killed while saving.
+pytestmark = pytest.mark.slow
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
@@ -121,16 +125,15 @@ def test_n_steps_saved_restored_and_n_more_equal_2n_straight(tmp_path):
   script.write_text(TRAIN_SCRIPT)
   n = 3
   first = _python(script, "-", n, tmp_path / "first" / "ckpt", tmp_path / "first.npz")
-  straight = _python(script, "-", 2 * n, tmp_path / "straight" / "ckpt",
-                     tmp_path / "straight.npz")
+  straight = _python(script, "-", 2 * n, tmp_path / "straight" / "ckpt", tmp_path / "straight.npz")
   _finish(first)
   second = _python(script, tmp_path / "first" / "ckpt-1", n, tmp_path / "second" / "ckpt",
                    tmp_path / "second.npz")
   _finish(second)
   _finish(straight)
 
-  first, resumed, straight = (np.load(tmp_path / f"{name}.npz")
-                              for name in ("first", "second", "straight"))
+  first, resumed, straight = (
+      np.load(tmp_path / f"{name}.npz") for name in ("first", "second", "straight"))
   assert resumed["iterations"] == straight["iterations"] == 2 * n
   assert len(first["keys"]) < len(straight["keys"])  # The second half brought new keys.
   resumed_keys, resumed_rows = lib.sorted_export(resumed["keys"], resumed["rows"])
@@ -138,8 +141,7 @@ def test_n_steps_saved_restored_and_n_more_equal_2n_straight(tmp_path):
   np.testing.assert_array_equal(resumed_keys, straight_keys)
   np.testing.assert_array_equal(resumed_rows, straight_rows)
   for name in ("embedding", "m", "v", "dense"):
-    np.testing.assert_allclose(resumed[name], straight[name], rtol=1e-6, atol=1e-7,
-                               err_msg=name)
+    np.testing.assert_allclose(resumed[name], straight[name], rtol=1e-6, atol=1e-7, err_msg=name)
   assert not np.allclose(first["embedding"], straight["embedding"])
 
 
@@ -168,8 +170,8 @@ def test_kill_while_saving_leaves_latest_checkpoint_loadable(tmp_path):
   init()
   table = lib.make_table("item", dim=16, capacity=40 * 5000)
   saved_steps = tf.Variable(0, dtype=tf.int64)
-  tf.train.Checkpoint(table=table, steps=saved_steps).restore(
-      latest).assert_existing_objects_matched()
+  tf.train.Checkpoint(table=table,
+                      steps=saved_steps).restore(latest).assert_existing_objects_matched()
   steps = int(saved_steps.numpy())
   assert latest.endswith(f"ckpt-{steps}") and steps >= 1
   keys, rows = lib.sorted_export(*table.key_index.export())

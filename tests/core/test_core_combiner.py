@@ -35,8 +35,8 @@ def test_ragged_and_segment_forms_match_numpy(kind, weighted):
   got = combiner.combine(ragged, kind, ragged_w)
   np.testing.assert_allclose(got.numpy(), want, rtol=1e-6)
   flat_w = tf.constant(WEIGHTS[0]) if weighted else None
-  got = combiner.combine(tf.constant(LISTS[0]), kind, flat_w,
-                         segment_ids=tf.constant([0, 0, 0], tf.int64),
+  got = combiner.combine(tf.constant(LISTS[0]), kind, flat_w, segment_ids=tf.constant([0, 0, 0],
+                                                                                      tf.int64),
                          num_segments=tf.constant(2, tf.int64))
   np.testing.assert_allclose(got.numpy(), want, rtol=1e-6)
 
@@ -53,8 +53,8 @@ def test_dense_form_keeps_static_shape(kind):
 
 def test_ragged_outer_dimension_pads_zero_rows():
   per_id = tf.ragged.constant([[[[1.0], [3.0]]], [[[2.0]], [[4.0], [6.0]]]], ragged_rank=2)
-  np.testing.assert_allclose(combiner.combine(per_id, "mean").numpy(),
-                             [[[2.0], [0.0]], [[2.0], [5.0]]])
+  np.testing.assert_allclose(
+      combiner.combine(per_id, "mean").numpy(), [[[2.0], [0.0]], [[2.0], [5.0]]])
 
 
 def test_none_keeps_every_id_and_errors_name_the_problem():

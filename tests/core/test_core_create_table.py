@@ -45,7 +45,7 @@ def test_value_dtype_float64():
 @pytest.mark.parametrize("dim", [0, -3])
 def test_dim_must_be_positive(dim):
   with pytest.raises(ValueError, match=rf"create_table\('t'\): `dim` must be a positive int, "
-                                       rf"got {dim}"):
+                     rf"got {dim}"):
     _create(dim=dim)
 
 
@@ -58,8 +58,9 @@ def test_dim_must_be_an_int(dim, shown):
 
 @pytest.mark.parametrize("key_dtype", [tf.float32, tf.uint8, tf.bool])
 def test_bad_key_dtype(key_dtype):
-  with pytest.raises(ValueError, match=rf"`key_dtype` must be one of \['int32', 'int64', "
-                                       rf"'string'\], got {key_dtype.name}"):
+  with pytest.raises(
+      ValueError, match=rf"`key_dtype` must be one of \['int32', 'int64', "
+      rf"'string'\], got {key_dtype.name}"):
     _create(key_dtype=key_dtype)
 
 
@@ -72,17 +73,19 @@ def test_duplicate_name():
 
 @pytest.mark.parametrize("size, shown", [(0, "0"), (-1, "-1"), (2.0, "2.0"), (None, "None")])
 def test_device_vocabulary_size_must_be_positive(size, shown):
-  with pytest.raises(ValueError, match=rf"create_table\('t'\): `device_vocabulary_size` must "
-                                       rf"be a positive int, got {shown}"):
+  with pytest.raises(
+      ValueError, match=rf"create_table\('t'\): `device_vocabulary_size` must "
+      rf"be a positive int, got {shown}"):
     _create(device_vocabulary_size=size)
 
 
 @pytest.mark.parametrize("size", [2**40 + 1, 2**62 + 1, 2**63 - 1])
 def test_device_vocabulary_size_above_the_native_maximum_fails_cleanly(size):
   # Used to hang (slot count overflow) or crash the process (std::bad_alloc).
-  with pytest.raises(tf.errors.InvalidArgumentError,
-                     match=rf"table 't': device_vocabulary_size={size} is above the supported "
-                           rf"maximum of {2**40} rows"):
+  with pytest.raises(
+      tf.errors.InvalidArgumentError,
+      match=rf"table 't': device_vocabulary_size={size} is above the supported "
+      rf"maximum of {2**40} rows"):
     _create(device_vocabulary_size=size)
   assert get_config_initializer().tables == {}
 
@@ -102,11 +105,12 @@ def test_numpy_integers_are_accepted():
   assert table.variable.shape == [8, 4]
 
 
-@pytest.mark.parametrize("name", ["", "_user", "-user", "/user", "user id", "x:y", "user/",
-                                  "a//b", 3, None])
+@pytest.mark.parametrize(
+    "name", ["", "_user", "-user", "/user", "user id", "x:y", "user/", "a//b", 3, None])
 def test_name_must_be_a_valid_variable_scope(name):
-  with pytest.raises(ValueError, match=rf"create_table: `name` must be a non-empty string of "
-                                       rf"letters, .*got {re.escape(repr(name))}"):
+  with pytest.raises(
+      ValueError, match=rf"create_table: `name` must be a non-empty string of "
+      rf"letters, .*got {re.escape(repr(name))}"):
     _create(name=name)
 
 
@@ -129,9 +133,10 @@ def test_graph_initializer_creates_the_index_whatever_the_initializer_returns(ki
   with tf.Graph().as_default():
     init()
     outer = tf.constant(rows)  # Built before the table, outside its initializer.
-    initializer = {"numpy": lambda shape, dtype: rows,
-                   "outer_tensor": lambda shape, dtype: outer,
-                   "keras": tf.keras.initializers.Constant(rows)}[kind]
+    initializer = {
+        "numpy": lambda shape, dtype: rows, "outer_tensor": lambda shape, dtype: outer,
+        "keras": tf.keras.initializers.Constant(rows)
+    }[kind]
     table = _create(device_vocabulary_size=3, emb_initializer=initializer, init_param=2.0)
     lookup = embedding.sparse_lookup(table, tf.constant([7, 8, 7], tf.int64))
     with tf.compat.v1.Session() as sess:
@@ -141,8 +146,9 @@ def test_graph_initializer_creates_the_index_whatever_the_initializer_returns(ki
 
 @pytest.mark.parametrize("tier", [dict(ssd_vocabulary_size=10), dict(ssd_data_path=("/tmp",))])
 def test_ssd_tier_needs_a_host_tier(tier):
-  with pytest.raises(ValueError, match=r"create_table\('t'\): an SSD tier .* needs "
-                                       r"host_vocabulary_size > 0"):
+  with pytest.raises(
+      ValueError, match=r"create_table\('t'\): an SSD tier .* needs "
+      r"host_vocabulary_size > 0"):
     _create(**tier)
 
 
@@ -155,7 +161,8 @@ def test_tiers_need_dynamic_expansion_off():
 
 
 def test_dynamic_expansion_creates_an_expansion_table():
-  # Expansion tables are tested in tests/mxrec/test_mxrec_expansion*.py.
+  # Expansion tables are tested in tests/core/test_core_expansion.py and
+  # tests/optimizers/test_optimizers_by_addr.py.
   terminate_config_initializer()
   init(use_dynamic_expansion=True)
   assert type(_create()).__name__ == "ExpansionTable"

@@ -16,19 +16,23 @@ from mxrec_pipeline.util.initialize import init
 import sparse_testlib as lib
 
 CAPACITY, DIM = 4, 2
-SPECS = [FeatureSpec("ids", table_name="t", eviction_threshold=10),
-         FeatureSpec("ts", is_timestamp=True)]
+SPECS = [
+    FeatureSpec("ids", table_name="t", eviction_threshold=10),
+    FeatureSpec("ts", is_timestamp=True)
+]
 # Batch times 105, 120, 121: after batch 2, key 1 (last seen 105) is idle 15 s > 10 s.
 BATCHES = [{"ids": [1, 2], "ts": [100, 105]}, {"ids": [2, 3], "ts": [120, 118]},
            {"ids": [7, 3], "ts": [121, 121]}]
 
 
 def _dataset():
-  return tf.data.Dataset.from_generator(
-      lambda: ({k: np.array(v, np.int64) for k, v in b.items()} for b in BATCHES),
-      output_signature={"ids": tf.TensorSpec([None], tf.int64),
-                        "ts": tf.TensorSpec([None], tf.int64)}).map(
-                            get_asc_insert_func(SPECS, is_training=True))
+
+  def batches():
+    return ({k: np.array(v, np.int64) for k, v in b.items()} for b in BATCHES)
+
+  signature = {"ids": tf.TensorSpec([None], tf.int64), "ts": tf.TensorSpec([None], tf.int64)}
+  return tf.data.Dataset.from_generator(batches, output_signature=signature).map(
+      get_asc_insert_func(SPECS, is_training=True))
 
 
 def _inserted_batches():
@@ -134,5 +138,5 @@ def test_bad_settings_are_named():
     EvictHook(evict_step_interval=-2)
   init()
   with pytest.raises(ValueError, match=r"eviction_threshold needs a FeatureSpec with "
-                                       r"is_timestamp=True"):
+                     r"is_timestamp=True"):
     get_asc_insert_func([FeatureSpec("ids", eviction_threshold=5)], is_training=True)

@@ -39,8 +39,7 @@ def test_gradient_is_indexed_slices_equal_to_dense(raw_ids):
   table_rows = np.array([index[k] for k in vocab.tolist()])
   # The dense variable holds, at each vocabulary position, that id's table row.
   dense = tf.Variable(table.variable.numpy()[table_rows])
-  weights = tf.constant(np.random.RandomState(0).normal(size=raw_ids.shape + (DIM,)),
-                        tf.float32)
+  weights = tf.constant(np.random.RandomState(0).normal(size=raw_ids.shape + (DIM,)), tf.float32)
 
   with tf.GradientTape(persistent=True) as tape:
     sparse_loss = _loss(embedding.sparse_lookup(table, tf.constant(raw_ids)), weights)
@@ -63,13 +62,15 @@ def test_feature_spec_gradient_sums_shared_ids_of_two_features():
   table = lib.make_table("item", dim=DIM, capacity=CAPACITY)
   specs = [FeatureSpec("a", table_name="item"), FeatureSpec("b", table_name="item")]
   ids_a, ids_b = np.array([[1, 2], [2, 3]], np.int64), np.array([3, 3, 4], np.int64)
-  batch = next(iter(tf.data.Dataset.from_tensors({"a": ids_a, "b": ids_b})
-                    .map(get_asc_insert_func(specs, is_training=True))))
+  batch = next(
+      iter(
+          tf.data.Dataset.from_tensors({"a": ids_a, "b": ids_b
+                                       }).map(get_asc_insert_func(specs, is_training=True))))
   index = lib.index_dict(table)
 
   with tf.GradientTape() as tape:
-    loss = (tf.reduce_sum(3.0 * embedding.sparse_lookup(table, specs[0], batch=batch))
-            + tf.reduce_sum(5.0 * embedding.sparse_lookup(table, specs[1], batch=batch)))
+    loss = (tf.reduce_sum(3.0 * embedding.sparse_lookup(table, specs[0], batch=batch)) +
+            tf.reduce_sum(5.0 * embedding.sparse_lookup(table, specs[1], batch=batch)))
   grad = tape.gradient(loss, table.variable)
   assert isinstance(grad, tf.IndexedSlices)
   densified = tf.convert_to_tensor(grad).numpy()

@@ -32,7 +32,6 @@ KIND_ARGS = [
     dict(kind="constant", value=0.125, seed=6),
 ]
 
-
 # -- flat and tiered tables agree ----------------------------------------------
 
 
@@ -53,8 +52,8 @@ def test_a_row_depends_only_on_its_global():
   big = [2**62 + 5, 123456789012345]
   together = init_.rows(tf.constant([7, 0] + big, tf.int64), 16).numpy()
   for i, g in enumerate([7, 0] + big):
-    np.testing.assert_array_equal(init_.rows(tf.constant([g], tf.int64), 16).numpy()[0],
-                                  together[i])
+    np.testing.assert_array_equal(
+        init_.rows(tf.constant([g], tf.int64), 16).numpy()[0], together[i])
   assert init_.rows(tf.constant([], tf.int64), 16).shape == [0, 16]
 
 
@@ -67,8 +66,9 @@ def test_rows_in_a_tf_function_of_unknown_length():
     assert out.shape.as_list() == [None, 5]
     return out
 
-  np.testing.assert_array_equal(rows(tf.constant([4, 1], tf.int64)).numpy(),
-                                init_([5, 5]).numpy()[[4, 1]])
+  np.testing.assert_array_equal(
+      rows(tf.constant([4, 1], tf.int64)).numpy(),
+      init_([5, 5]).numpy()[[4, 1]])
 
 
 def test_rows_run_on_the_host():
@@ -84,7 +84,10 @@ def test_seeds_and_columns_give_different_values():
 
 
 def test_seed_is_taken_modulo_2_to_the_64():
-  rows = lambda seed: RowInitializer("uniform", seed=seed)([3, 4]).numpy()
+
+  def rows(seed):
+    return RowInitializer("uniform", seed=seed)([3, 4]).numpy()
+
   np.testing.assert_array_equal(rows(2**64 - 1), rows(-1))
   np.testing.assert_array_equal(rows(2**63), rows(-(2**63)))
   np.testing.assert_array_equal(rows(2**64 + 9), rows(9))
@@ -127,8 +130,8 @@ def test_uniform_within_minval_maxval():
 
 
 def test_constant_and_scale():
-  np.testing.assert_array_equal(RowInitializer("constant", value=0.125, scale=4.0)([3, 2]),
-                                np.full([3, 2], 0.5, np.float32))
+  np.testing.assert_array_equal(
+      RowInitializer("constant", value=0.125, scale=4.0)([3, 2]), np.full([3, 2], 0.5, np.float32))
   base = RowInitializer("truncated_normal", seed=9)
   scaled = base.scaled(0.5)
   assert scaled.scale == 0.5 and scaled.seed == base.seed
@@ -140,28 +143,31 @@ def test_constant_and_scale():
 # -- conversion ------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("initializer, expected", [
-    (tf.keras.initializers.TruncatedNormal(mean=0.5, stddev=0.25, seed=11),
-     RowInitializer("truncated_normal", mean=0.5, stddev=0.25, seed=11)),
-    (tf.keras.initializers.RandomNormal(mean=-1.0, stddev=2.0, seed=12),
-     RowInitializer("normal", mean=-1.0, stddev=2.0, seed=12)),
-    (tf.keras.initializers.RandomUniform(minval=-3.0, maxval=1.0, seed=13),
-     RowInitializer("uniform", minval=-3.0, maxval=1.0, seed=13)),
-    (tf.keras.initializers.Constant(0.75), RowInitializer("constant", value=0.75)),
-    (tf.keras.initializers.Zeros(), RowInitializer("constant", value=0.0)),
-    (tf.keras.initializers.Ones(), RowInitializer("constant", value=1.0)),
-    (tf.compat.v1.truncated_normal_initializer(mean=0.5, stddev=0.25, seed=21),
-     RowInitializer("truncated_normal", mean=0.5, stddev=0.25, seed=21)),
-    (tf.compat.v1.random_normal_initializer(mean=-1.0, stddev=2.0, seed=22),
-     RowInitializer("normal", mean=-1.0, stddev=2.0, seed=22)),
-    (tf.compat.v1.random_uniform_initializer(minval=-3.0, maxval=1.0, seed=23),
-     RowInitializer("uniform", minval=-3.0, maxval=1.0, seed=23)),
-    (tf.compat.v1.constant_initializer(-2.5), RowInitializer("constant", value=-2.5)),
-    (tf.compat.v1.zeros_initializer(), RowInitializer("constant", value=0.0)),
-    (tf.compat.v1.ones_initializer(), RowInitializer("constant", value=1.0)),
-], ids=[f"{api}-{name}" for api in ("keras", "v1")
+@pytest.mark.parametrize(
+    "initializer, expected", [
+        (tf.keras.initializers.TruncatedNormal(mean=0.5, stddev=0.25, seed=11),
+         RowInitializer("truncated_normal", mean=0.5, stddev=0.25, seed=11)),
+        (tf.keras.initializers.RandomNormal(mean=-1.0, stddev=2.0, seed=12),
+         RowInitializer("normal", mean=-1.0, stddev=2.0, seed=12)),
+        (tf.keras.initializers.RandomUniform(minval=-3.0, maxval=1.0, seed=13),
+         RowInitializer("uniform", minval=-3.0, maxval=1.0, seed=13)),
+        (tf.keras.initializers.Constant(0.75), RowInitializer("constant", value=0.75)),
+        (tf.keras.initializers.Zeros(), RowInitializer("constant", value=0.0)),
+        (tf.keras.initializers.Ones(), RowInitializer("constant", value=1.0)),
+        (tf.compat.v1.truncated_normal_initializer(mean=0.5, stddev=0.25, seed=21),
+         RowInitializer("truncated_normal", mean=0.5, stddev=0.25, seed=21)),
+        (tf.compat.v1.random_normal_initializer(mean=-1.0, stddev=2.0, seed=22),
+         RowInitializer("normal", mean=-1.0, stddev=2.0, seed=22)),
+        (tf.compat.v1.random_uniform_initializer(minval=-3.0, maxval=1.0, seed=23),
+         RowInitializer("uniform", minval=-3.0, maxval=1.0, seed=23)),
+        (tf.compat.v1.constant_initializer(-2.5), RowInitializer("constant", value=-2.5)),
+        (tf.compat.v1.zeros_initializer(), RowInitializer("constant", value=0.0)),
+        (tf.compat.v1.ones_initializer(), RowInitializer("constant", value=1.0)),
+    ], ids=[
+        f"{api}-{name}" for api in ("keras", "v1")
         for name in ("TruncatedNormal", "RandomNormal", "RandomUniform", "Constant", "Zeros",
-                     "Ones")])
+                     "Ones")
+    ])
 def test_conversion_keeps_distribution_and_seed(initializer, expected):
   converted = initializers.row_initializer(initializer, "t")
   fields = ("kind", "mean", "stddev", "minval", "maxval", "value", "scale")
@@ -191,8 +197,8 @@ def test_init_param_scales_the_rows_of_flat_and_tiered_tables():
   init()
   row_init = RowInitializer("normal", stddev=0.1, seed=5)
   flat = create_table(tf.int64, 4, "flat", row_init, device_vocabulary_size=16, init_param=0.5)
-  tiered = create_table(tf.int64, 4, "tiered", tf.keras.initializers.RandomNormal(stddev=0.1,
-                                                                                   seed=5),
+  tiered = create_table(tf.int64, 4, "tiered",
+                        tf.keras.initializers.RandomNormal(stddev=0.1, seed=5),
                         device_vocabulary_size=4, host_vocabulary_size=12, init_param=0.5)
   assert tiered.tiers.row_initializer == row_init.scaled(0.5)
   np.testing.assert_array_equal(flat.variable.numpy(), row_init([16, 4]).numpy() * 0.5)

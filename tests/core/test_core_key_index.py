@@ -28,8 +28,8 @@ def _rows_of(index, keys):
 
 def test_insert_outputs_and_lowest_free_rows_first():
   table = lib.make_table(capacity=6)
-  rows, restore, unique_keys = table.key_index.insert(
-      tf.constant([[30, 10], [30, 20]], tf.int64), training=True)
+  rows, restore, unique_keys = table.key_index.insert(tf.constant([[30, 10], [30, 20]], tf.int64),
+                                                      training=True)
   np.testing.assert_array_equal(unique_keys, [30, 10, 20])  # First-occurrence order.
   np.testing.assert_array_equal(rows, [0, 1, 2])
   np.testing.assert_array_equal(restore, [[0, 1], [0, 2]])
@@ -83,9 +83,10 @@ def test_insert_into_a_missing_index_names_the_table():
 
 def test_index_exists_with_another_capacity():
   table = lib.make_table(capacity=6)
-  with pytest.raises(tf.errors.InvalidArgumentError,
-                     match=r"table 't' already has a key index with device_vocabulary_size=6, "
-                           r"not 9"):
+  with pytest.raises(
+      tf.errors.InvalidArgumentError,
+      match=r"table 't' already has a key index with device_vocabulary_size=6, "
+      r"not 9"):
     key_index.KeyIndex(table.key_index._container, "t", 9)  # pylint: disable=protected-access
 
 
@@ -116,8 +117,9 @@ def test_threads_inserting_overlapping_keys_give_each_key_one_row():
     except Exception as e:  # pylint: disable=broad-except
       errors.append(e)
 
-  threads = [threading.Thread(target=f, args=(t,)) for t in range(num_threads)
-             for f in (writer, reader)]
+  threads = [
+      threading.Thread(target=f, args=(t,)) for t in range(num_threads) for f in (writer, reader)
+  ]
   for thread in threads:
     thread.start()
   for thread in threads:

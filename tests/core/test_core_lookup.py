@@ -79,8 +79,9 @@ def test_lookup_equals_dense_gather(key_dtype, rank):
 
   dense = _dense_reference(len(VOCAB[key_dtype]))
   _copy_dense_rows_into_table(table, key_dtype, dense)
-  np.testing.assert_array_equal(embedding.sparse_lookup(table, ids).numpy(),
-                                tf.gather(dense, positions).numpy())
+  np.testing.assert_array_equal(
+      embedding.sparse_lookup(table, ids).numpy(),
+      tf.gather(dense, positions).numpy())
   assert table.key_index.size().numpy() == len(used)  # The second lookup added nothing.
 
 
@@ -116,15 +117,14 @@ def test_empty_ids():
 def test_is_grad_false_stops_gradients():
   table = lib.make_table()
   with tf.GradientTape() as tape:
-    loss = tf.reduce_sum(embedding.sparse_lookup(table, tf.constant([1, 2], tf.int64),
-                                                 is_grad=False))
+    loss = tf.reduce_sum(
+        embedding.sparse_lookup(table, tf.constant([1, 2], tf.int64), is_grad=False))
   assert tape.gradient(loss, table.variable) is None
 
 
 def _feature_dataset():
   """Three batches: two features of table 'item' (sharing ids) and one of 'user'."""
-  item_a = np.array([[[10, 11], [12, 10]], [[13, 10], [11, 11]], [[14, 15], [10, 16]]],
-                    np.int64)
+  item_a = np.array([[[10, 11], [12, 10]], [[13, 10], [11, 11]], [[14, 15], [10, 16]]], np.int64)
   item_b = np.array([[12, 20], [20, 13], [16, 21]], np.int64)
   user = np.array([[7, 7], [8, 9], [7, 10]], np.int32)
   labels = np.array([[1.0], [0.0], [1.0]], np.float32)
@@ -135,8 +135,11 @@ def _feature_dataset():
 def test_feature_spec_path_equals_tensor_path():
   item = lib.make_table("item", capacity=16, seed=1)
   user = lib.make_table("user", dim=2, capacity=4, key_dtype=tf.int32, seed=2)
-  specs = [FeatureSpec("item_a", table_name="item"), FeatureSpec("item_b", table_name="item"),
-           FeatureSpec("user", index_key="user_ids")]
+  specs = [
+      FeatureSpec("item_a", table_name="item"),
+      FeatureSpec("item_b", table_name="item"),
+      FeatureSpec("user", index_key="user_ids")
+  ]
   dataset = _feature_dataset().map(get_asc_insert_func(specs, is_training=True)).prefetch(2)
 
   seen_item, seen_user = set(), set()
@@ -151,8 +154,10 @@ def test_feature_spec_path_equals_tensor_path():
     seen_item |= set(features["item_a"].numpy().ravel()) | set(features["item_b"].numpy().ravel())
     seen_user |= set(features["user_ids"].numpy().ravel())
     # Both item features' distinct ids, deduplicated together.
-    assert len(rows) == len(np.unique(np.concatenate(
-        [features["item_a"].numpy().ravel(), features["item_b"].numpy().ravel()])))
+    assert len(rows) == len(
+        np.unique(
+            np.concatenate([features["item_a"].numpy().ravel(),
+                            features["item_b"].numpy().ravel()])))
 
     for spec, table in ((specs[0], item), (specs[1], item), (specs[2], user)):
       from_spec = embedding.sparse_lookup(table, spec, batch=features)
@@ -167,24 +172,28 @@ def test_feature_spec_path_equals_tensor_path():
 
 def test_wrong_key_dtype_names_table_expected_and_got():
   table = lib.make_table("item")
-  with pytest.raises(ValueError, match=r"sparse_lookup\('item'\): ids must be int64 \(the "
-                                       r"table's key_dtype\), got int32"):
+  with pytest.raises(
+      ValueError, match=r"sparse_lookup\('item'\): ids must be int64 \(the "
+      r"table's key_dtype\), got int32"):
     embedding.sparse_lookup(table, tf.constant([1], tf.int32))
   with pytest.raises(ValueError, match=r"ids must be int64 .*got string"):
     embedding.sparse_lookup(table, tf.constant(["1"]))
 
   spec = FeatureSpec("f", table_name="item")
-  batch = next(iter(tf.data.Dataset.from_tensors({"f": tf.constant([1, 2], tf.int32)})
-                    .map(get_asc_insert_func([spec], is_training=True))))
-  with pytest.raises(ValueError, match=r"sparse_lookup\('item'\): FeatureSpec 'f' ids must be "
-                                       r"int64 \(the table's key_dtype\), got int32"):
+  batch = next(
+      iter(
+          tf.data.Dataset.from_tensors({"f": tf.constant([1, 2], tf.int32)
+                                       }).map(get_asc_insert_func([spec], is_training=True))))
+  with pytest.raises(
+      ValueError, match=r"sparse_lookup\('item'\): FeatureSpec 'f' ids must be "
+      r"int64 \(the table's key_dtype\), got int32"):
     embedding.sparse_lookup(table, spec, batch=batch)
 
 
 def test_insert_func_rejects_bad_batches():
   insert = get_asc_insert_func([FeatureSpec("f")], is_training=True)
   with pytest.raises(ValueError, match=r"FeatureSpec 'f': ids must be int32, int64 or string, "
-                                       r"got float32"):
+                     r"got float32"):
     tf.data.Dataset.from_tensors({"f": tf.constant([1.0])}).map(insert)
   with pytest.raises(ValueError, match=r"FeatureSpec 'f': batch has no key 'f'; keys are \['g'\]"):
     tf.data.Dataset.from_tensors({"g": tf.constant([1], tf.int64)}).map(insert)
@@ -198,8 +207,9 @@ def test_batch_not_mapped_with_insert_func_raises():
   table = lib.make_table("item")
   spec = FeatureSpec("f", table_name="item")
   raw = {"f": tf.constant([1, 2], tf.int64)}
-  with pytest.raises(ValueError, match=r"the batch has no insertion results of FeatureSpec 'f'; "
-                                       r"map the dataset with get_asc_insert_func"):
+  with pytest.raises(
+      ValueError, match=r"the batch has no insertion results of FeatureSpec 'f'; "
+      r"map the dataset with get_asc_insert_func"):
     embedding.sparse_lookup(table, spec, batch=raw)
   with pytest.raises(ValueError, match=r"FeatureSpec 'f' needs `batch`"):
     embedding.sparse_lookup(table, spec)

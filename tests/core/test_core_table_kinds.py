@@ -46,7 +46,6 @@ def test_expansion_table_grows_and_refuses_admission():
                        device_vocabulary_size=2)
   assert (table.kind, table.is_tiered) == (lookup.TableKind.EXPANSION, False)
   np.testing.assert_array_equal(_rows(table, [3], training=True), [[0.5, 0.5]])
-  np.testing.assert_array_equal(_rows(table, [-1], training=False, default_value=2.0),
-                                [[2.0, 2.0]])
+  np.testing.assert_array_equal(_rows(table, [-1], training=False, default_value=2.0), [[2.0, 2.0]])
   with pytest.raises(NotImplementedError, match="table 'grow': admission"):
     _rows(table, [0], training=True, admitting=True)

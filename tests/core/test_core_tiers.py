@@ -28,10 +28,12 @@ INIT = initializers.RowInitializer("truncated_normal", stddev=0.1, seed=7)
 def _batches(steps, seed=0, batch=4, width=4):
   """Zipf-like id batches over NUM_IDS ids."""
   rng = np.random.default_rng(seed)
-  weights = 1.0 / np.arange(1, NUM_IDS + 1) ** 1.05
+  weights = 1.0 / np.arange(1, NUM_IDS + 1)**1.05
   weights /= weights.sum()
-  return [rng.choice(NUM_IDS, size=(batch, width), p=weights).astype(np.int64) * 7 + 3
-          for _ in range(steps)]
+  return [
+      rng.choice(NUM_IDS, size=(batch, width), p=weights).astype(np.int64) * 7 + 3
+      for _ in range(steps)
+  ]
 
 
 def _loss(emb, ids):
@@ -80,8 +82,7 @@ def _run(make, make_optimizer, batches):
   table = make(optimizer)
   losses = _train_eager(table, optimizer, batches)
   emb = _embeddings(table, _all_keys())
-  stats = ({k: int(v) for k, v in table.tiers.stats().items()} if table.tiers is not None
-           else None)
+  stats = ({k: int(v) for k, v in table.tiers.stats().items()} if table.tiers is not None else None)
   terminate_config_initializer()
   return losses, emb, stats
 
@@ -89,7 +90,10 @@ def _run(make, make_optimizer, batches):
 @pytest.mark.parametrize("policy", ["lru", "lfu"])
 def test_tiered_equals_flat_eager_lazy_adam(policy):
   batches = _batches(40)
-  adam = lambda: lazy_adam.create_hash_optimizer(0.05)
+
+  def adam():
+    return lazy_adam.create_hash_optimizer(0.05)
+
   flat_losses, flat_emb, _ = _run(_flat_table, adam, batches)
   tier_losses, tier_emb, stats = _run(lambda o: _tiered_table(o, policy=policy), adam, batches)
   np.testing.assert_allclose(tier_losses, flat_losses, rtol=1e-5)
@@ -106,7 +110,10 @@ def test_tiered_with_ssd_equals_flat(tmp_path):
   for d in dirs:
     d.mkdir()
   batches = _batches(30, seed=1)
-  adagrad_opt = lambda: adagrad.create_hash_optimizer(0.1)
+
+  def adagrad_opt():
+    return adagrad.create_hash_optimizer(0.1)
+
   flat_losses, flat_emb, _ = _run(_flat_table, adagrad_opt, batches)
   tier_losses, tier_emb, stats = _run(
       lambda o: _tiered_table(o, device=40, host=20, ssd=NUM_IDS, ssd_path=[str(d) for d in dirs]),
@@ -138,6 +145,7 @@ def _train_feature_spec(table, optimizer, batches):
   return [float(step(batch)) for batch in dataset]
 
 
+@pytest.mark.slow
 def test_key_process_plans_ahead_with_prefetch():
   """FeatureSpec insertion plans in tf.data (prefetch 3) while tf.function steps train."""
   batches = _batches(40, seed=2)
@@ -165,8 +173,7 @@ def test_checkpoint_holds_every_tier_and_restoring_reproduces_training(tmp_path)
   def build():
     init()
     optimizer = lazy_adam.create_hash_optimizer(0.05)
-    table = _tiered_table(optimizer, device=40, host=40, ssd=NUM_IDS,
-                          ssd_path=[str(tmp_path)])
+    table = _tiered_table(optimizer, device=40, host=40, ssd=NUM_IDS, ssd_path=[str(tmp_path)])
     return table, optimizer, tf.train.Checkpoint(table=table, optimizer=optimizer)
 
   table, optimizer, ckpt = build()
@@ -181,11 +188,10 @@ def test_checkpoint_holds_every_tier_and_restoring_reproduces_training(tmp_path)
   table, optimizer, ckpt = build()
   ckpt.read(path).assert_consumed()
   restored = {k: int(v) for k, v in table.tiers.stats().items()}
-  assert restored["host_rows_used"] + restored["ssd_rows_used"] == (
-      stats["host_rows_used"] + stats["ssd_rows_used"])
+  assert restored["host_rows_used"] + restored["ssd_rows_used"] == (stats["host_rows_used"] +
+                                                                    stats["ssd_rows_used"])
   np.testing.assert_allclose(_train_eager(table, optimizer, second), expected, rtol=1e-5)
-  np.testing.assert_allclose(_embeddings(table, _all_keys()), expected_emb, rtol=1e-5,
-                             atol=1e-6)
+  np.testing.assert_allclose(_embeddings(table, _all_keys()), expected_emb, rtol=1e-5, atol=1e-6)
 
 
 def test_tf1_session_with_saver_matches_flat(tmp_path):
@@ -224,8 +230,8 @@ def test_eviction_drops_keys_from_every_tier_and_they_restart_fresh():
   data = [({"ids": np.array(ids, np.int64), "ts": np.array([t], np.int64)})
           for ids, t in (([1, 2], 0), ([3, 4], 50), ([5, 6], 100), ([1, 6], 101))]
   dataset = tf.data.Dataset.from_generator(
-      lambda: iter(data), output_signature={"ids": tf.TensorSpec([None], tf.int64),
-                                            "ts": tf.TensorSpec([1], tf.int64)})
+      lambda: iter(data),
+      output_signature={"ids": tf.TensorSpec([None], tf.int64), "ts": tf.TensorSpec([1], tf.int64)})
   options = tf.data.Options()
   options.experimental_optimization.inject_prefetch = False  # insert batch by batch
   dataset = dataset.map(get_asc_insert_func([spec, ts], is_training=True)).with_options(options)
@@ -259,8 +265,11 @@ def test_stats_count_hits_and_tiers():
   init()
   optimizer = lazy_adam.create_hash_optimizer(0.1)
   table = _tiered_table(optimizer, device=4, host=10)
-  _train_eager(table, optimizer, [np.array([[1, 2]]), np.array([[1, 2]]), np.array([[3, 4]]),
-                                  np.array([[5, 6]])])
+  _train_eager(table, optimizer,
+               [np.array([[1, 2]]),
+                np.array([[1, 2]]),
+                np.array([[3, 4]]),
+                np.array([[5, 6]])])
   stats = {k: int(v) for k, v in table.tiers.stats().items()}
   # The last batch's rows stay pinned until the next plan is applied: 5 and 6
   # push out 1 and 2 (least recently used), not 3 and 4.
@@ -310,8 +319,7 @@ def test_full_tiers_stop_training_naming_the_table():
   initial = INIT.rows(tf.constant([0, 1, 2, 3], tf.int64), DIM).numpy()
   # One lazy Adam step each (key k at step k) from its initial value.
   moves = [_first_adam_move(0.1, t) for t in (1, 2, 3, 4)]
-  np.testing.assert_allclose(np.abs(trained - initial), np.repeat([moves], DIM, 0).T,
-                             rtol=1e-3)
+  np.testing.assert_allclose(np.abs(trained - initial), np.repeat([moves], DIM, 0).T, rtol=1e-3)
 
 
 def test_batch_larger_than_the_device_cache_fails_naming_the_table():

@@ -9,6 +9,10 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
+
+# Trains in a subprocess until a small disk is full.
+pytestmark = pytest.mark.slow
 
 _CHILD = r"""
 import json, resource, signal, sys

@@ -9,8 +9,8 @@ from mxrec_pipeline.data import elwc
 
 
 def _kind_and_values(feature):
-    kind = feature.WhichOneof("kind")
-    return kind, (list(getattr(feature, kind).value) if kind else [])
+  kind = feature.WhichOneof("kind")
+  return kind, (list(getattr(feature, kind).value) if kind else [])
 
 
 @pytest.mark.parametrize(
@@ -33,63 +33,61 @@ def _kind_and_values(feature):
     ],
 )
 def test_make_feature_kinds(value, kind, values):
-    assert _kind_and_values(elwc.make_feature(value)) == (kind, values)
+  assert _kind_and_values(elwc.make_feature(value)) == (kind, values)
 
 
 def test_make_elwc_rejects_bad_values_naming_the_feature():
-    with pytest.raises(TypeError, match=r"feature 'bad': .*\['int', 'str'\]"):
-        elwc.make_elwc({"bad": [1, "a"]}, [])
-    with pytest.raises(TypeError, match=r"feature 'none': .*NoneType"):
-        elwc.make_elwc({}, [{"none": None}])
-    with pytest.raises(ValueError, match=r"feature 'm': .*got shape \(2, 2\)"):
-        elwc.make_elwc({}, [{"m": np.zeros([2, 2])}])
+  with pytest.raises(TypeError, match=r"feature 'bad': .*\['int', 'str'\]"):
+    elwc.make_elwc({"bad": [1, "a"]}, [])
+  with pytest.raises(TypeError, match=r"feature 'none': .*NoneType"):
+    elwc.make_elwc({}, [{"none": None}])
+  with pytest.raises(ValueError, match=r"feature 'm': .*got shape \(2, 2\)"):
+    elwc.make_elwc({}, [{"m": np.zeros([2, 2])}])
 
 
 def test_make_elwc_builds_context_and_examples():
-    proto = elwc.make_elwc({"user_id": 7, "gender": "F"},
-                           [{"item_id": 1}, {"item_id": 2, "rating": 4.0}])
-    ctx = proto.context.features.feature
-    assert ctx["user_id"].int64_list.value == [7]
-    assert ctx["gender"].bytes_list.value == [b"F"]
-    assert [e.features.feature["item_id"].int64_list.value[0]
-            for e in proto.examples] == [1, 2]
-    assert "rating" not in proto.examples[0].features.feature
+  proto = elwc.make_elwc({"user_id": 7, "gender": "F"},
+                         [{"item_id": 1}, {"item_id": 2, "rating": 4.0}])
+  ctx = proto.context.features.feature
+  assert ctx["user_id"].int64_list.value == [7]
+  assert ctx["gender"].bytes_list.value == [b"F"]
+  assert [e.features.feature["item_id"].int64_list.value[0] for e in proto.examples] == [1, 2]
+  assert "rating" not in proto.examples[0].features.feature
 
 
 def _three_lists():
-    return [
-        elwc.make_elwc({"qid": 1}, [{"x": 1.0, "tok": ["a"], "label": 2.0},
-                                    {"x": 2.0, "tok": ["b", "c"],
-                                     "label": 0.0}]),
-        elwc.make_elwc({"qid": 2}, [{"x": 3.0, "tok": [], "label": 1.0}]),
-        elwc.make_elwc({"qid": 3}, [{"x": float(i), "tok": ["d"],
-                                     "label": 0.0} for i in range(5)]),
-    ]
+  return [
+      elwc.make_elwc(
+          {"qid": 1},
+          [{"x": 1.0, "tok": ["a"], "label": 2.0}, {"x": 2.0, "tok": ["b", "c"], "label": 0.0}]),
+      elwc.make_elwc({"qid": 2}, [{"x": 3.0, "tok": [], "label": 1.0}]),
+      elwc.make_elwc({"qid": 3}, [{"x": float(i), "tok": ["d"], "label": 0.0} for i in range(5)]),
+  ]
 
 
 def test_write_read_round_trip_is_atomic(tmp_path):
-    path = tmp_path / "lists.tfrecord"
-    path.write_bytes(b"old contents")
-    lists = _three_lists()
+  path = tmp_path / "lists.tfrecord"
+  path.write_bytes(b"old contents")
+  lists = _three_lists()
 
-    assert elwc.write_elwc_tfrecord(path, lists) == 3
+  assert elwc.write_elwc_tfrecord(path, lists) == 3
 
-    assert list(elwc.read_elwc_tfrecord(path)) == lists
-    assert [p.name for p in tmp_path.iterdir()] == ["lists.tfrecord"]
+  assert list(elwc.read_elwc_tfrecord(path)) == lists
+  assert [p.name for p in tmp_path.iterdir()] == ["lists.tfrecord"]
 
 
 def test_failed_write_keeps_old_file_and_leaves_no_temp(tmp_path):
-    path = tmp_path / "lists.tfrecord"
-    elwc.write_elwc_tfrecord(path, _three_lists()[:1])
+  path = tmp_path / "lists.tfrecord"
+  elwc.write_elwc_tfrecord(path, _three_lists()[:1])
 
-    def broken():
-        yield _three_lists()[1]
-        raise RuntimeError("generator failed")
+  def broken():
+    yield _three_lists()[1]
+    raise RuntimeError("generator failed")
 
-    with pytest.raises(RuntimeError, match="generator failed"):
-        elwc.write_elwc_tfrecord(path, broken())
-    assert list(elwc.read_elwc_tfrecord(path)) == _three_lists()[:1]
-    assert [p.name for p in tmp_path.iterdir()] == ["lists.tfrecord"]
+  with pytest.raises(RuntimeError, match="generator failed"):
+    elwc.write_elwc_tfrecord(path, broken())
+  assert list(elwc.read_elwc_tfrecord(path)) == _three_lists()[:1]
+  assert [p.name for p in tmp_path.iterdir()] == ["lists.tfrecord"]
 
 
 _CONTEXT_SPEC = {"qid": tf.io.FixedLenFeature([1], tf.int64)}
@@ -101,41 +99,36 @@ _EXAMPLE_SPEC = {
 
 
 def test_tfr_build_ranking_dataset_pads_and_masks(tmp_path):
-    path = tmp_path / "lists.tfrecord"
-    elwc.write_elwc_tfrecord(path, _three_lists())
+  path = tmp_path / "lists.tfrecord"
+  elwc.write_elwc_tfrecord(path, _three_lists())
 
-    dataset = tfr.data.build_ranking_dataset(
-        file_pattern=str(path), data_format=tfr.data.ELWC, batch_size=3,
-        context_feature_spec=_CONTEXT_SPEC, example_feature_spec=_EXAMPLE_SPEC,
-        list_size=3, mask_feature_name="mask", num_epochs=1, shuffle=False)
-    features = next(iter(dataset))
+  dataset = tfr.data.build_ranking_dataset(file_pattern=str(path), data_format=tfr.data.ELWC,
+                                           batch_size=3, context_feature_spec=_CONTEXT_SPEC,
+                                           example_feature_spec=_EXAMPLE_SPEC, list_size=3,
+                                           mask_feature_name="mask", num_epochs=1, shuffle=False)
+  features = next(iter(dataset))
 
-    np.testing.assert_array_equal(features["qid"], [[1], [2], [3]])
-    # List 1 is padded by one, list 2 by two; list 3 (5 long) is cut to 3.
-    np.testing.assert_array_equal(features["mask"],
-                                  [[True, True, False], [True, False, False],
-                                   [True, True, True]])
-    np.testing.assert_array_equal(features["label"][..., 0],
-                                  [[2, 0, -1], [1, -1, -1], [0, 0, 0]])
-    np.testing.assert_array_equal(features["x"][..., 0],
-                                  [[1, 2, 0], [3, 0, 0], [0, 1, 2]])
-    tok = tf.sparse.to_dense(features["tok"], default_value=b"")
-    assert tok.shape == (3, 3, 2)
-    assert tok[0].numpy().tolist() == [[b"a", b""], [b"b", b"c"], [b"", b""]]
-    assert tok[1].numpy().tolist() == [[b"", b""]] * 3
+  np.testing.assert_array_equal(features["qid"], [[1], [2], [3]])
+  # List 1 is padded by one, list 2 by two; list 3 (5 long) is cut to 3.
+  np.testing.assert_array_equal(features["mask"],
+                                [[True, True, False], [True, False, False], [True, True, True]])
+  np.testing.assert_array_equal(features["label"][..., 0], [[2, 0, -1], [1, -1, -1], [0, 0, 0]])
+  np.testing.assert_array_equal(features["x"][..., 0], [[1, 2, 0], [3, 0, 0], [0, 1, 2]])
+  tok = tf.sparse.to_dense(features["tok"], default_value=b"")
+  assert tok.shape == (3, 3, 2)
+  assert tok[0].numpy().tolist() == [[b"a", b""], [b"b", b"c"], [b"", b""]]
+  assert tok[1].numpy().tolist() == [[b"", b""]] * 3
 
 
 def test_tfr_parse_from_example_list(tmp_path):
-    path = tmp_path / "lists.tfrecord"
-    elwc.write_elwc_tfrecord(path, _three_lists()[:2])
-    serialized = [p.SerializeToString()
-                  for p in elwc.read_elwc_tfrecord(path)]
+  path = tmp_path / "lists.tfrecord"
+  elwc.write_elwc_tfrecord(path, _three_lists()[:2])
+  serialized = [p.SerializeToString() for p in elwc.read_elwc_tfrecord(path)]
 
-    features = tfr.data.parse_from_example_list(
-        serialized, list_size=2, context_feature_spec=_CONTEXT_SPEC,
-        example_feature_spec=_EXAMPLE_SPEC, mask_feature_name="mask")
+  features = tfr.data.parse_from_example_list(serialized, list_size=2,
+                                              context_feature_spec=_CONTEXT_SPEC,
+                                              example_feature_spec=_EXAMPLE_SPEC,
+                                              mask_feature_name="mask")
 
-    np.testing.assert_array_equal(features["mask"],
-                                  [[True, True], [True, False]])
-    np.testing.assert_array_equal(features["label"][..., 0],
-                                  [[2, 0], [1, -1]])
+  np.testing.assert_array_equal(features["mask"], [[True, True], [True, False]])
+  np.testing.assert_array_equal(features["label"][..., 0], [[2, 0], [1, -1]])

@@ -17,30 +17,29 @@ _GOOD = ("2 qid:10 1:0.5 2:1 3:-2\r\n"
 
 
 def _write(tmp_path, text, name="in.txt"):
-    path = tmp_path / name
-    path.write_bytes(text.encode())
-    return path
+  path = tmp_path / name
+  path.write_bytes(text.encode())
+  return path
 
 
 def test_read_letor_groups_by_query(tmp_path):
-    lists = letor.read_letor(_write(tmp_path, _GOOD), num_features=3)
+  lists = letor.read_letor(_write(tmp_path, _GOOD), num_features=3)
 
-    assert [q.qid for q in lists] == [10, 7]
-    np.testing.assert_array_equal(lists[0].labels, [2.0, 0.0])
-    np.testing.assert_array_equal(lists[0].features,
-                                  [[0.5, 1.0, -2.0], [1.5, 0.0, 4.0]])
-    np.testing.assert_array_equal(lists[1].labels, [1.0])
-    np.testing.assert_array_equal(lists[1].features, [[0.0, 0.0, 9.0]])
-    assert lists[0].labels.dtype == np.float32
-    assert lists[0].features.dtype == np.float32
-    assert lists[0].features.shape == (2, 3)
+  assert [q.qid for q in lists] == [10, 7]
+  np.testing.assert_array_equal(lists[0].labels, [2.0, 0.0])
+  np.testing.assert_array_equal(lists[0].features, [[0.5, 1.0, -2.0], [1.5, 0.0, 4.0]])
+  np.testing.assert_array_equal(lists[1].labels, [1.0])
+  np.testing.assert_array_equal(lists[1].features, [[0.0, 0.0, 9.0]])
+  assert lists[0].labels.dtype == np.float32
+  assert lists[0].features.dtype == np.float32
+  assert lists[0].features.shape == (2, 3)
 
 
 def test_iter_letor_yields_queries_one_at_a_time(tmp_path):
-    lazy = letor.iter_letor(_write(tmp_path, _GOOD), num_features=3)
-    assert next(lazy).qid == 10
-    assert next(lazy).qid == 7
-    assert next(lazy, None) is None
+  lazy = letor.iter_letor(_write(tmp_path, _GOOD), num_features=3)
+  assert next(lazy).qid == 10
+  assert next(lazy).qid == 7
+  assert next(lazy, None) is None
 
 
 @pytest.mark.parametrize(
@@ -60,50 +59,44 @@ def test_iter_letor_yields_queries_one_at_a_time(tmp_path):
     ],
 )
 def test_bad_line_names_file_line_and_token(tmp_path, line, match):
-    path = _write(tmp_path, "0 qid:1 1:1\n" + line + "\n")
-    with pytest.raises(ValueError, match=match):
-        letor.read_letor(path, num_features=3)
+  path = _write(tmp_path, "0 qid:1 1:1\n" + line + "\n")
+  with pytest.raises(ValueError, match=match):
+    letor.read_letor(path, num_features=3)
 
 
 def test_query_lines_must_be_consecutive(tmp_path):
-    path = _write(tmp_path, "0 qid:1 1:1\n0 qid:2 1:1\n0 qid:1 1:1\n")
-    with pytest.raises(ValueError, match=r"in\.txt:3: qid 1 appears again"):
-        letor.read_letor(path, num_features=3)
+  path = _write(tmp_path, "0 qid:1 1:1\n0 qid:2 1:1\n0 qid:1 1:1\n")
+  with pytest.raises(ValueError, match=r"in\.txt:3: qid 1 appears again"):
+    letor.read_letor(path, num_features=3)
 
 
 def test_num_features_must_be_positive(tmp_path):
-    with pytest.raises(ValueError, match="`num_features` must be positive, "
-                       "got 0"):
-        letor.read_letor(_write(tmp_path, _GOOD), num_features=0)
+  with pytest.raises(ValueError, match="`num_features` must be positive, "
+                     "got 0"):
+    letor.read_letor(_write(tmp_path, _GOOD), num_features=0)
 
 
 def test_letor_to_elwc_uses_tfr_dnn_example_names(tmp_path):
-    dst = tmp_path / "out.tfrecord"
-    assert letor.letor_to_elwc(_write(tmp_path, _GOOD), dst,
-                               num_features=3) == 2
+  dst = tmp_path / "out.tfrecord"
+  assert letor.letor_to_elwc(_write(tmp_path, _GOOD), dst, num_features=3) == 2
 
-    records = list(elwc.read_elwc_tfrecord(dst))
-    assert [r.context.features.feature["qid"].int64_list.value[0]
-            for r in records] == [10, 7]
-    first = records[0].examples[1].features.feature
-    assert sorted(first) == ["custom_features_1", "custom_features_2",
-                             "custom_features_3", "utility"]
-    assert first["custom_features_2"].float_list.value == [0.0]
-    assert first["utility"].float_list.value == [0.0]
+  records = list(elwc.read_elwc_tfrecord(dst))
+  assert [r.context.features.feature["qid"].int64_list.value[0] for r in records] == [10, 7]
+  first = records[0].examples[1].features.feature
+  assert sorted(first) == ["custom_features_1", "custom_features_2", "custom_features_3", "utility"]
+  assert first["custom_features_2"].float_list.value == [0.0]
+  assert first["utility"].float_list.value == [0.0]
 
-    # The feature spec of TF-Ranking's examples/keras/keras_dnn_tfrecord.py.
-    example_spec = {
-        name: tf.io.FixedLenFeature([1], tf.float32, default_value=0.0)
-        for name in letor.feature_names(3)
-    }
-    example_spec["utility"] = tf.io.FixedLenFeature([1], tf.float32,
-                                                    default_value=-1.0)
-    dataset = tfr.data.build_ranking_dataset(
-        file_pattern=str(dst), data_format=tfr.data.ELWC, batch_size=2,
-        context_feature_spec={}, example_feature_spec=example_spec,
-        list_size=2, num_epochs=1, shuffle=False)
-    features = next(iter(dataset))
-    np.testing.assert_allclose(features["custom_features_3"][..., 0],
-                               [[-2.0, 4.0], [9.0, 0.0]])
-    np.testing.assert_allclose(features["utility"][..., 0],
-                               [[2.0, 0.0], [1.0, -1.0]])
+  # The feature spec of TF-Ranking's examples/keras/keras_dnn_tfrecord.py.
+  example_spec = {
+      name: tf.io.FixedLenFeature([1], tf.float32, default_value=0.0)
+      for name in letor.feature_names(3)
+  }
+  example_spec["utility"] = tf.io.FixedLenFeature([1], tf.float32, default_value=-1.0)
+  dataset = tfr.data.build_ranking_dataset(file_pattern=str(dst), data_format=tfr.data.ELWC,
+                                           batch_size=2, context_feature_spec={},
+                                           example_feature_spec=example_spec, list_size=2,
+                                           num_epochs=1, shuffle=False)
+  features = next(iter(dataset))
+  np.testing.assert_allclose(features["custom_features_3"][..., 0], [[-2.0, 4.0], [9.0, 0.0]])
+  np.testing.assert_allclose(features["utility"][..., 0], [[2.0, 0.0], [1.0, -1.0]])

@@ -14,57 +14,60 @@ from mxrec_pipeline.data import fetch
 from mxrec_pipeline.data import letor
 from mxrec_pipeline.data import movielens
 
+# Downloads the real data sets with pip and reads them whole.
+pytestmark = [pytest.mark.network, pytest.mark.slow]
+
 
 @pytest.fixture(scope="module")
 def mslr_dir(tmp_path_factory):
-    return fetch.fetch("mslr_5k", tmp_path_factory.mktemp("mslr_5k"))
+  return fetch.fetch("mslr_5k", tmp_path_factory.mktemp("mslr_5k"))
 
 
 @pytest.fixture(scope="module")
 def movielens_dir(tmp_path_factory):
-    return fetch.fetch("movielens_100k", tmp_path_factory.mktemp("ml_100k"))
+  return fetch.fetch("movielens_100k", tmp_path_factory.mktemp("ml_100k"))
 
 
 @pytest.mark.parametrize("split", ["train", "test"])
 def test_mslr_5k(mslr_dir, split):
-    lists = letor.read_letor(mslr_dir / f"msn1.fold1.{split}.5k.txt")
-    assert len(lists) == 43
-    assert sum(len(q.labels) for q in lists) == 5000
-    assert all(q.features.shape[1] == 136 for q in lists)
-    longest = {"train": 308, "test": 229}[split]
-    assert max(len(q.labels) for q in lists) == longest
-    labels = np.concatenate([q.labels for q in lists])
-    assert set(labels.tolist()) == {0.0, 1.0, 2.0, 3.0, 4.0}
+  lists = letor.read_letor(mslr_dir / f"msn1.fold1.{split}.5k.txt")
+  assert len(lists) == 43
+  assert sum(len(q.labels) for q in lists) == 5000
+  assert all(q.features.shape[1] == 136 for q in lists)
+  longest = {"train": 308, "test": 229}[split]
+  assert max(len(q.labels) for q in lists) == longest
+  labels = np.concatenate([q.labels for q in lists])
+  assert set(labels.tolist()) == {0.0, 1.0, 2.0, 3.0, 4.0}
 
 
 def test_mslr_5k_to_elwc_reads_with_tfr(mslr_dir, tmp_path):
-    dst = tmp_path / "train.tfrecord"
-    assert letor.letor_to_elwc(mslr_dir / "msn1.fold1.train.5k.txt", dst) == 43
-    spec = {name: tf.io.FixedLenFeature([1], tf.float32, default_value=0.0)
-            for name in letor.feature_names(136)}
-    spec["utility"] = tf.io.FixedLenFeature([1], tf.float32,
-                                            default_value=-1.0)
-    dataset = tfr.data.build_ranking_dataset(
-        file_pattern=str(dst), data_format=tfr.data.ELWC, batch_size=43,
-        context_feature_spec={}, example_feature_spec=spec, list_size=308,
-        mask_feature_name="mask", num_epochs=1, shuffle=False)
-    features = next(iter(dataset))
-    assert int(tf.reduce_sum(tf.cast(features["mask"], tf.int32))) == 5000
-    assert features["custom_features_136"].shape == (43, 308, 1)
+  dst = tmp_path / "train.tfrecord"
+  assert letor.letor_to_elwc(mslr_dir / "msn1.fold1.train.5k.txt", dst) == 43
+  spec = {
+      name: tf.io.FixedLenFeature([1], tf.float32, default_value=0.0)
+      for name in letor.feature_names(136)
+  }
+  spec["utility"] = tf.io.FixedLenFeature([1], tf.float32, default_value=-1.0)
+  dataset = tfr.data.build_ranking_dataset(file_pattern=str(dst), data_format=tfr.data.ELWC,
+                                           batch_size=43, context_feature_spec={},
+                                           example_feature_spec=spec, list_size=308,
+                                           mask_feature_name="mask", num_epochs=1, shuffle=False)
+  features = next(iter(dataset))
+  assert int(tf.reduce_sum(tf.cast(features["mask"], tf.int32))) == 5000
+  assert features["custom_features_136"].shape == (43, 308, 1)
 
 
 def test_movielens_100k(movielens_dir, tmp_path):
-    ratings = movielens.read_ratings(movielens_dir)
-    assert len(ratings) == 100_000
-    assert len({r.user_id for r in ratings}) == 943
-    assert len({r.item_id for r in ratings}) == 1682
-    assert len(movielens.read_users(movielens_dir)) == 943
-    assert len(movielens.read_items(movielens_dir)) == 1682
+  ratings = movielens.read_ratings(movielens_dir)
+  assert len(ratings) == 100_000
+  assert len({r.user_id for r in ratings}) == 943
+  assert len({r.item_id for r in ratings}) == 1682
+  assert len(movielens.read_users(movielens_dir)) == 943
+  assert len(movielens.read_items(movielens_dir)) == 1682
 
-    result = movielens.build_movielens_elwc(movielens_dir, tmp_path)
-    # Every ml-100k user has >= 20 ratings, so each has both lists.
-    assert (result.num_train_lists, result.num_valid_lists) == (943, 943)
-    assert result.num_train_ratings + result.num_valid_ratings == 100_000
-    assert sum(len(p.examples)
-               for p in elwc.read_elwc_tfrecord(result.valid_path)) == (
-                   result.num_valid_ratings)
+  result = movielens.build_movielens_elwc(movielens_dir, tmp_path)
+  # Every ml-100k user has >= 20 ratings, so each has both lists.
+  assert (result.num_train_lists, result.num_valid_lists) == (943, 943)
+  assert result.num_train_ratings + result.num_valid_ratings == 100_000
+  assert sum(len(p.examples) for p in elwc.read_elwc_tfrecord(result.valid_path)) == (
+      result.num_valid_ratings)

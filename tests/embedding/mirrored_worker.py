@@ -29,13 +29,17 @@ def make_batches():
     lengths = rng.randint(0, 4, GLOBAL_BATCH)
     history = tf.RaggedTensor.from_row_lengths(
         rng.randint(100, 120, lengths.sum()).astype(np.int64), lengths)
-    tags = tf.sparse.from_dense(rng.randint(0, 3, [GLOBAL_BATCH, 3]).astype(np.int64)
-                                * rng.randint(0, 2, [GLOBAL_BATCH, 3]))
-    tag_weights = tf.SparseTensor(tags.indices, rng.uniform(0.5, 2.0, tags.values.shape[0])
-                                  .astype(np.float32), tags.dense_shape)
-    features = {"user": rng.randint(0, 6, [GLOBAL_BATCH, 1]).astype(np.int64),
-                "item": rng.randint(100, 120, [GLOBAL_BATCH, 1]).astype(np.int64),
-                "history": history, "tags": tags}
+    tags = tf.sparse.from_dense(
+        rng.randint(0, 3, [GLOBAL_BATCH, 3]).astype(np.int64) *
+        rng.randint(0, 2, [GLOBAL_BATCH, 3]))
+    tag_weights = tf.SparseTensor(tags.indices,
+                                  rng.uniform(0.5, 2.0, tags.values.shape[0]).astype(np.float32),
+                                  tags.dense_shape)
+    features = {
+        "user": rng.randint(0, 6, [GLOBAL_BATCH, 1]).astype(np.int64),
+        "item": rng.randint(100, 120,
+                            [GLOBAL_BATCH, 1]).astype(np.int64), "history": history, "tags": tags
+    }
     label = rng.normal(size=[GLOBAL_BATCH]).astype(np.float32)
     batches.append(((features, {"tags": tag_weights}), label))
   return batches
@@ -53,12 +57,12 @@ def train(strategy):
                                     combiner="mean")
   user = tpu_embedding.TableConfig(16, DIM, initializer=constant(2, 16), name="user",
                                    optimizer=tpu_embedding.Adagrad(0.2))
-  tag = tpu_embedding.TableConfig(8, DIM, initializer=constant(3, 8), name="tag",
-                                  combiner="sqrtn", optimizer=tpu_embedding.SGD(0.3))
-  feature_config = {"user": tpu_embedding.FeatureConfig(user),
-                    "item": tpu_embedding.FeatureConfig(movie),
-                    "history": tpu_embedding.FeatureConfig(movie),
-                    "tags": tpu_embedding.FeatureConfig(tag)}
+  tag = tpu_embedding.TableConfig(8, DIM, initializer=constant(3, 8), name="tag", combiner="sqrtn",
+                                  optimizer=tpu_embedding.SGD(0.3))
+  feature_config = {
+      "user": tpu_embedding.FeatureConfig(user), "item": tpu_embedding.FeatureConfig(movie),
+      "history": tpu_embedding.FeatureConfig(movie), "tags": tpu_embedding.FeatureConfig(tag)
+  }
   with strategy.scope():
     embedding = tpu_embedding.Embedding(feature_config, tpu_embedding.Adam(0.05))
     kernel = tf.Variable(np.random.RandomState(4).normal(size=[4 * DIM, 1]).astype(np.float32))
@@ -66,19 +70,21 @@ def train(strategy):
 
   batches = make_batches()
   dataset = tf.data.Dataset.from_generator(
-      lambda: iter(batches),
-      output_signature=(({"user": tf.TensorSpec([GLOBAL_BATCH, 1], tf.int64),
-                          "item": tf.TensorSpec([GLOBAL_BATCH, 1], tf.int64),
-                          "history": tf.RaggedTensorSpec([GLOBAL_BATCH, None], tf.int64),
-                          "tags": tf.SparseTensorSpec([GLOBAL_BATCH, 3], tf.int64)},
-                         {"tags": tf.SparseTensorSpec([GLOBAL_BATCH, 3], tf.float32)}),
-                        tf.TensorSpec([GLOBAL_BATCH], tf.float32)))
-  iterator = iter(strategy.experimental_distribute_dataset(
-      dataset, options=tf.distribute.InputOptions(experimental_fetch_to_device=False)))
+      lambda: iter(batches), output_signature=(({
+          "user": tf.TensorSpec([GLOBAL_BATCH, 1],
+                                tf.int64), "item": tf.TensorSpec([GLOBAL_BATCH, 1], tf.int64),
+          "history": tf.RaggedTensorSpec([GLOBAL_BATCH, None], tf.int64),
+          "tags": tf.SparseTensorSpec([GLOBAL_BATCH, 3], tf.int64)
+      }, {"tags": tf.SparseTensorSpec([GLOBAL_BATCH, 3],
+                                      tf.float32)}), tf.TensorSpec([GLOBAL_BATCH], tf.float32)))
+  iterator = iter(
+      strategy.experimental_distribute_dataset(
+          dataset, options=tf.distribute.InputOptions(experimental_fetch_to_device=False)))
 
   @tf.function
   def training_step(dataset_iterator, num_steps):
     """The docs' loop: `num_steps` steps in one tf.while_loop; returns their losses."""
+
     def tpu_step(labels):
       with tf.GradientTape() as tape:
         activations = embedding.dequeue()

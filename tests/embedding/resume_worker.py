@@ -34,8 +34,7 @@ def make_batch(step):
   seed = tf.stack([step, tf.constant(0, tf.int64)])
   user = tf.random.stateless_uniform([BATCH_SIZE, 1], seed, maxval=30, dtype=tf.int64)
   lengths = tf.random.stateless_uniform([BATCH_SIZE], seed + 1, maxval=4, dtype=tf.int64)
-  items = tf.random.stateless_uniform([tf.reduce_sum(lengths)], seed + 2, maxval=60,
-                                      dtype=tf.int64)
+  items = tf.random.stateless_uniform([tf.reduce_sum(lengths)], seed + 2, maxval=60, dtype=tf.int64)
   labels = tf.random.stateless_normal([BATCH_SIZE], seed + 3)
   return {"user": user, "items": tf.RaggedTensor.from_row_lengths(items, lengths)}, labels
 
@@ -55,12 +54,12 @@ def main() -> int:
   embedding = tpu_embedding.Embedding(
       {"user": tpu_embedding.FeatureConfig(user), "items": tpu_embedding.FeatureConfig(item)},
       optimizer=tpu_embedding.Adam(0.05))
-  model = tf.keras.Sequential([tf.keras.layers.Dense(8, activation="relu"),
-                               tf.keras.layers.Dense(1)])
+  model = tf.keras.Sequential(
+      [tf.keras.layers.Dense(8, activation="relu"),
+       tf.keras.layers.Dense(1)])
   optimizer = tf.keras.optimizers.Adam(0.01)
   step = tf.Variable(0, dtype=tf.int64, name="step")
-  checkpoint = tf.train.Checkpoint(model=model, embedding=embedding, optimizer=optimizer,
-                                   step=step)
+  checkpoint = tf.train.Checkpoint(model=model, embedding=embedding, optimizer=optimizer, step=step)
   model.build([None, 2 * DIM])  # Restored at once, even if no step is left to train.
   optimizer.build(model.trainable_variables)
   manager = tf.train.CheckpointManager(checkpoint, args.model_dir, max_to_keep=None)
@@ -79,8 +78,8 @@ def main() -> int:
       tape.watch(activations)
       x = tf.concat([activations["user"], activations["items"]], -1)
       loss = tf.reduce_mean(tf.square(tf.squeeze(model(x), -1) - labels))
-    embedding_gradients, model_gradients = tape.gradient(
-        loss, [activations, model.trainable_variables])
+    embedding_gradients, model_gradients = tape.gradient(loss,
+                                                         [activations, model.trainable_variables])
     embedding.apply_gradients(embedding_gradients)
     optimizer.apply_gradients(zip(model_gradients, model.trainable_variables))
     step.assign_add(1)
@@ -107,11 +106,14 @@ def main() -> int:
           variables[f"{optimizer_name}/{slot}"] = hash_optimizer.get_slot(config.name, slot)
         except KeyError:  # This optimizer does not train this table.
           pass
-    tables[config.name] = {"keys": keys.numpy()[order].tolist(), "rows": rows.tolist(),
-                           **{name: v.numpy()[rows].tolist() for name, v in variables.items()}}
-  out = {"start": start, "losses": losses, "tables": tables,
-         "variables": {v.name: v.numpy().tolist()
-                       for v in model.variables + optimizer.variables}}
+    tables[config.name] = {
+        "keys": keys.numpy()[order].tolist(), "rows": rows.tolist(),
+        **{name: v.numpy()[rows].tolist() for name, v in variables.items()}
+    }
+  out = {
+      "start": start, "losses": losses, "tables": tables,
+      "variables": {v.name: v.numpy().tolist() for v in model.variables + optimizer.variables}
+  }
   with open(args.out_json, "w", encoding="utf-8") as f:
     json.dump(out, f)
   return 0

@@ -11,6 +11,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 import tensorflow as tf
 
 from mxrec_pipeline import embedding as tpu_embedding
@@ -60,9 +61,10 @@ def _feature_config():
   user = tpu_embedding.TableConfig(
       16, DIM, name="user", optimizer=tpu_embedding.Adagrad(0.2),
       initializer=lib.constant_initializer(lib.initial_rows(16, DIM, 1)))
-  return movie, user, {"item": tpu_embedding.FeatureConfig(movie),
-                       "history": tpu_embedding.FeatureConfig(movie),
-                       "user": tpu_embedding.FeatureConfig(user)}
+  return movie, user, {
+      "item": tpu_embedding.FeatureConfig(movie), "history": tpu_embedding.FeatureConfig(movie),
+      "user": tpu_embedding.FeatureConfig(user)
+  }
 
 
 def _build():
@@ -78,9 +80,11 @@ def _build():
 
 
 def _step(embedding, model, batch, step):
-  features = {"item": tf.constant(batch["item"], tf.int64),
-              "history": tf.ragged.constant(batch["history"], dtype=tf.int64),
-              "user": tf.constant([[step], [step + 1], [7]], tf.int64)}
+  features = {
+      "item": tf.constant(batch["item"], tf.int64),
+      "history": tf.ragged.constant(batch["history"], dtype=tf.int64),
+      "user": tf.constant([[step], [step + 1], [7]], tf.int64)
+  }
 
   def loss_fn(activations):
     x = tf.concat([activations["item"], activations["history"], activations["user"]], 1)
@@ -131,18 +135,22 @@ def test_restore_then_train_equals_training_on(tmp_path):
   _assert_same(_state(restored, movie, user), expected)
 
 
+@pytest.mark.slow
 def test_fresh_cpu_process_serves_with_stock_lookups(tmp_path):
   embedding, model, movie, _ = _build()
   for step, batch in enumerate(BATCHES):
     _step(embedding, model, batch, step)
   path = tf.train.Checkpoint(model=model, embedding=embedding).save(str(tmp_path / "ckpt"))
-  expected = embedding({"item": tf.constant(SERVING_IDS[:, None]),
-                        "history": tf.ragged.constant([[]] * 4, dtype=tf.int64),
-                        "user": tf.constant([[0]] * 4, tf.int64)})["item"].numpy()
+  expected = embedding({
+      "item": tf.constant(SERVING_IDS[:, None]),
+      "history": tf.ragged.constant([[]] * 4, dtype=tf.int64), "user": tf.constant([[0]] * 4,
+                                                                                   tf.int64)
+  })["item"].numpy()
   np.save(tmp_path / "ids.npy", SERVING_IDS)
   out = tmp_path / "served.npz"
-  subprocess.run([sys.executable, "-c", RESTORE_SCRIPT, path, str(tmp_path / "ids.npy"), str(out)],
-                 check=True, cwd=pathlib.Path(__file__).parent, timeout=300,
+  subprocess.run([sys.executable, "-c", RESTORE_SCRIPT, path,
+                  str(tmp_path / "ids.npy"),
+                  str(out)], check=True, cwd=pathlib.Path(__file__).parent, timeout=300,
                  env={**os.environ, "CUDA_VISIBLE_DEVICES": "", "TF_CPP_MIN_LOG_LEVEL": "2"})
   served = np.load(out)
   assert served["rows"][-1] == -1

@@ -9,13 +9,14 @@ from mxrec_pipeline import embedding as tpu_embedding
 import embedding_testlib as lib
 
 DIM, ROWS = 3, 32
-ID_LISTS = [[7, 3, 7], [], [11], [3, 12, 5, 9]]          # Repeats and an empty row.
+ID_LISTS = [[7, 3, 7], [], [11], [3, 12, 5, 9]]  # Repeats and an empty row.
 WEIGHT_LISTS = [[0.5, 2.0, 1.0], [], [3.0], [1.0, 0.25, 2.0, 0.5]]
 
 
 def _embedding(**feature_kwargs):
-  table = tpu_embedding.TableConfig(ROWS, DIM, initializer=lib.constant_initializer(
-      lib.initial_rows(ROWS, DIM)), combiner=feature_kwargs.pop("combiner", "mean"), name="t")
+  table = tpu_embedding.TableConfig(
+      ROWS, DIM, initializer=lib.constant_initializer(lib.initial_rows(ROWS, DIM)),
+      combiner=feature_kwargs.pop("combiner", "mean"), name="t")
   feature = tpu_embedding.FeatureConfig(table, **feature_kwargs)
   return tpu_embedding.Embedding({"f": feature}, tpu_embedding.SGD(0.1)), table
 
@@ -77,8 +78,10 @@ def test_rank3_sparse_and_ragged(combiner):
   np.testing.assert_allclose(sparse, out, rtol=1e-6)
 
 
-@pytest.mark.parametrize("ids", [np.array([4, 9, 4]), np.array([[4], [9], [4]]),
-                                 np.array([[[4]], [[9]], [[4]]])], ids=["rank1", "rank2", "rank3"])
+@pytest.mark.parametrize(
+    "ids", [np.array([4, 9, 4]),
+            np.array([[4], [9], [4]]),
+            np.array([[[4]], [[9]], [[4]]])], ids=["rank1", "rank2", "rank3"])
 def test_dense_ids_are_looked_up_one_per_position(ids):
   embedding, table = _embedding()
   out = _dequeue(embedding, tf.constant(ids, tf.int32))

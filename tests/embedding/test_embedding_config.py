@@ -35,13 +35,18 @@ def test_shared_table_is_one_table_with_one_row_per_id():
   rows = lib.initial_rows(8, 2)
   table = tpu_embedding.TableConfig(8, 2, initializer=lib.constant_initializer(rows))
   other = tpu_embedding.TableConfig(8, 2)
-  embedding = tpu_embedding.Embedding(
-      [tpu_embedding.FeatureConfig(table), tpu_embedding.FeatureConfig(other),
-       tpu_embedding.FeatureConfig(table)], tpu_embedding.SGD(1.0))
+  embedding = tpu_embedding.Embedding([
+      tpu_embedding.FeatureConfig(table),
+      tpu_embedding.FeatureConfig(other),
+      tpu_embedding.FeatureConfig(table)
+  ], tpu_embedding.SGD(1.0))
   assert list(embedding.embedding_tables) == [table, other]
   assert sorted(initialize.get_config_initializer().tables) == ["table_0", "table_1"]
-  embedding.enqueue([tf.constant([[5], [6]], tf.int64), tf.constant([[5], [6]], tf.int64),
-                     tf.ragged.constant([[6, 7], [5]], dtype=tf.int64)])
+  embedding.enqueue([
+      tf.constant([[5], [6]], tf.int64),
+      tf.constant([[5], [6]], tf.int64),
+      tf.ragged.constant([[6, 7], [5]], dtype=tf.int64)
+  ])
   first, _, third = embedding.dequeue()
   assert lib.row_of(embedding, table) == {5: 0, 6: 1, 7: 2}
   np.testing.assert_allclose(first.numpy(), rows[:2], rtol=1e-6)
@@ -55,8 +60,7 @@ def test_shared_table_is_one_table_with_one_row_per_id():
 def test_duplicate_table_names_raise():
   a, b = tpu_embedding.TableConfig(4, 2, name="same"), tpu_embedding.TableConfig(4, 2, name="same")
   with pytest.raises(ValueError, match="Tables must have a unique name.*same"):
-    tpu_embedding.Embedding([tpu_embedding.FeatureConfig(a), tpu_embedding.FeatureConfig(b)],
-                            None)
+    tpu_embedding.Embedding([tpu_embedding.FeatureConfig(a), tpu_embedding.FeatureConfig(b)], None)
 
 
 def test_embedding_starts_a_run_or_joins_the_current_one():
@@ -72,8 +76,8 @@ def test_embedding_starts_a_run_or_joins_the_current_one():
   assert initialize.get_config_initializer() is run
   assert list(run.tables) == ["first", "mxrec_table", "more"]
   with pytest.raises(ValueError, match=r"already has tables named \['first'\]"):
-    tpu_embedding.Embedding(tpu_embedding.FeatureConfig(
-        tpu_embedding.TableConfig(4, 2, name="first")), None)
+    tpu_embedding.Embedding(
+        tpu_embedding.FeatureConfig(tpu_embedding.TableConfig(4, 2, name="first")), None)
 
 
 def test_tpu_embedding_alias_and_default_initializer():

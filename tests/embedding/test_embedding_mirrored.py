@@ -13,6 +13,10 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
+
+# Trains on two replicas (MirroredStrategy) in a subprocess.
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
 WORKER = pathlib.Path(__file__).with_name("mirrored_worker.py")
 

@@ -16,8 +16,9 @@ STEPS = [
     (np.array([[12], [12], [40]]), [[13, 13, 10], [], [11]]),
     (np.array([[41], [13], [10]]), [[12], [10, 11], [40]]),
 ]
-TARGETS = [np.random.RandomState(s).normal(size=[2, 3, DIM]).astype(np.float32)
-           for s in range(len(STEPS))]
+TARGETS = [
+    np.random.RandomState(s).normal(size=[2, 3, DIM]).astype(np.float32) for s in range(len(STEPS))
+]
 
 
 def _run(optimizer, learning_rates=None):
@@ -31,8 +32,9 @@ def _run(optimizer, learning_rates=None):
     if learning_rates is not None:
       learning_rates[0].assign(learning_rates[1][step])
     features = {"a": tf.constant(a, tf.int64), "b": tf.ragged.constant(b, dtype=tf.int64)}
-    lib.train_step(embedding, features, lambda act, t=target: (
-        tf.reduce_sum(tf.square(act["a"] - t[0])) + tf.reduce_sum(tf.square(act["b"] - t[1]))))
+    lib.train_step(
+        embedding, features, lambda act, t=target:
+        (tf.reduce_sum(tf.square(act["a"] - t[0])) + tf.reduce_sum(tf.square(act["b"] - t[1]))))
   return embedding.embedding_tables[table].numpy(), lib.row_of(embedding, table)
 
 
@@ -63,6 +65,7 @@ def _adagrad(w, slots, rows, g, lr):
 
 
 def _adam(beta_1, beta_2, eps, inside, lazy=True):
+
   def update(w, slots, rows, g, lr):
     if not lazy:  # Every row, with zero gradient where not looked up.
       dense = np.zeros_like(w)
@@ -73,13 +76,16 @@ def _adam(beta_1, beta_2, eps, inside, lazy=True):
     v[rows] = beta_2 * v[rows] + (1 - beta_2) * g**2
     denom = np.sqrt(v[rows] + eps**2) if inside else np.sqrt(v[rows]) + eps
     w[rows] -= lr * m[rows] / denom
+
   return update
 
 
 def _clipped(update, grad_limits, weight_limits):
+
   def clipped(w, slots, rows, g, lr):
     update(w, slots, rows, np.clip(g, *grad_limits), lr)
     w[rows] = np.clip(w[rows], *weight_limits)
+
   return clipped
 
 
@@ -89,16 +95,16 @@ def _zeros(value=0.0):
 
 CASES = {
     "sgd": (tpu_embedding.SGD(0.05), _sgd, {}),
-    "adagrad": (tpu_embedding.Adagrad(0.3, initial_accumulator_value=0.2), _adagrad,
-                {"acc": _zeros(0.2)}),
+    "adagrad":
+        (tpu_embedding.Adagrad(0.3, initial_accumulator_value=0.2), _adagrad, {"acc": _zeros(0.2)}),
     "adam_sum_inside_sqrt": (tpu_embedding.Adam(0.1, beta_1=0.8, beta_2=0.95, epsilon=1e-3),
                              _adam(0.8, 0.95, 1e-3, inside=True), {"m": _zeros(), "v": _zeros()}),
     "adam_eps_outside": (tpu_embedding.Adam(0.1, beta_1=0.8, beta_2=0.95, epsilon=1e-3,
                                             sum_inside_sqrt=False),
                          _adam(0.8, 0.95, 1e-3, inside=False), {"m": _zeros(), "v": _zeros()}),
     "sgd_clipped": (tpu_embedding.SGD(0.05, clipvalue=1.5, clip_weight_min=-0.6,
-                                      clip_weight_max=0.7),
-                    _clipped(_sgd, (-1.5, 1.5), (-0.6, 0.7)), {}),
+                                      clip_weight_max=0.7), _clipped(_sgd, (-1.5, 1.5),
+                                                                     (-0.6, 0.7)), {}),
 }
 
 
@@ -143,8 +149,7 @@ def test_table_optimizer_overrides_the_global_one():
   lib.train_step(embedding, {"x": ids, "y": ids},
                  lambda act: tf.reduce_sum(act["x"]) + tf.reduce_sum(act["y"]))
   # Gradient 1 per element: SGD moves by 0.5, Adagrad by 0.5 * 1 / sqrt(1 + 1).
-  np.testing.assert_allclose(embedding.embedding_tables[own].numpy()[0], rows[0] - 0.5,
-                             rtol=1e-6)
+  np.testing.assert_allclose(embedding.embedding_tables[own].numpy()[0], rows[0] - 0.5, rtol=1e-6)
   np.testing.assert_allclose(embedding.embedding_tables[shared].numpy()[0],
                              rows[0] - 0.5 / np.sqrt(2.0), rtol=1e-6)
 

@@ -16,6 +16,10 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
+
+# Spawns subprocess trainings (killed and resumed).
+pytestmark = pytest.mark.slow
 
 HERE = pathlib.Path(__file__).parent
 REPO = HERE.parents[1]
@@ -28,10 +32,14 @@ def run_worker(model_dir, out_json, *args) -> tuple[int, str]:
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="",
              PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
   # On a timeout subprocess.run kills the worker before raising.
-  done = subprocess.run(
-      [sys.executable, str(HERE / "resume_worker.py"), str(model_dir), str(out_json),
-       "--steps", str(STEPS), "--save-every", str(SAVE_EVERY), *map(str, args)],
-      cwd=HERE, env=env, capture_output=True, text=True, timeout=WORKER_TIMEOUT_S, check=False)
+  done = subprocess.run([
+      sys.executable,
+      str(HERE / "resume_worker.py"),
+      str(model_dir),
+      str(out_json), "--steps",
+      str(STEPS), "--save-every",
+      str(SAVE_EVERY), *map(str, args)
+  ], cwd=HERE, env=env, capture_output=True, text=True, timeout=WORKER_TIMEOUT_S, check=False)
   return done.returncode, done.stdout + done.stderr[-3000:]
 
 
@@ -39,11 +47,10 @@ def test_sigkilled_run_resumes_to_the_uninterrupted_state(tmp_path):
   code, output = run_worker(tmp_path / "reference", tmp_path / "reference.json")
   assert code == 0, output
   reference = json.loads((tmp_path / "reference.json").read_text())
-  kill_after = random.Random(0).choice(
-      [s for s in range(SAVE_EVERY + 1, STEPS) if s % SAVE_EVERY])
+  kill_after = random.Random(0).choice([s for s in range(SAVE_EVERY + 1, STEPS) if s % SAVE_EVERY])
   saved = kill_after // SAVE_EVERY * SAVE_EVERY
-  code, output = run_worker(tmp_path / "model", tmp_path / "killed.json",
-                            "--kill-after", kill_after)
+  code, output = run_worker(tmp_path / "model", tmp_path / "killed.json", "--kill-after",
+                            kill_after)
   assert code == -9 and not (tmp_path / "killed.json").exists(), output
   code, output = run_worker(tmp_path / "model", tmp_path / "resumed.json")
   assert code == 0 and f"ckpt-{saved} at step {saved}" in output, output
@@ -57,11 +64,15 @@ def test_sigkilled_run_resumes_to_the_uninterrupted_state(tmp_path):
     other = resumed["tables"][name]
     assert table.keys() == other.keys() and len(table) > 3, name  # Rows and slots.
     assert (table["keys"], table["rows"]) == (other["keys"], other["rows"]), name
-    diffs += [np.max(np.abs(np.subtract(table[part], other[part])))
-              for part in table if part not in ("keys", "rows")]
+    diffs += [
+        np.max(np.abs(np.subtract(table[part], other[part]))) for part in table
+        if part not in ("keys", "rows")
+    ]
   assert reference["variables"].keys() == resumed["variables"].keys()
-  diffs += [np.max(np.abs(np.subtract(value, resumed["variables"][name])))
-            for name, value in reference["variables"].items()]
+  diffs += [
+      np.max(np.abs(np.subtract(value, resumed["variables"][name])))
+      for name, value in reference["variables"].items()
+  ]
   assert max(diffs) == 0.0
 
 
@@ -75,5 +86,5 @@ def test_finished_run_resumes_without_training(tmp_path):
   # Table optimizer slots are restored when apply_gradients first creates them
   # (docs/tpu-embedding.md), so a run without steps has none to show.
   for name, table in first["tables"].items():
-    assert {k: again["tables"][name][k] for k in ("keys", "rows", "values")} == {
-        k: table[k] for k in ("keys", "rows", "values")}, name
+    assert {k: again["tables"][name][k] for k in ("keys", "rows", "values")
+           } == {k: table[k] for k in ("keys", "rows", "values")}, name

@@ -91,8 +91,8 @@ def test_sequence_shape_from_the_input():
 @pytest.mark.parametrize("ids, message", [
     (tf.constant(3, tf.int64), "rank 1 and above dense.*rank 0 for input watched"),
     (tf.constant([[1, 2], [3, 4]], tf.int64), "last dimension 1.*input watched"),
-    (tf.SparseTensor([[0]], tf.constant([1], tf.int64), [2]),
-     "rank 2 and above sparse.*rank 1 for input watched"),
+    (tf.SparseTensor([[0]], tf.constant([1], tf.int64),
+                     [2]), "rank 2 and above sparse.*rank 1 for input watched"),
     (np.array([[1.5], [2.5]]), "watched: ids must be int32, int64 or string"),
 ])
 def test_bad_inputs_name_the_feature(ids, message):

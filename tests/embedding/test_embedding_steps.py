@@ -38,8 +38,9 @@ def test_dequeue_without_enqueue_raises(embedding):
 def test_enqueue_twice_without_apply_gradients_raises(embedding):
   embedding.enqueue(FEATURES, training=True)
   embedding.dequeue()
-  with pytest.raises(RuntimeError, match="previous enqueue\\(training=True\\) was not followed "
-                                         "by apply_gradients"):
+  with pytest.raises(
+      RuntimeError, match="previous enqueue\\(training=True\\) was not followed "
+      "by apply_gradients"):
     embedding.enqueue(FEATURES, training=True)
   # Reported once: the unapplied enqueue is dropped and the next step runs.
   expected = float(tf.reduce_sum(embedding(FEATURES)["ids"]))
@@ -82,6 +83,7 @@ def test_steps_in_tf_function_train_and_evaluate(embedding):
 
   @tf.function
   def training_step(dataset_iterator, num_steps):
+
     def tpu_step(labels):
       with tf.GradientTape() as tape:
         activations = embedding.dequeue()

@@ -41,9 +41,9 @@ def main(task_dir: str, export_dir: str, out_json: str) -> None:
 
   bias = model.trainable_variables[-1]
   bias.assign_add(tf.ones_like(bias))
-  export_lib.export_serving_model(
-      model, export_dir, lib.CONTEXT_SPEC, lib.EXAMPLE_SPEC, lib.MASK, lib.SPARSE_FEATURES,
-      before_rename=lambda path: os.kill(os.getpid(), signal.SIGKILL))
+  export_lib.export_serving_model(model, export_dir, lib.CONTEXT_SPEC, lib.EXAMPLE_SPEC, lib.MASK,
+                                  lib.SPARSE_FEATURES,
+                                  before_rename=lambda path: os.kill(os.getpid(), signal.SIGKILL))
   raise AssertionError("the second export was not killed")
 
 

@@ -20,17 +20,26 @@ from mxrec_pipeline.keras.layers import SparseFeature, TableSpec
 from mxrec_pipeline.util import initialize
 
 F = tf.io.FixedLenFeature
-CONTEXT_SPEC = {"user_id": F([1], tf.int64, default_value=0),
-                "city": F([1], tf.string, default_value="")}
-EXAMPLE_SPEC = {"item_id": F([1], tf.int64, default_value=0),
-                "price": F([1], tf.float32, default_value=0.0),
-                "tags": tf.io.RaggedFeature(tf.string)}
+CONTEXT_SPEC = {
+    "user_id": F([1], tf.int64, default_value=0), "city": F([1], tf.string, default_value="")
+}
+EXAMPLE_SPEC = {
+    "item_id": F([1], tf.int64, default_value=0), "price": F([1], tf.float32, default_value=0.0),
+    "tags": tf.io.RaggedFeature(tf.string)
+}
 LABEL_SPEC = ("label", F([1], tf.float32, default_value=-1.0))
 MASK = "example_list_mask"
-SPARSE_FEATURES = [SparseFeature("user_id", "user"), SparseFeature("city", "word"),
-                   SparseFeature("item_id", "item"), SparseFeature("tags", "word")]
-TABLES = [TableSpec("user", 4, 100), TableSpec("item", 4, 200),
-          TableSpec("word", 4, 100, key_dtype="string")]
+SPARSE_FEATURES = [
+    SparseFeature("user_id", "user"),
+    SparseFeature("city", "word"),
+    SparseFeature("item_id", "item"),
+    SparseFeature("tags", "word")
+]
+TABLES = [
+    TableSpec("user", 4, 100),
+    TableSpec("item", 4, 200),
+    TableSpec("word", 4, 100, key_dtype="string")
+]
 
 
 def make_lists(num_lists: int, seed: int, unseen_items: bool = False,
@@ -43,9 +52,10 @@ def make_lists(num_lists: int, seed: int, unseen_items: bool = False,
     items = rng.choice(20, size=n, replace=False)
     if unseen_items:
       items[0] = 1000 + i
-    examples = [{"item_id": int(item), "price": float(item) / 10.0,
-                 "tags": [f"t{item % 3}", f"t{item % 5}"][: 1 + item % 2],
-                 "label": float((item + i) % 3)} for item in items]
+    examples = [{
+        "item_id": int(item), "price": float(item) / 10.0,
+        "tags": [f"t{item % 3}", f"t{item % 5}"][:1 + item % 2], "label": float((item + i) % 3)
+    } for item in items]
     user = i % 7 if first_user is None else first_user + i
     lists.append(elwc.make_elwc({"user_id": user, "city": f"c{i % 3}"}, examples))
   return lists
@@ -60,18 +70,16 @@ def write_task(tmp_path) -> tuple[str, str]:
 
 def model_builder(seed: int = 1, hidden_layer_dims=(8,)) -> model_lib.ModelBuilder:
   return model_lib.ModelBuilder(
-      input_creator=model_lib.FeatureSpecInputCreator(CONTEXT_SPEC, EXAMPLE_SPEC),
-      preprocessor={},
+      input_creator=model_lib.FeatureSpecInputCreator(CONTEXT_SPEC, EXAMPLE_SPEC), preprocessor={},
       scorer=model_lib.DNNScorer(hidden_layer_dims=list(hidden_layer_dims), output_units=1),
       mask_feature_name=MASK, sparse_features=SPARSE_FEATURES, tables=TABLES, seed=seed)
 
 
 def dataset_builder(train: str, valid: str) -> pipeline_lib.SimpleDatasetBuilder:
-  hparams = pipeline_lib.DatasetHparams(
-      train_input_pattern=train, valid_input_pattern=valid, train_batch_size=8,
-      valid_batch_size=4)
-  return pipeline_lib.SimpleDatasetBuilder(CONTEXT_SPEC, EXAMPLE_SPEC, MASK, LABEL_SPEC,
-                                           hparams, sparse_features=SPARSE_FEATURES)
+  hparams = pipeline_lib.DatasetHparams(train_input_pattern=train, valid_input_pattern=valid,
+                                        train_batch_size=8, valid_batch_size=4)
+  return pipeline_lib.SimpleDatasetBuilder(CONTEXT_SPEC, EXAMPLE_SPEC, MASK, LABEL_SPEC, hparams,
+                                           sparse_features=SPARSE_FEATURES)
 
 
 # Scores a SavedModel in a fresh interpreter where only tensorflow may be
@@ -93,9 +101,9 @@ def serve_in_fresh_process(export_dir: str, valid_path: str, cwd: str) -> np.nda
   """[num_lists, list_size] scores of the ELWC lists in `valid_path` by the SavedModel."""
   serialized = [r.SerializeToString() for r in elwc.read_elwc_tfrecord(valid_path)]
   out = subprocess.run(
-      [sys.executable, "-c", SERVE_SCRIPT, export_dir, json.dumps([s.hex() for s in serialized])],
-      capture_output=True, text=True, check=True, cwd=cwd,
-      env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+      [sys.executable, "-c", SERVE_SCRIPT, export_dir,
+       json.dumps([s.hex() for s in serialized])], capture_output=True, text=True, check=True,
+      cwd=cwd, env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
   return np.array(json.loads(out.stdout.strip().splitlines()[-1]))
 
 
@@ -109,8 +117,9 @@ def assert_served_match(served: np.ndarray, expected: np.ndarray, valid_path: st
   unmatched = list(range(len(expected)))
   for row, lst in enumerate(elwc.read_elwc_tfrecord(valid_path)):
     n = len(lst.examples)
-    match = [j for j in unmatched
-             if np.allclose(served[row, :n], expected[j, :n], rtol=1e-5, atol=1e-5)]
+    match = [
+        j for j in unmatched if np.allclose(served[row, :n], expected[j, :n], rtol=1e-5, atol=1e-5)
+    ]
     assert match, f"served list {row} {served[row, :n]} matches no in-process list"
     unmatched.remove(match[0])
 
@@ -138,6 +147,7 @@ def train_task(tmp_path, **hparams) -> dict:
   dataset = dataset_builder(train, valid).build_valid_dataset(num_epochs=1)
   scores = [pipe.model(features, training=False).numpy() for features, _ in dataset]
   longest = max(s.shape[1] for s in scores)
-  return {"tmp": tmp_path, "valid": valid, "pipeline": pipe, "metrics": metrics,
-          "in_process": np.concatenate(
-              [np.pad(s, ((0, 0), (0, longest - s.shape[1]))) for s in scores])}
+  return {
+      "tmp": tmp_path, "valid": valid, "pipeline": pipe, "metrics": metrics,
+      "in_process": np.concatenate([np.pad(s, ((0, 0), (0, longest - s.shape[1]))) for s in scores])
+  }

@@ -42,9 +42,11 @@ class KillAt(tf.keras.callbacks.Callback):
 
 def state(model) -> dict:
   """Every table's sorted keys with their rows and slots, and the dense weights."""
-  out = {"iterations": int(model.optimizer.iterations.numpy()),
-         "sparse_iterations": int(model.sparse_optimizer.iterations.numpy()), "tables": {},
-         "dense": [w.tolist() for w in model.get_weights()]}
+  out = {
+      "iterations": int(model.optimizer.iterations.numpy()),
+      "sparse_iterations": int(model.sparse_optimizer.iterations.numpy()), "tables": {},
+      "dense": [w.tolist() for w in model.get_weights()]
+  }
   for name, table in initialize.get_config_initializer().tables.items():
     keys, rows = (t.numpy() for t in table.key_index.export())
     order = np.argsort(keys)
@@ -56,21 +58,26 @@ def state(model) -> dict:
       out["tables"][name] |= {
           "values": whole[:, :dim].tolist(),
           "slots": {"m": whole[:, dim:2 * dim].tolist(), "v": whole[:, 2 * dim:].tolist()},
-          "tier_stats": {k: int(v) for k, v in table.tiers.stats().items()}}
+          "tier_stats": {k: int(v) for k, v in table.tiers.stats().items()}
+      }
     else:
       out["tables"][name] |= {
-          "values": table.variable.numpy()[rows].tolist(),
-          "slots": {slot: model.sparse_optimizer.get_slot(name, slot).numpy()[rows].tolist()
-                    for slot in ("m", "v")}}
+          "values": table.variable.numpy()[rows].tolist(), "slots": {
+              slot: model.sparse_optimizer.get_slot(name, slot).numpy()[rows].tolist()
+              for slot in ("m", "v")
+          }
+      }
   return out
 
 
 def tiered_model_builder(ssd_dir: str):
   """keras_testlib's model with a tiered item table: 12 rows on the device, 4 on the host."""
-  tables = [TableSpec("user", 4, 100),
-            TableSpec("item", 4, 12, host_vocabulary_size=4, ssd_vocabulary_size=100,
-                      ssd_data_path=(ssd_dir,)),
-            TableSpec("word", 4, 100, key_dtype="string")]
+  tables = [
+      TableSpec("user", 4, 100),
+      TableSpec("item", 4, 12, host_vocabulary_size=4, ssd_vocabulary_size=100,
+                ssd_data_path=(ssd_dir,)),
+      TableSpec("word", 4, 100, key_dtype="string")
+  ]
   return model_lib.ModelBuilder(
       input_creator=model_lib.FeatureSpecInputCreator(lib.CONTEXT_SPEC, lib.EXAMPLE_SPEC),
       preprocessor={}, scorer=model_lib.DNNScorer(hidden_layer_dims=[8], output_units=1),
@@ -89,17 +96,16 @@ def main():
   parser.add_argument("--tiered-ssd-dir", help="tier the item table, SSD files here")
   args = parser.parse_args()
   train, valid = (os.path.join(args.task_dir, f) for f in ("train.tfrecord", "valid.tfrecord"))
-  hparams = pipeline_lib.PipelineHparams(
-      model_dir=args.model_dir, num_epochs=args.epochs, num_train_steps=args.steps,
-      learning_rate=0.05, seed=7, resume=not args.no_resume)
+  hparams = pipeline_lib.PipelineHparams(model_dir=args.model_dir, num_epochs=args.epochs,
+                                         num_train_steps=args.steps, learning_rate=0.05, seed=7,
+                                         resume=not args.no_resume)
   if args.tiered_ssd_dir:  # Batches of 2 lists: each batch's items fit the 12 device rows.
     datasets = pipeline_lib.SimpleDatasetBuilder(
         lib.CONTEXT_SPEC, lib.EXAMPLE_SPEC, lib.MASK, lib.LABEL_SPEC,
         pipeline_lib.DatasetHparams(train_input_pattern=train, valid_input_pattern=valid,
                                     train_batch_size=2, valid_batch_size=4),
         sparse_features=lib.SPARSE_FEATURES)
-    pipe = pipeline_lib.SimplePipeline(tiered_model_builder(args.tiered_ssd_dir), datasets,
-                                       hparams)
+    pipe = pipeline_lib.SimplePipeline(tiered_model_builder(args.tiered_ssd_dir), datasets, hparams)
   else:
     pipe = pipeline_lib.SimplePipeline(lib.model_builder(), lib.dataset_builder(train, valid),
                                        hparams)
@@ -113,8 +119,11 @@ def main():
     return 3
   history = pipe.history.history
   with open(args.out_json, "w", encoding="utf-8") as f:
-    json.dump({"loss": history.get("loss", []), "epochs": pipe.history.epoch,
-               "metrics": metrics, **state(pipe.model)}, f)
+    json.dump(
+        {
+            "loss": history.get("loss", []), "epochs": pipe.history.epoch, "metrics": metrics,
+            **state(pipe.model)
+        }, f)
   return 0
 
 

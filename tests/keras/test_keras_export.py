@@ -37,10 +37,11 @@ def test_embedding_serving_tables_hold_used_rows_and_zeros():
     positions, rows = embedding.serving_tables()[table]
     assert rows.shape == [3, 2]
     found = positions.lookup(tf.constant([7, 3, 99], tf.int64))
-    expected = tf.nn.embedding_lookup(full, embedding.row_lookup_tables()[table].lookup(
-        tf.constant([7, 3], tf.int64)))
-    np.testing.assert_array_equal(tf.gather(rows, found).numpy(),
-                                  np.concatenate([expected.numpy(), [[0.0, 0.0]]]))
+    expected = tf.nn.embedding_lookup(
+        full,
+        embedding.row_lookup_tables()[table].lookup(tf.constant([7, 3], tf.int64)))
+    np.testing.assert_array_equal(
+        tf.gather(rows, found).numpy(), np.concatenate([expected.numpy(), [[0.0, 0.0]]]))
   finally:
     initialize.terminate_config_initializer()
 
@@ -54,20 +55,19 @@ def trained(tmp_path_factory):
 
 
 def _export(trained, export_dir: str, before_rename=None) -> str:
-  return export_lib.export_serving_model(
-      trained["pipeline"].model, export_dir, lib.CONTEXT_SPEC, lib.EXAMPLE_SPEC, lib.MASK,
-      lib.SPARSE_FEATURES, before_rename=before_rename)
+  return export_lib.export_serving_model(trained["pipeline"].model, export_dir, lib.CONTEXT_SPEC,
+                                         lib.EXAMPLE_SPEC, lib.MASK, lib.SPARSE_FEATURES,
+                                         before_rename=before_rename)
 
 
 def test_saved_model_holds_only_used_rows_and_a_default_row(trained):
   tables = initialize.get_config_initializer().tables
-  saved = dict(tf.train.list_variables(os.path.join(trained["export_dir"], "variables",
-                                                    "variables")))
+  saved = dict(
+      tf.train.list_variables(os.path.join(trained["export_dir"], "variables", "variables")))
   for spec in lib.TABLES:
     num_keys = int(tables[spec.name].key_index.size())
     assert 0 < num_keys < spec.device_vocabulary_size
-    assert saved[f"serving_rows/{spec.name}/.ATTRIBUTES/VARIABLE_VALUE"] == [num_keys + 1,
-                                                                              spec.dim]
+    assert saved[f"serving_rows/{spec.name}/.ATTRIBUTES/VARIABLE_VALUE"] == [num_keys + 1, spec.dim]
   # No full table, optimizer slot or metric travels with the export.
   capacities = {spec.device_vocabulary_size for spec in lib.TABLES}
   assert not [name for name, shape in saved.items() if shape and shape[0] in capacities]
@@ -92,16 +92,16 @@ def test_compact_rows_are_the_keys_rows_then_zeros(trained):
 
 
 def test_compact_export_serves_in_process_scores_in_fresh_process(trained):
-  served = lib.serve_in_fresh_process(trained["export_dir"], trained["valid"],
-                                      str(trained["tmp"]))
+  served = lib.serve_in_fresh_process(trained["export_dir"], trained["valid"], str(trained["tmp"]))
   lib.assert_served_match(served, trained["in_process"], trained["valid"])
 
 
 def test_export_killed_before_rename_leaves_previous_export(trained, tmp_path):
   export_dir = str(tmp_path / "export" / "latest_model")
   out = str(tmp_path / "first_scores.json")
-  killed = subprocess.run([sys.executable, WORKER, str(trained["tmp"]), export_dir, out],
-                          capture_output=True, text=True, check=False)
+  killed = subprocess.run(
+      [sys.executable, WORKER, str(trained["tmp"]), export_dir, out], capture_output=True,
+      text=True, check=False)
   assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
   leftovers = [p for p in os.listdir(tmp_path / "export") if p != "latest_model"]
   assert len(leftovers) == 1 and leftovers[0].startswith("latest_model.tmp-")
@@ -112,14 +112,13 @@ def test_export_killed_before_rename_leaves_previous_export(trained, tmp_path):
   served = lib.serve_in_fresh_process(export_dir, trained["valid"], str(tmp_path))
   np.testing.assert_allclose(served, first, rtol=1e-6)
   # The killed export was complete in its temporary directory, with other scores.
-  unfinished = lib.serve_in_fresh_process(str(tmp_path / "export" / leftovers[0]),
-                                          trained["valid"], str(tmp_path))
+  unfinished = lib.serve_in_fresh_process(str(tmp_path / "export" / leftovers[0]), trained["valid"],
+                                          str(tmp_path))
   assert not np.allclose(unfinished, first)
 
   _export(trained, export_dir)
   assert os.listdir(tmp_path / "export") == ["latest_model"]
-  lib.assert_served_match(lib.serve_in_fresh_process(export_dir, trained["valid"],
-                                                     str(tmp_path)),
+  lib.assert_served_match(lib.serve_in_fresh_process(export_dir, trained["valid"], str(tmp_path)),
                           trained["in_process"], trained["valid"])
 
 

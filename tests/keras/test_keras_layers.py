@@ -28,15 +28,17 @@ def test_ragged_combiners_match_numpy(combiner):
   layer = layers.SparseLookup(layers.SparseFeature("f", "tok", combiner), TABLE, seed=0)
   out = layer(_insert(ids), training=True).numpy()
   rows = layer.embeddings.numpy()
-  keys, key_rows = (t.numpy() for t in initialize.get_config_initializer()
-                    .tables["tok"].key_index.export())
+  keys, key_rows = (
+      t.numpy() for t in initialize.get_config_initializer().tables["tok"].key_index.export())
   row_of = dict(zip(keys, key_rows))
-  reduce = {"sum": lambda e: e.sum(0), "mean": lambda e: e.mean(0),
-            "sqrtn": lambda e: e.sum(0) / np.sqrt(len(e))}[combiner]
+  reduce = {
+      "sum": lambda e: e.sum(0), "mean": lambda e: e.mean(0),
+      "sqrtn": lambda e: e.sum(0) / np.sqrt(len(e))
+  }[combiner]
   for b, lists in enumerate(ids.to_list()):
-    for l, id_list in enumerate(lists):
+    for pos, id_list in enumerate(lists):
       want = reduce(rows[[row_of[i] for i in id_list]]) if id_list else np.zeros(3)
-      np.testing.assert_allclose(out[b, l], want, rtol=1e-6, atol=1e-7)
+      np.testing.assert_allclose(out[b, pos], want, rtol=1e-6, atol=1e-7)
 
 
 def test_dense_ids_without_combiner_keep_every_id():
@@ -69,7 +71,7 @@ def test_specs_validate_and_tables_are_shared():
   with pytest.raises(ValueError, match="exists with dim=3"):
     layers.get_or_create_table(layers.TableSpec("tok", dim=4, device_vocabulary_size=50))
   with pytest.raises(ValueError, match="host_vocabulary_size=0; the spec asks .*"
-                                       "host_vocabulary_size=100"):
+                     "host_vocabulary_size=100"):
     layers.get_or_create_table(dataclasses.replace(TABLE, host_vocabulary_size=100))
 
 

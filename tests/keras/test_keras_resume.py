@@ -20,15 +20,21 @@ from mxrec_pipeline.data import elwc
 from mxrec_pipeline.keras import pipeline as pipeline_lib
 from mxrec_pipeline.util import initialize
 
+# Spawns subprocess trainings (killed and resumed).
+pytestmark = pytest.mark.slow
+
 HERE = pathlib.Path(__file__).parent
 WORKER_TIMEOUT_S = 300  # A guard against a hung worker; nothing asserts on time.
 
 
 def run_worker(task_dir, model_dir, out_json, *args) -> subprocess.CompletedProcess:
-  return subprocess.run(
-      [sys.executable, str(HERE / "resume_worker.py"), str(task_dir), str(model_dir),
-       str(out_json), *map(str, args)],
-      capture_output=True, text=True, cwd=HERE, timeout=WORKER_TIMEOUT_S, check=False)
+  return subprocess.run([
+      sys.executable,
+      str(HERE / "resume_worker.py"),
+      str(task_dir),
+      str(model_dir),
+      str(out_json), *map(str, args)
+  ], capture_output=True, text=True, cwd=HERE, timeout=WORKER_TIMEOUT_S, check=False)
 
 
 def assert_same_state(a: dict, b: dict) -> None:
@@ -84,8 +90,7 @@ def test_epoch_seeds_differ_by_epoch_and_need_a_seed():
 
 
 @pytest.mark.parametrize("kill_at", ["1:2", "2:4"])
-def test_sigkilled_run_resumes_to_the_uninterrupted_state(task, uninterrupted, tmp_path,
-                                                          kill_at):
+def test_sigkilled_run_resumes_to_the_uninterrupted_state(task, uninterrupted, tmp_path, kill_at):
   killed = run_worker(task, tmp_path / "model", tmp_path / "state.json", "--kill-at", kill_at)
   assert killed.returncode == -9, killed.stderr[-3000:]
   epochs_done = int(kill_at.split(":")[0])
@@ -141,10 +146,13 @@ def test_seeded_runs_export_bit_identical_models(task, uninterrupted, tmp_path):
     if name != "_CHECKPOINTABLE_OBJECT_GRAPH":
       np.testing.assert_array_equal(readers[0].get_tensor(name), readers[1].get_tensor(name),
                                     err_msg=name)
-  serialized = tf.constant([r.SerializeToString()
-                            for r in elwc.read_elwc_tfrecord(str(task / "valid.tfrecord"))])
-  scores = [tf.saved_model.load(str(e)).signatures["serving_default"](
-      examples=serialized)["scores"].numpy() for e in exports]
+  serialized = tf.constant(
+      [r.SerializeToString() for r in elwc.read_elwc_tfrecord(str(task / "valid.tfrecord"))])
+  scores = [
+      tf.saved_model.load(
+          str(e)).signatures["serving_default"](examples=serialized)["scores"].numpy()
+      for e in exports
+  ]
   np.testing.assert_array_equal(scores[0], scores[1])
 
 
@@ -170,9 +178,8 @@ def test_resume_false_refuses_a_model_dir_with_a_checkpoint(task, uninterrupted,
 
 def test_num_train_steps_is_the_total_over_epochs(tmp_path):
   train, valid = lib.write_task(tmp_path)
-  hparams = pipeline_lib.PipelineHparams(
-      model_dir=str(tmp_path / "model"), num_epochs=3, num_train_steps=5, learning_rate=0.05,
-      seed=3)
+  hparams = pipeline_lib.PipelineHparams(model_dir=str(tmp_path / "model"), num_epochs=3,
+                                         num_train_steps=5, learning_rate=0.05, seed=3)
   pipe = pipeline_lib.SimplePipeline(lib.model_builder(), lib.dataset_builder(train, valid),
                                      hparams)
   pipe.train_and_validate()
@@ -198,9 +205,8 @@ def test_keys_of_untrained_batches_take_no_row_and_serve_as_unseen(tmp_path):
   train, valid = str(tmp_path / "train.tfrecord"), str(tmp_path / "valid.tfrecord")
   elwc.write_elwc_tfrecord(train, lib.make_lists(48, seed=0, first_user=100))
   elwc.write_elwc_tfrecord(valid, lib.make_lists(4, seed=1))
-  hparams = pipeline_lib.PipelineHparams(
-      model_dir=str(tmp_path / "model"), num_epochs=1, num_train_steps=2, learning_rate=0.05,
-      seed=11)
+  hparams = pipeline_lib.PipelineHparams(model_dir=str(tmp_path / "model"), num_epochs=1,
+                                         num_train_steps=2, learning_rate=0.05, seed=11)
   pipe = pipeline_lib.SimplePipeline(lib.model_builder(), lib.dataset_builder(train, valid),
                                      hparams)
   pipe.train_and_validate()
@@ -232,16 +238,15 @@ def test_clear_run_outputs_removes_only_run_outputs(tmp_path):
   (tmp_path / "config.yaml").write_text("a: 1")
   (tmp_path / "notes.txt").write_text("mine")
   removed = jobs.clear_run_outputs(str(tmp_path))
-  assert sorted(os.path.basename(p) for p in removed) == [
-      "checkpoints", "export", "logs", "metrics.json"]
+  assert sorted(
+      os.path.basename(p) for p in removed) == ["checkpoints", "export", "logs", "metrics.json"]
   assert sorted(p.name for p in tmp_path.iterdir()) == ["config.yaml", "notes.txt"]
   assert jobs.clear_run_outputs(str(tmp_path)) == []
 
 
 def test_checkpoint_of_another_model_is_refused_naming_it(task, uninterrupted, tmp_path):
   other = lib.model_builder(hidden_layer_dims=[16])
-  hparams = pipeline_lib.PipelineHparams(model_dir=str(uninterrupted["dir"]), num_epochs=3,
-                                         seed=7)
+  hparams = pipeline_lib.PipelineHparams(model_dir=str(uninterrupted["dir"]), num_epochs=3, seed=7)
   pipe = pipeline_lib.SimplePipeline(
       other, lib.dataset_builder(str(task / "train.tfrecord"), str(task / "valid.tfrecord")),
       hparams)
@@ -252,11 +257,13 @@ def test_checkpoint_of_another_model_is_refused_naming_it(task, uninterrupted, t
 def test_cli_resumes_refuses_and_starts_fresh(tmp_path):
   repo = HERE.parents[1]
   model_dir = tmp_path / "run"
-  base = [sys.executable, "-m", "mxrec_pipeline.cli", "train",
-          str(repo / "configs" / "movielens_listwise.yaml"), "--verbose", "0",
-          "--set", f"pipeline.model_dir={model_dir}", "--set", "pipeline.num_epochs=2",
-          "--set", "pipeline.num_train_steps=2", "--set", "pipeline.num_valid_steps=1",
-          "--set", "pipeline.export_best_model=false", "--set", "pipeline.strategy=null"]
+  base = [
+      sys.executable, "-m", "mxrec_pipeline.cli", "train",
+      str(repo / "configs" / "movielens_listwise.yaml"), "--verbose", "0", "--set",
+      f"pipeline.model_dir={model_dir}", "--set", "pipeline.num_epochs=2", "--set",
+      "pipeline.num_train_steps=2", "--set", "pipeline.num_valid_steps=1", "--set",
+      "pipeline.export_best_model=false", "--set", "pipeline.strategy=null"
+  ]
 
   def cli(*args):
     return subprocess.run([*base, *args], capture_output=True, text=True, cwd=repo,

@@ -12,11 +12,16 @@ from mxrec_pipeline.keras import pipeline as pipeline_lib
 from mxrec_pipeline.keras.layers import TableSpec
 from mxrec_pipeline.util import initialize
 
+# Trains a pipeline with a tiered table and serves its export in a fresh process.
+pytestmark = pytest.mark.slow
+
 # The item table caches 12 of the 20 training items on the device; the rest
 # live in host memory, then SSD.
-TABLES = [TableSpec("user", 4, 100),
-          TableSpec("item", 4, 12, host_vocabulary_size=4, ssd_vocabulary_size=100),
-          TableSpec("word", 4, 100, key_dtype="string")]
+TABLES = [
+    TableSpec("user", 4, 100),
+    TableSpec("item", 4, 12, host_vocabulary_size=4, ssd_vocabulary_size=100),
+    TableSpec("word", 4, 100, key_dtype="string")
+]
 
 
 @pytest.fixture(autouse=True)
@@ -26,9 +31,8 @@ def _no_run_leaks():
 
 
 def _dataset_builder(train, valid):
-  hparams = pipeline_lib.DatasetHparams(
-      train_input_pattern=train, valid_input_pattern=valid, train_batch_size=2,
-      valid_batch_size=4)
+  hparams = pipeline_lib.DatasetHparams(train_input_pattern=train, valid_input_pattern=valid,
+                                        train_batch_size=2, valid_batch_size=4)
   return pipeline_lib.SimpleDatasetBuilder(lib.CONTEXT_SPEC, lib.EXAMPLE_SPEC, lib.MASK,
                                            lib.LABEL_SPEC, hparams,
                                            sparse_features=lib.SPARSE_FEATURES)
@@ -39,8 +43,9 @@ def trained(tmp_path_factory):
   tmp = tmp_path_factory.mktemp("tiers")
   ssd = tmp / "ssd"
   ssd.mkdir()
-  tables = [TableSpec(**{**t.__dict__, "ssd_data_path": (str(ssd),)}) if t.tiered else t
-            for t in TABLES]
+  tables = [
+      TableSpec(**{**t.__dict__, "ssd_data_path": (str(ssd),)}) if t.tiered else t for t in TABLES
+  ]
   builder = model_lib.ModelBuilder(
       input_creator=model_lib.FeatureSpecInputCreator(lib.CONTEXT_SPEC, lib.EXAMPLE_SPEC),
       preprocessor={}, scorer=model_lib.DNNScorer(hidden_layer_dims=[8], output_units=1),
@@ -55,10 +60,11 @@ def trained(tmp_path_factory):
   dataset = _dataset_builder(train, valid).build_valid_dataset(num_epochs=1)
   in_process = [pipe.model(features, training=False).numpy() for features, _ in dataset]
   longest = max(s.shape[1] for s in in_process)
-  yield {"tmp": tmp, "valid": valid, "metrics": metrics, "run": run,
-         "stats": {k: int(v) for k, v in run.tables["item"].tiers.stats().items()},
-         "in_process": np.concatenate(
-             [np.pad(s, ((0, 0), (0, longest - s.shape[1]))) for s in in_process])}
+  yield {
+      "tmp": tmp, "valid": valid, "metrics": metrics, "run": run,
+      "stats": {k: int(v) for k, v in run.tables["item"].tiers.stats().items()}, "in_process":
+          np.concatenate([np.pad(s, ((0, 0), (0, longest - s.shape[1]))) for s in in_process])
+  }
   initialize.terminate_config_initializer()
 
 
@@ -72,10 +78,13 @@ def test_trains_with_rows_moving_between_tiers(trained):
 
 def test_table_stats_reach_tensorboard(trained):
   files = glob.glob(str(trained["tmp"] / "model" / "logs" / "tables" / "events.*"))
-  tags = {v.tag for f in files for e in tf.compat.v1.train.summary_iterator(f)
-          for v in e.summary.value}
-  assert {"tables/item/hit_rate", "tables/item/host_rows_used", "tables/item/ssd_rows_used",
-          "tables/user/size", "tables/user/admissions"} <= tags
+  tags = {
+      v.tag for f in files for e in tf.compat.v1.train.summary_iterator(f) for v in e.summary.value
+  }
+  assert {
+      "tables/item/hit_rate", "tables/item/host_rows_used", "tables/item/ssd_rows_used",
+      "tables/user/size", "tables/user/admissions"
+  } <= tags
 
 
 def test_checkpoint_holds_the_tiers(trained):

@@ -45,7 +45,8 @@ from mxrec_pipeline.util.variable import get_dense_and_sparse_variable
 
 SEED = 7
 BATCH_SIZE, DIM = 8, 4
-TABLES = {"user_table": ("user_ids", 1, 40), "item_table": ("item_ids", 2, 90)}  # feature, ids/sample, id range
+# Per table: feature, ids per sample, id range.
+TABLES = {"user_table": ("user_ids", 1, 40), "item_table": ("item_ids", 2, 90)}
 
 
 def make_batch(step):
@@ -60,9 +61,15 @@ def make_batch(step):
 
 
 def build(steps: int, access_threshold: int | None):
-  """The graph: returns (placeholders (first batch, count), iterator, loss, train_op, tables, optimizer)."""
-  specs = [FeatureSpec(feature, table_name=name, access_threshold=access_threshold)
-           for name, (feature, _, _) in TABLES.items()]
+  """The graph.
+
+  Returns:
+    (placeholders (first batch, count), iterator, loss, train_op, tables, optimizer).
+  """
+  specs = [
+      FeatureSpec(feature, table_name=name, access_threshold=access_threshold)
+      for name, (feature, _, _) in TABLES.items()
+  ]
   first = tf.compat.v1.placeholder(tf.int64, [], name="first_batch")
   count = tf.compat.v1.placeholder(tf.int64, [], name="num_batches")
   dataset = tf.data.Dataset.range(steps).map(make_batch)
@@ -71,28 +78,32 @@ def build(steps: int, access_threshold: int | None):
   dataset = dataset.map(get_asc_insert_func(tgt_key_specs=specs, is_training=True)).prefetch(2)
   iterator = tf.compat.v1.data.make_initializable_iterator(dataset)
   batch = iterator.get_next()
-  tables = [create_table(key_dtype=tf.int64, dim=DIM, name=name,
-                         emb_initializer=tf.compat.v1.truncated_normal_initializer(
-                             stddev=0.1, seed=SEED + i),
-                         device_vocabulary_size=128)
-            for i, name in enumerate(TABLES)]
-  embeddings = [tf.reduce_sum(sparse_lookup(table, spec, batch=batch), axis=1)
-                for table, spec in zip(tables, specs)]
+  tables = [
+      create_table(
+          key_dtype=tf.int64, dim=DIM, name=name,
+          emb_initializer=tf.compat.v1.truncated_normal_initializer(stddev=0.1, seed=SEED + i),
+          device_vocabulary_size=128) for i, name in enumerate(TABLES)
+  ]
+  embeddings = [
+      tf.reduce_sum(sparse_lookup(table, spec, batch=batch), axis=1)
+      for table, spec in zip(tables, specs)
+  ]
   net = tf.compat.v1.layers.dense(
       tf.concat(embeddings, -1), 8, activation=tf.nn.relu, name="hidden",
       kernel_initializer=tf.compat.v1.glorot_uniform_initializer(seed=SEED))
   logits = tf.compat.v1.layers.dense(
-      net, 1, name="logits", kernel_initializer=tf.compat.v1.glorot_uniform_initializer(seed=SEED + 1))
-  loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=batch["label"],
-                                                                logits=logits))
+      net, 1, name="logits",
+      kernel_initializer=tf.compat.v1.glorot_uniform_initializer(seed=SEED + 1))
+  loss = tf.reduce_mean(
+      tf.nn.sigmoid_cross_entropy_with_logits(labels=batch["label"], logits=logits))
   dense_variables, sparse_variables = get_dense_and_sparse_variable()
   global_step = tf.compat.v1.train.get_or_create_global_step()
   sparse_optimizer = lazy_adam.create_hash_optimizer(learning_rate=0.05)
   train_op = tf.group(
       tf.compat.v1.train.AdamOptimizer(0.01).apply_gradients(
           zip(tf.gradients(loss, dense_variables), dense_variables)),
-      sparse_optimizer.apply_gradients(
-          zip(tf.gradients(loss, sparse_variables), sparse_variables), global_step=global_step))
+      sparse_optimizer.apply_gradients(zip(tf.gradients(loss, sparse_variables), sparse_variables),
+                                       global_step=global_step))
   return (first, count), iterator, loss, train_op, tables, sparse_optimizer
 
 
@@ -103,18 +114,23 @@ def state_fetches(tables, optimizer) -> dict:
     name = table.table_name
     slots = {slot: optimizer.get_slot(name, slot) for slot in ("m", "v")}
     sparse |= {id(table.variable)} | {id(v) for v in slots.values()}
-    fetches[name] = {"index": table.key_index.export_state(), "variable": table.variable.value(),
-                     "slots": {slot: v.value() for slot, v in slots.items()},
-                     "stats": admission.table_stats(table)}
-  fetches["variables"] = {v.op.name: v.value() for v in tf.compat.v1.global_variables()
-                          if id(v) not in sparse}
+    fetches[name] = {
+        "index": table.key_index.export_state(), "variable": table.variable.value(),
+        "slots": {slot: v.value() for slot, v in slots.items()},
+        "stats": admission.table_stats(table)
+    }
+  fetches["variables"] = {
+      v.op.name: v.value() for v in tf.compat.v1.global_variables() if id(v) not in sparse
+  }
   return fetches
 
 
 def to_json(fetched: dict, tables) -> dict:
   """The fetched state with keys sorted, rows and slots gathered in key order."""
-  out = {"variables": {name: np.asarray(v).tolist() for name, v in fetched["variables"].items()},
-         "tables": {}}
+  out = {
+      "variables": {name: np.asarray(v).tolist() for name, v in fetched["variables"].items()},
+      "tables": {}
+  }
   for table in tables:
     part = fetched[table.table_name]
     index = part["index"]
@@ -122,12 +138,13 @@ def to_json(fetched: dict, tables) -> dict:
     rows = index["rows"][order]
     pending = np.argsort(index["pending_keys"])
     out["tables"][table.table_name] = {
-        "keys": index["keys"][order].tolist(), "rows": rows.tolist(),
-        "values": part["variable"][rows].tolist(),
+        "keys": index["keys"][order].tolist(), "rows": rows.tolist(), "values": part["variable"]
+                                                                                [rows].tolist(),
         "slots": {slot: v[rows].tolist() for slot, v in part["slots"].items()},
         "pending_keys": index["pending_keys"][pending].tolist(),
-        "pending_counts": index["pending_counts"][pending].tolist(),
-        "stats": {k: int(v) for k, v in part["stats"].items()}}
+        "pending_counts": index["pending_counts"]
+                          [pending].tolist(), "stats": {k: int(v) for k, v in part["stats"].items()}
+    }
   return out
 
 
@@ -147,8 +164,8 @@ def main() -> int:
   tf.compat.v1.disable_eager_execution()
   tf.compat.v1.set_random_seed(SEED)
   init(train_steps=args.steps)
-  (first, count), iterator, loss, train_op, tables, optimizer = build(
-      args.steps, args.access_threshold)
+  (first, count), iterator, loss, train_op, tables, optimizer = build(args.steps,
+                                                                      args.access_threshold)
   fetches = state_fetches(tables, optimizer)
   saver = (tf.compat.v1.train.Saver if args.plain_saver else Saver)(max_to_keep=None)
   start_asc_pipeline()

@@ -18,6 +18,9 @@ import sys
 import numpy as np
 import pytest
 
+# Spawns subprocess trainings (killed and resumed).
+pytestmark = pytest.mark.slow
+
 HERE = pathlib.Path(__file__).parent
 REPO = HERE.parents[1]
 STEPS, SAVE_EVERY = 24, 6
@@ -28,10 +31,14 @@ def run_worker(model_dir, out_json, *args) -> subprocess.CompletedProcess:
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2",
              PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
   # On a timeout subprocess.run kills the worker before raising.
-  return subprocess.run(
-      [sys.executable, str(HERE / "saver_resume_worker.py"), str(model_dir), str(out_json),
-       "--steps", str(STEPS), "--save-every", str(SAVE_EVERY), *map(str, args)],
-      cwd=HERE, env=env, capture_output=True, text=True, timeout=WORKER_TIMEOUT_S, check=False)
+  return subprocess.run([
+      sys.executable,
+      str(HERE / "saver_resume_worker.py"),
+      str(model_dir),
+      str(out_json), "--steps",
+      str(STEPS), "--save-every",
+      str(SAVE_EVERY), *map(str, args)
+  ], cwd=HERE, env=env, capture_output=True, text=True, timeout=WORKER_TIMEOUT_S, check=False)
 
 
 def train(tmp_path, name, *args) -> dict:
@@ -74,8 +81,7 @@ def max_abs_difference(a: dict, b: dict, counters: bool = True) -> float:
 
 def kill_step(seed: int) -> int:
   """A step after the first save that is not a save step, from a seeded RNG."""
-  return random.Random(seed).choice(
-      [s for s in range(SAVE_EVERY + 1, STEPS) if s % SAVE_EVERY])
+  return random.Random(seed).choice([s for s in range(SAVE_EVERY + 1, STEPS) if s % SAVE_EVERY])
 
 
 @pytest.fixture(scope="module")
@@ -125,14 +131,13 @@ def test_admission_resumes_exactly_from_drained_saves_with_the_counters(
   """
   stats = uninterrupted_with_admission["tables"]["item_table"]["stats"]
   assert stats["pending"] > 0 and stats["admissions"] > 0  # Admission is at work.
-  resumed = kill_and_resume(tmp_path, kill_step(2), *ADMISSION, "--drained-saves",
-                               "--plain-saver")
+  resumed = kill_and_resume(tmp_path, kill_step(2), *ADMISSION, "--drained-saves", "--plain-saver")
   assert max_abs_difference(uninterrupted_with_admission, resumed) == 0.0
 
 
 @pytest.mark.parametrize("mode", [["--plain-saver"], ["--drained-saves"]])
-def test_admission_without_the_rule_counts_sightings_differently(
-    uninterrupted_with_admission, tmp_path, mode):
+def test_admission_without_the_rule_counts_sightings_differently(uninterrupted_with_admission,
+                                                                 tmp_path, mode):
   """What the rule avoids: read-ahead batches counted twice, or the counters not saved.
 
   Without drained saves, batches inserted ahead of the save (prefetch) count

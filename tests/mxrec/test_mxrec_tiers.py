@@ -31,10 +31,11 @@ TIERS = {"device": 20, "host": 20, "ssd": 400}  # 440 rows; ~130 keys reach all 
 def _batches(steps, seed=0):
   """Zipf-like [4, 4] id batches over NUM_IDS ids (at most 16 distinct: fit 20 device rows)."""
   rng = np.random.default_rng(seed)
-  weights = 1.0 / np.arange(1, NUM_IDS + 1) ** 0.8
+  weights = 1.0 / np.arange(1, NUM_IDS + 1)**0.8
   weights /= weights.sum()
-  return [rng.choice(NUM_IDS, size=(4, 4), p=weights).astype(np.int64) * 3 + 1
-          for _ in range(steps)]
+  return [
+      rng.choice(NUM_IDS, size=(4, 4), p=weights).astype(np.int64) * 3 + 1 for _ in range(steps)
+  ]
 
 
 BATCHES = _batches(SAVED_STEPS + MORE_STEPS)
@@ -61,9 +62,11 @@ def _build(ssd_dir, dim=DIM, device=TIERS["device"], host=TIERS["host"], ssd=TIE
   train_op = tf.group(
       tf.compat.v1.train.AdamOptimizer(0.05).apply_gradients([(grads[0], dense)]),
       optimizer.apply_gradients([(grads[1], table.variable)], global_step=global_step))
-  model = {"table": table, "ids": ids, "loss": loss, "train_op": train_op,
-           "probe": sparse_lookup(table, tf.constant(ALL_KEYS), is_train=False),
-           "dense": dense, "global_step": global_step}
+  model = {
+      "table": table, "ids": ids, "loss": loss, "train_op": train_op,
+      "probe": sparse_lookup(table, tf.constant(ALL_KEYS),
+                             is_train=False), "dense": dense, "global_step": global_step
+  }
   if host:
     model["stats"] = table.tiers.stats()
   return model
@@ -95,8 +98,9 @@ def fixture_saved(tmp_path):
       losses = _train(sess, model, BATCHES[SAVED_STEPS:])
       final = _state(sess, model)
   terminate_config_initializer()
-  return {"path": path, "ssd_dir": str(ssd_dir), "at_save": at_save, "losses": losses,
-          "final": final}
+  return {
+      "path": path, "ssd_dir": str(ssd_dir), "at_save": at_save, "losses": losses, "final": final
+  }
 
 
 def test_saver_round_trip_through_all_three_tiers(saved, tmp_path):
@@ -115,8 +119,10 @@ def test_saver_round_trip_through_all_three_tiers(saved, tmp_path):
   assert meta["host_vocabulary_size"] == TIERS["host"]
   assert meta["ssd_vocabulary_size"] == TIERS["ssd"]
   assert meta["slots"] == ["LazyAdam/m", "LazyAdam/v"]
-  files = {name: np.load(os.path.join(directory, "table-t", f"{name}.npy"))
-           for name in ("keys", "rows", "embeddings", "slot-0", "slot-1")}
+  files = {
+      name: np.load(os.path.join(directory, "table-t", f"{name}.npy"))
+      for name in ("keys", "rows", "embeddings", "slot-0", "slot-1")
+  }
   keys = files["keys"]
   assert list(keys) == sorted(set(np.concatenate([b.ravel() for b in BATCHES[:SAVED_STEPS]])))
   assert files["rows"].max() >= TIERS["device"] + TIERS["host"]  # global rows, up to the SSD's
@@ -127,8 +133,7 @@ def test_saver_round_trip_through_all_three_tiers(saved, tmp_path):
   assert not not_trained.any(), f"rows saved as their initial values: {files['rows'][not_trained]}"
   assert np.all(files["slot-1"] > 0)
   # And the table reads (evaluation lookups) what was saved.
-  np.testing.assert_array_equal(files["embeddings"],
-                                saved["at_save"]["probe"][(keys - 1) // 3])
+  np.testing.assert_array_equal(files["embeddings"], saved["at_save"]["probe"][(keys - 1) // 3])
 
   with tf.Graph().as_default():
     model = _build(saved["ssd_dir"])
@@ -141,8 +146,8 @@ def test_saver_round_trip_through_all_three_tiers(saved, tmp_path):
       assert restored["global_step"] == SAVED_STEPS
       # Every saved key holds a row again: the first 20 in the cache, the rest stored.
       assert restored["stats"]["occupied"] == TIERS["device"]
-      assert (restored["stats"]["host_rows_used"] + restored["stats"]["ssd_rows_used"]
-              == len(keys) - TIERS["device"])
+      assert (restored["stats"]["host_rows_used"] +
+              restored["stats"]["ssd_rows_used"] == len(keys) - TIERS["device"])
       losses = _train(sess, model, BATCHES[SAVED_STEPS:])
       final = _state(sess, model)
   np.testing.assert_allclose(losses, saved["losses"], rtol=1e-5)
@@ -231,11 +236,11 @@ def fixture_tier_env(tmp_path, monkeypatch):
   return ssd_dirs
 
 
+@pytest.mark.slow
 def test_quickstart_trains_with_tiers_and_continues_from_its_checkpoint(tier_env, tmp_path):
   model_dir = str(tmp_path / "saved-model")
-  first, stdout = run_example(QUICKSTART, tmp_path, False, "--steps", "100",
-                              "--train-interval", "50", "--saving-interval", "100",
-                              "--model-dir", model_dir)
+  first, stdout = run_example(QUICKSTART, tmp_path, False, "--steps", "100", "--train-interval",
+                              "50", "--saving-interval", "100", "--model-dir", model_dir)
   assert first["step"] == 100 and "restored" not in stdout
   assert np.isfinite(first["train_loss"]) and np.isfinite(first["eval_loss"])
   assert first["train_loss"] < 0.6  # from ~0.69
@@ -248,12 +253,13 @@ def test_quickstart_trains_with_tiers_and_continues_from_its_checkpoint(tier_env
   meta = json.loads(open(os.path.join(model_dir, "sparse-model-0-100", "meta.json")).read())
   assert {t["kind"] for t in meta["tables"].values()} == {"tiered"}
 
-  second, stdout = run_example(QUICKSTART, tmp_path, False, "--steps", "20",
-                               "--saving-interval", "20", "--model-dir", model_dir)
+  second, stdout = run_example(QUICKSTART, tmp_path, False, "--steps", "20", "--saving-interval",
+                               "20", "--model-dir", model_dir)
   assert f"restored {model_dir}/model-0-100" in stdout
   assert second["step"] == 120 and np.isfinite(second["train_loss"])
   assert sorted(p.name for p in (tmp_path / "saved-model").glob("sparse-*")) == [
-      "sparse-model-0-100", "sparse-model-0-120"]
+      "sparse-model-0-100", "sparse-model-0-120"
+  ]
 
 
 def _quickstart_main():

@@ -69,8 +69,8 @@ CACHE = {"device_rows": 4, "total_rows": 10, "policy": "lru", **TABLE}
 # The inputs (handle, rows [3], grad [3, dim], hyperparameters...) of the fused
 # row-store updates, and what their shape function rejects.
 APPLY_INPUTS = (HANDLE, (I64, [3]), (F32, [3, 4]))
-APPLY_BAD = ((1, [3, 1], RANK), (2, [3], RANK), (2, [2, 4], DIMS), (2, [3, 5], DIMS),
-             (3, [1], RANK))
+APPLY_BAD = ((1, [3, 1], RANK), (2, [3], RANK), (2, [2, 4], DIMS), (2, [3,
+                                                                        5], DIMS), (3, [1], RANK))
 
 CASES = (
     # Key index: native/ops/key_index_ops.cc.
@@ -80,19 +80,20 @@ CASES = (
          ([None], UNKNOWN_RANK, [None]), {"training": True}),
     _handle_only("MxKeyIndexSize", _scalars(2)),
     _handle_only("MxKeyIndexExport", _vectors(2)),
-    Case("MxKeyIndexImport", (HANDLE, (I64, [5]), (I64, [5])), (), (),
-         {"capacity": 4, **TABLE}, bad=((1, [5, 1], RANK), (2, [4], DIMS))),
+    Case("MxKeyIndexImport", (HANDLE, (I64, [5]), (I64, [5])), (), (), {"capacity": 4, **TABLE},
+         bad=((1, [5, 1], RANK), (2, [4], DIMS))),
     Case("MxKeyIndexInsertAdmit", (HANDLE, (I64, [2, 3]), (I64, [2, 3]), (I64, []), (I64, [])),
          ([None], [2, 3], [None]), ([None], UNKNOWN_RANK, [None]),
          bad=((2, [3, 2], DIMS), (2, [2], DIMS), (3, [1], RANK), (4, [1], RANK))),
     Case("MxKeyIndexEvict", (HANDLE, (I64, [])), ([None],), ([None],), bad=((1, [1], RANK),)),
     _handle_only("MxKeyIndexStats", ([5],)),
-    _handle_only("MxKeyIndexExportState", _vectors(6) + ([3],)),
-    Case("MxKeyIndexImportState",
-         (HANDLE,) + ((I64, [4]),) * 3 + ((I64, [2]),) * 3 + ((I64, [3]),), (), (),
-         {"capacity": 4, **TABLE},
-         bad=((1, [4, 1], RANK), (2, [3], DIMS), (3, [3], DIMS), (4, [], RANK), (5, [3], DIMS),
-              (6, [3], DIMS), (7, [3, 1], RANK))),
+    _handle_only("MxKeyIndexExportState",
+                 _vectors(6) + ([3],)),
+    Case(
+        "MxKeyIndexImportState", (HANDLE,) + ((I64, [4]),) * 3 + ((I64, [2]),) * 3 + ((I64, [3]),),
+        (), (), {"capacity": 4, **TABLE},
+        bad=((1, [4, 1], RANK), (2, [3], DIMS), (3, [3], DIMS), (4, [], RANK), (5, [3], DIMS),
+             (6, [3], DIMS), (7, [3, 1], RANK))),
     # Row initializer: native/ops/row_init_ops.cc.
     Case("MxRowInit", ((I64, [5]),), ([5, 4],), ([None, 4],), {"kind": "uniform", **DIM},
          bad=((0, [5, 1], RANK),)),
@@ -106,8 +107,8 @@ CASES = (
     Case("MxRowStoreLookup", (HANDLE, (I64, [3]), (F32, [0, 4])), ([3, 4], [3]),
          ([None, 4], [None]), {**DIM, **TABLE},
          bad=((1, [3, 1], RANK), (2, [4], RANK), (2, [0, 5], DIMS))),
-    Case("MxRowStoreReadRows", (HANDLE, (I64, [3])), ([3, None], [None]),
-         ([None, None], [None]), bad=((1, [], RANK),)),
+    Case("MxRowStoreReadRows", (HANDLE, (I64, [3])), ([3, None], [None]), ([None, None], [None]),
+         bad=((1, [], RANK),)),
     Case("MxRowStoreWriteRows", (HANDLE, (I64, [3]), (F32, [3, 8])), (), (),
          bad=((1, [3, 1], RANK), (2, [3], RANK), (2, [2, 8], DIMS))),
     _handle_only("MxRowStoreExport", ([None, None], [None])),
@@ -120,31 +121,32 @@ CASES = (
     # Host/SSD tiers: native/ops/tier_store_ops.cc.
     _handle_op("MxTierStoreHandle"),
     _handle_only("MxTierStoreCreate", (), TIERS),
-    Case("MxTierStoreSwap", (HANDLE, (I64, [2]), (I64, [3]), (I64, [4]), (F32, [4, 8])),
-         ([3, 8], [3]), ([None, None], [None]),
-         bad=((1, [2, 1], RANK), (2, [], RANK), (3, [4, 1], RANK), (4, [4], RANK),
-              (4, [5, 8], DIMS))),
+    Case(
+        "MxTierStoreSwap", (HANDLE, (I64, [2]), (I64, [3]), (I64, [4]), (F32, [4, 8])),
+        ([3, 8], [3]), ([None, None], [None]),
+        bad=((1, [2, 1], RANK), (2, [], RANK), (3, [4, 1], RANK), (4, [4], RANK), (4, [5,
+                                                                                       8], DIMS))),
     Case("MxTierStoreRead", (HANDLE, (I64, [3])), ([3, None], [3]), ([None, None], [None]),
          bad=((1, [3, 1], RANK),)),
-    Case("MxTierStoreExport", (HANDLE, (I64, [2])), ([None], [None, None]),
-         ([None], [None, None]), bad=((1, [], RANK),)),
+    Case("MxTierStoreExport", (HANDLE, (I64, [2])), ([None], [None, None]), ([None], [None, None]),
+         bad=((1, [], RANK),)),
     Case("MxTierStoreImport", (HANDLE, (I64, [3]), (F32, [3, 8])), (), (), TIERS,
          bad=((1, [3, 1], RANK), (2, [3], RANK), (2, [2, 8], DIMS), (2, [3, 7], DIMS))),
     _handle_only("MxTierStoreStats", _scalars(4)),
     # Device cache: native/ops/device_cache_ops.cc.
     _handle_op("MxDeviceCacheHandle"),
     _handle_only("MxDeviceCacheCreate", (), CACHE),
-    Case("MxDeviceCachePlan", (HANDLE, (I64, [3])), ([3], []), ([None], []),
-         bad=((1, [3, 1], RANK),)),
+    Case("MxDeviceCachePlan", (HANDLE, (I64, [3])), ([3], []), ([None], []), bad=((1, [3,
+                                                                                       1], RANK),)),
     Case("MxDeviceCacheApply", (HANDLE, (I64, [])), _vectors(6), _vectors(6),
          bad=((1, [1], RANK),)),
     Case("MxDeviceCacheFinish", (HANDLE, (I64, [])), (), (), bad=((1, [1], RANK),)),
     Case("MxDeviceCacheRelease", (HANDLE, (I64, [3])), (), (), bad=((1, [], RANK),)),
-    Case("MxDeviceCacheLocate", (HANDLE, (I64, [3])), ([3],), ([None],),
-         bad=((1, [3, 1], RANK),)),
-    _handle_only("MxDeviceCacheExportState", _vectors(5) + ([5],)),
-    Case("MxDeviceCacheImportState", (HANDLE,) + ((I64, [4]),) * 5 + ((I64, [5]),), (), (),
-         CACHE, bad=tuple((i, [4, 1], RANK) for i in range(1, 7))),
+    Case("MxDeviceCacheLocate", (HANDLE, (I64, [3])), ([3],), ([None],), bad=((1, [3, 1], RANK),)),
+    _handle_only("MxDeviceCacheExportState",
+                 _vectors(5) + ([5],)),
+    Case("MxDeviceCacheImportState", (HANDLE,) + ((I64, [4]),) * 5 + ((I64, [5]),), (), (), CACHE,
+         bad=tuple((i, [4, 1], RANK) for i in range(1, 7))),
     _handle_only("MxDeviceCacheStats", _scalars(6)),
 )
 
@@ -160,8 +162,9 @@ def _snake(op):
 def _output_shapes(case, shapes):
   """Builds `case.op` on placeholders of `shapes`; returns its static output shapes."""
   with tf.Graph().as_default():
-    inputs = [tf.compat.v1.placeholder(dtype, shape)
-              for (dtype, _), shape in zip(case.inputs, shapes)]
+    inputs = [
+        tf.compat.v1.placeholder(dtype, shape) for (dtype, _), shape in zip(case.inputs, shapes)
+    ]
     result = getattr(native_ops.load(), _snake(case.op))(*inputs, **case.attrs)
     op = result if isinstance(result, tf.Operation) else tf.nest.flatten(result)[0].op
     assert op.type == case.op

@@ -21,8 +21,7 @@ import sys
 REPO = pathlib.Path(__file__).resolve().parents[2]
 TIMEOUT_S = 300  # A guard against a hung case only.
 
-GOOD_LIST = {"context": {"user_id": 7}, "examples": [{"item_id": 1, "weight": 1.0},
-                                                     {"item_id": 2}]}
+GOOD_LIST = {"context": {"user_id": 7}, "examples": [{"item_id": 1, "weight": 1.0}, {"item_id": 2}]}
 JOB = ("builder: movielens_listwise\npipeline:\n  model_dir: {tmp}/run\n"
        "  learning_rate: 0.01\n")
 
@@ -37,8 +36,8 @@ def _lists(*changes):
 
 
 def _predict(name, text, code, fragment, data_file="lists.json"):
-  return (name, ["predict", "{model}", "--input", "{tmp}/" + data_file],
-          {data_file: text}, code, fragment)
+  return (name, ["predict", "{model}", "--input",
+                 "{tmp}/" + data_file], {data_file: text}, code, fragment)
 
 
 def _config(name, text, code, fragment, *sets):
@@ -50,8 +49,8 @@ def _sweep(name, storage, code, fragment):
   sweep = ("base_config: {repo}/configs/movielens_listwise.yaml\nstudy_name: robust\n"
            "sweep_dir: {tmp}/sweep\nsearch_space:\n"
            "  model.dropout: {type: float, low: 0.0, high: 0.3}\n")
-  return (name, ["sweep", "{tmp}/sweep.yaml", "--timeout", "0.001", "--storage", storage],
-          {"sweep.yaml": sweep}, code, fragment)
+  return (name, ["sweep", "{tmp}/sweep.yaml", "--timeout", "0.001", "--storage",
+                 storage], {"sweep.yaml": sweep}, code, fragment)
 
 
 CASES = [
@@ -83,12 +82,11 @@ CASES = [
              'list 0: "examples" must be an array of objects'),
     _predict("predict unknown list key", '[{"examples": [], "exmples": []}]', 2,
              "list 0: unknown keys ['exmples']"),
-    _predict("predict not TFRecord", "not a record", 2,
-             "lists.tfrecord: not an ELWC TFRecord file", "lists.tfrecord"),
+    _predict("predict not TFRecord", "not a record", 2, "lists.tfrecord: not an ELWC TFRecord file",
+             "lists.tfrecord"),
     ("predict no model", ["predict", "{tmp}/nothing", "--input", "{tmp}/lists.json"],
      {"lists.json": _lists()}, 2, "nothing: not a SavedModel directory"),
-    ("predict no input", ["predict", "{model}", "--input", "{tmp}/none.json"], {}, 2,
-     "none.json"),
+    ("predict no input", ["predict", "{model}", "--input", "{tmp}/none.json"], {}, 2, "none.json"),
     _predict("predict NaN score", _lists((0, 1, "weight", -1.0)), 0,
              '{"scores": [[1.0, null], [1.0, 2.0]]}'),
     # Job configs.
@@ -111,8 +109,8 @@ CASES = [
             "`optimizer` must be one of ['adadelta', 'adagrad', 'adam'"),
     _config("config unknown loss reduction", JOB + "  loss_reduction: mean\n", 2,
             "`loss_reduction` must be one of ['auto', 'none', 'sum', 'sum_over_batch_size']"),
-    _config("config not UTF-8", JOB.encode() + b"# caf\xe9\n", 2,
-            "job.yaml is not UTF-8 text: byte 0xe9 on line 5"),
+    _config("config not UTF-8",
+            JOB.encode() + b"# caf\xe9\n", 2, "job.yaml is not UTF-8 text: byte 0xe9 on line 5"),
     ("config missing file", ["export", "{tmp}/nope.yaml"], {}, 2, "cannot read config"),
     # Sweep storage (none of these reaches a trial).
     _sweep("storage missing SQLite dir", "sqlite:///{tmp}/no/such/dir/study.db", 2,
@@ -151,8 +149,8 @@ def run_case(case, tmp: pathlib.Path, pythonpath: str, model: str = "", pg: str 
       path.write_text(fill(content, values))
   env = {**os.environ, "PYTHONPATH": pythonpath, "TF_CPP_MIN_LOG_LEVEL": "3"}
   process = subprocess.run(
-      [sys.executable, "-m", "mxrec_pipeline.cli", *(fill(a, values) for a in args)],
-      cwd=tmp, env=env, capture_output=True, text=True, timeout=TIMEOUT_S, check=False)
+      [sys.executable, "-m", "mxrec_pipeline.cli", *(fill(a, values) for a in args)], cwd=tmp,
+      env=env, capture_output=True, text=True, timeout=TIMEOUT_S, check=False)
   return process.returncode, process.stdout, process.stderr
 
 
@@ -178,8 +176,9 @@ if __name__ == "__main__":
   counts = collections.Counter()
   with tempfile.TemporaryDirectory() as base:
     model = os.path.join(base, "model")
-    subprocess.run([sys.executable, str(pathlib.Path(__file__).parent / "tiny_model.py"), model],
-                   check=True, capture_output=True, timeout=TIMEOUT_S)
+    subprocess.run([sys.executable,
+                    str(pathlib.Path(__file__).parent / "tiny_model.py"), model], check=True,
+                   capture_output=True, timeout=TIMEOUT_S)
     for i, case in enumerate(CASES):
       if any("{pg}" in a for a in case[1]) or sys.argv[2:3] and sys.argv[2] not in case[0]:
         continue

@@ -15,13 +15,14 @@ import sys
 import pytest
 
 import robustness_cases as cases
-from test_sweep_postgres import postgres_url  # pylint: disable=unused-import
+from test_sweep_postgres import postgres_url  # noqa: F401  pylint: disable=unused-import (a fixture)
 
 
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory):
   path = tmp_path_factory.mktemp("tiny") / "model"
-  subprocess.run([sys.executable, str(pathlib.Path(__file__).parent / "tiny_model.py"),
+  subprocess.run([sys.executable,
+                  str(pathlib.Path(__file__).parent / "tiny_model.py"),
                   str(path)], check=True, capture_output=True, timeout=cases.TIMEOUT_S,
                  env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
   return str(path)

@@ -21,8 +21,7 @@ def test_repeated_keys_are_refused(text, message):
 
 
 def test_merge_keys_may_be_overridden():
-  assert yaml_io.safe_load("base: &b {a: 1, c: 3}\nx:\n  <<: *b\n  a: 2\n")["x"] == {
-      "a": 2, "c": 3}
+  assert yaml_io.safe_load("base: &b {a: 1, c: 3}\nx:\n  <<: *b\n  a: 2\n")["x"] == {"a": 2, "c": 3}
 
 
 def test_same_values_as_safe_load_otherwise():
@@ -33,7 +32,7 @@ def test_same_values_as_safe_load_otherwise():
 @pytest.mark.parametrize("data, message", [
     (b"a: 1\nb: caf\xe9\n", r"config .*bad.yaml is not UTF-8 text: byte 0xe9 on line 2"),
     (b"a: [1\n", r"config .*bad.yaml is not valid YAML: while parsing a flow sequence: "
-                 r"expected ',' or '\]', but got '<stream end>' at line 2, column 1$"),
+     r"expected ',' or '\]', but got '<stream end>' at line 2, column 1$"),
     (b"a: 1\na: 2\n", r"config .*bad.yaml is not valid YAML: duplicate key 'a' \(lines 1 and 2\)"),
     (b"- 1\n", r"config .*bad.yaml must be a mapping$"),
 ])

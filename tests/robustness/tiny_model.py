@@ -18,20 +18,21 @@ import tensorflow_ranking as tfr
 
 F = tf.io.FixedLenFeature
 CONTEXT = {"user_id": F([1], tf.int64, default_value=0)}
-EXAMPLE = {"item_id": F([1], tf.int64, default_value=0),
-           "weight": F([1], tf.float32, default_value=1.0)}
+EXAMPLE = {
+    "item_id": F([1], tf.int64, default_value=0), "weight": F([1], tf.float32, default_value=1.0)
+}
 
 
 class TinyModule(tf.Module):
 
   @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="examples")])
   def serve(self, examples):
-    features = tfr.data.parse_from_example_list(
-        examples, context_feature_spec=CONTEXT, example_feature_spec=EXAMPLE,
-        mask_feature_name="mask")
+    features = tfr.data.parse_from_example_list(examples, context_feature_spec=CONTEXT,
+                                                example_feature_spec=EXAMPLE,
+                                                mask_feature_name="mask")
     user = tf.cast(features["user_id"], tf.float32)[:, tf.newaxis, :]  # [batch_size, 1, 1]
-    scores = (tf.math.log(features["weight"]) + tf.cast(features["item_id"], tf.float32)
-              + 0.0 * user)
+    scores = (tf.math.log(features["weight"]) + tf.cast(features["item_id"], tf.float32) +
+              0.0 * user)
     return {"scores": tf.squeeze(scores, -1)}
 
 

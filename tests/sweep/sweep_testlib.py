@@ -14,9 +14,10 @@ REPO = pathlib.Path(__file__).resolve().parents[2]
 SWEEP_CONFIG = REPO / "configs" / "sweep_movielens.yaml"
 # A trial trains 2 steps in each of 2 epochs and validates on one batch per
 # epoch (metrics.json is still on the whole validation split).
-TINY = {"pipeline.num_epochs": 2, "pipeline.num_train_steps": 2, "pipeline.num_valid_steps": 1,
-        "pipeline.strategy": None, "pipeline.export_best_model": False,
-        "dataset.valid_batch_size": 256}
+TINY = {
+    "pipeline.num_epochs": 2, "pipeline.num_train_steps": 2, "pipeline.num_valid_steps": 1,
+    "pipeline.strategy": None, "pipeline.export_best_model": False, "dataset.valid_batch_size": 256
+}
 POLL_S = 0.2
 HANG_GUARD_S = 600  # Only a guard against a hung test; nothing asserts on time.
 
@@ -39,8 +40,8 @@ def sweep_command(config_path, *args) -> list[str]:
 
 
 def run_sweep(config_path, *args) -> subprocess.CompletedProcess:
-  return subprocess.run(sweep_command(config_path, *args), capture_output=True, text=True,
-                        cwd=REPO, timeout=HANG_GUARD_S, check=False)
+  return subprocess.run(sweep_command(config_path, *args), capture_output=True, text=True, cwd=REPO,
+                        timeout=HANG_GUARD_S, check=False)
 
 
 def sqlite_url(config_path) -> str:

@@ -22,10 +22,12 @@ from mxrec_pipeline.sweep import space as space_lib
 from mxrec_pipeline.sweep import storage as storage_lib
 from mxrec_pipeline.sweep import trial as trial_lib
 
-BASE = {"base_config": str(lib.REPO / "configs" / "movielens_listwise.yaml"),
-        "study_name": "s",
-        "search_space": {"pipeline.learning_rate": {"type": "float", "low": 1e-4, "high": 0.1,
-                                                    "log": True}}}
+BASE = {
+    "base_config": str(lib.REPO / "configs" / "movielens_listwise.yaml"), "study_name": "s",
+    "search_space": {
+        "pipeline.learning_rate": {"type": "float", "low": 1e-4, "high": 0.1, "log": True}
+    }
+}
 
 
 def _load(tmp_path, raw, **kwargs):
@@ -41,7 +43,8 @@ def test_shipped_config_loads_with_defaults_resolved():
   assert config.storage_url == f"sqlite:///{config.sweep_dir}/study.db"
   assert {p.key for p in config.search_space} >= {
       "pipeline.learning_rate", "model.id_dim", "model.attribute_dim", "pipeline.loss",
-      "model.hidden_layer_dims"}
+      "model.hidden_layer_dims"
+  }
   assert config_lib.from_dict(config.to_dict()) == config
   runner.check_against_base(config)
 
@@ -56,29 +59,32 @@ def test_command_line_values_replace_the_files(tmp_path):
 
 @pytest.mark.parametrize("change, message", [
     ({"extra": 1}, r"unknown sweep config keys \['extra'\]"),
-    ({"search_space": {"pipeline.learning_rate": {"type": "normal"}}},
-     r"search_space\.pipeline\.learning_rate: `type` must be one of"),
-    ({"search_space": {"pipeline.learning_rate": {"type": "float", "low": 0.1, "high": 0.01}}},
-     r"search_space\.pipeline\.learning_rate: `low` must be <= `high`, got low=0.1, high=0.01"),
-    ({"search_space": {"pipeline.learning_rate": {"type": "float", "low": 0, "high": 1,
-                                                  "log": True}}}, r"`log` needs `low` > 0"),
-    ({"search_space": {"model.id_dim": {"type": "int", "low": 8.5, "high": 32}}},
-     r"search_space\.model\.id_dim: `low` must be an int, got 8.5"),
-    ({"search_space": {"pipeline.loss": {"type": "categorical", "choices": []}}},
-     r"search_space\.pipeline\.loss: `choices` must be a non-empty list"),
-    ({"search_space": {"pipeline.loss": {"type": "categorical", "choices": ["a"], "lo": 1}}},
-     r"search_space\.pipeline\.loss: unknown fields \['lo'\]"),
-    ({"search_space": {"learning_rate": {"type": "float", "low": 1, "high": 2}}},
-     r"dotted job-config keys"),
-    ({"search_space": {"pipeline.model_dir": {"type": "categorical", "choices": ["/a"]}}},
-     r"pipeline\.model_dir is set by the sweep"),
-    ({"overrides": {"pipeline.learning_rate": 0.1}},
-     r"\['pipeline\.learning_rate'\] are both in `search_space` and `overrides`"),
+    ({"search_space": {"pipeline.learning_rate": {"type": "normal"}}
+     }, r"search_space\.pipeline\.learning_rate: `type` must be one of"),
+    ({"search_space": {"pipeline.learning_rate": {"type": "float", "low": 0.1, "high": 0.01}}
+     }, r"search_space\.pipeline\.learning_rate: `low` must be <= `high`, got low=0.1, high=0.01"),
+    ({
+        "search_space":
+            {"pipeline.learning_rate": {"type": "float", "low": 0, "high": 1, "log": True}}
+    }, r"`log` needs `low` > 0"),
+    ({"search_space": {"model.id_dim": {"type": "int", "low": 8.5, "high": 32}}
+     }, r"search_space\.model\.id_dim: `low` must be an int, got 8.5"),
+    ({"search_space": {"pipeline.loss": {"type": "categorical", "choices": []}}
+     }, r"search_space\.pipeline\.loss: `choices` must be a non-empty list"),
+    ({"search_space": {"pipeline.loss": {"type": "categorical", "choices": ["a"], "lo": 1}}
+     }, r"search_space\.pipeline\.loss: unknown fields \['lo'\]"),
+    ({"search_space": {"learning_rate": {"type": "float", "low": 1, "high": 2}}
+     }, r"dotted job-config keys"),
+    ({"search_space": {"pipeline.model_dir": {"type": "categorical", "choices": ["/a"]}}
+     }, r"pipeline\.model_dir is set by the sweep"),
+    ({"overrides": {"pipeline.learning_rate": 0.1}
+     }, r"\['pipeline\.learning_rate'\] are both in `search_space` and `overrides`"),
     ({"sampler": {"name": "grid"}}, r"unsupported sampler 'grid'; supported: \['random', 'tpe'\]"),
-    ({"sampler": {"name": "tpe", "options": {"n_startup": 3}}}, r"sampler\.options \['n_startup'\]"),
+    ({"sampler": {"name": "tpe", "options": {"n_startup": 3}}
+     }, r"sampler\.options \['n_startup'\]"),
     ({"sampler": {"name": "tpe", "options": {"seed": 3}}}, r"use sampler\.seed"),
-    ({"pruner": {"name": "asha"}},
-     r"unsupported pruner 'asha'; supported: \['hyperband', 'median', 'none'\]"),
+    ({"pruner": {"name": "asha"}
+     }, r"unsupported pruner 'asha'; supported: \['hyperband', 'median', 'none'\]"),
     ({"pruner": {"name": "median", "options": {"warmup": 1}}}, r"pruner\.options \['warmup'\]"),
     ({"objective": {"direction": "up"}}, r"objective: `direction` must be 'maximize' or"),
     ({"n_trials": 0}, r"`n_trials` must be a positive int, got 0"),
@@ -91,12 +97,12 @@ def test_bad_sweep_configs_name_the_key(tmp_path, change, message):
 
 
 @pytest.mark.parametrize("param, message", [
-    ({"model.nope": {"type": "int", "low": 1, "high": 2}},
-     r"search_space\.model\.nope: not a key of the movielens_listwise job config"),
-    ({"model.dropout": {"type": "categorical", "choices": [0.0, 1.5]}},
-     r"search_space\.model\.dropout: 1\.5 gives an invalid config: .*model\.dropout must be in"),
-    ({"pipeline.loss": {"type": "categorical", "choices": ["softmax_loss", "nope_loss"]}},
-     r"search_space\.pipeline\.loss: 'nope_loss' gives an invalid config"),
+    ({"model.nope": {"type": "int", "low": 1, "high": 2}
+     }, r"search_space\.model\.nope: not a key of the movielens_listwise job config"),
+    ({"model.dropout": {"type": "categorical", "choices": [0.0, 1.5]}
+     }, r"search_space\.model\.dropout: 1\.5 gives an invalid config: .*model\.dropout must be in"),
+    ({"pipeline.loss": {"type": "categorical", "choices": ["softmax_loss", "nope_loss"]}
+     }, r"search_space\.pipeline\.loss: 'nope_loss' gives an invalid config"),
 ])
 def test_search_space_is_checked_against_the_base_config(tmp_path, param, message):
   config = _load(tmp_path, {**BASE, "search_space": param})
@@ -120,11 +126,16 @@ def test_cli_exits_2_naming_the_key(tmp_path, capsys):
 
 
 def test_sampled_values_become_overrides_of_a_valid_job(tmp_path):
-  config = _load(tmp_path, {**BASE, "search_space": {
-      "pipeline.learning_rate": {"type": "float", "low": "1e-4", "high": 0.1, "log": True},
-      "model.attribute_dim": {"type": "int", "low": 4, "high": 16, "step": 4},
-      "model.hidden_layer_dims": {"type": "categorical", "choices": [[64, 32], [16]]},
-      "pipeline.loss": {"type": "categorical", "choices": ["softmax_loss", "list_mle_loss"]}}})
+  config = _load(
+      tmp_path, {
+          **BASE, "search_space": {
+              "pipeline.learning_rate": {"type": "float", "low": "1e-4", "high": 0.1, "log": True},
+              "model.attribute_dim": {"type": "int", "low": 4, "high": 16, "step": 4},
+              "model.hidden_layer_dims": {"type": "categorical", "choices": [[64, 32], [16]]},
+              "pipeline.loss":
+                  {"type": "categorical", "choices": ["softmax_loss", "list_mle_loss"]}
+          }
+      })
   assert config.param("pipeline.learning_rate").low == 1e-4  # YAML's "1e-4" is a string.
   study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
   for _ in range(8):
@@ -203,8 +214,8 @@ def test_errors_are_one_line_without_tensorflow_traced_frames():
   message = ('in user code:\n\n    File "/x/training.py", line 1401, in train_function  *\n'
              '        return step_function(self, iterator)\n\n'
              "    ValueError: `keys` must be a vector, got shape [2,2]\n")
-  assert trial_lib.describe_error(ValueError(message)) == (
-      "ValueError: `keys` must be a vector, got shape [2,2]")
+  assert trial_lib.describe_error(
+      ValueError(message)) == ("ValueError: `keys` must be a vector, got shape [2,2]")
   assert trial_lib.describe_error(KeyError("a")) == "KeyError: 'a'"
 
 
@@ -213,8 +224,11 @@ def test_a_study_resumes_only_with_its_own_search_space_and_objective(tmp_path):
   storage = storage_lib.open_storage(config)
   runner.open_study(config, storage)
   assert runner.open_study(config, storage).study_name == "s"  # Resumed.
-  wider = _load(tmp_path, {**BASE, "search_space": {
-      "pipeline.learning_rate": {"type": "float", "low": 1e-5, "high": 0.1, "log": True}}})
+  wider = _load(
+      tmp_path, {
+          **BASE, "search_space":
+              {"pipeline.learning_rate": {"type": "float", "low": 1e-5, "high": 0.1, "log": True}}
+      })
   with pytest.raises(config_lib.SweepConfigError,
                      match=r"differs in \['pipeline\.learning_rate'\].*new study_name"):
     runner.open_study(wider, storage)

@@ -13,6 +13,9 @@ from mxrec_pipeline.sweep import reporting
 from mxrec_pipeline.sweep import storage as storage_lib
 from mxrec_pipeline.sweep import worker as worker_lib
 
+# Sweeps the real MovieLens job through the CLI: subprocess trainings.
+pytestmark = pytest.mark.slow
+
 N_TRIALS = 3
 
 
@@ -20,8 +23,9 @@ N_TRIALS = 3
 def sweep(tmp_path_factory):
   """configs/sweep_movielens.yaml, tiny trials, median pruning from the second trial."""
   tmp = tmp_path_factory.mktemp("sweep")
-  path = lib.write_config(tmp, "movielens", pruner={
-      "name": "median", "options": {"n_startup_trials": 1, "n_warmup_steps": 0}})
+  path = lib.write_config(
+      tmp, "movielens",
+      pruner={"name": "median", "options": {"n_startup_trials": 1, "n_warmup_steps": 0}})
   result = lib.run_sweep(path, "--n-trials", N_TRIALS)
   assert result.returncode == 0, result.stderr[-3000:]
   study = lib.load_study(lib.sqlite_url(path), "movielens")
@@ -32,8 +36,8 @@ def test_study_ends_with_n_trials_complete_or_pruned(sweep):
   _, _, study, sweep_dir = sweep
   trials = study.get_trials()
   assert len(trials) == N_TRIALS
-  assert {t.state for t in trials} <= {optuna.trial.TrialState.COMPLETE,
-                                        optuna.trial.TrialState.PRUNED}
+  assert {t.state for t in trials
+         } <= {optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED}
   assert trials[0].state == optuna.trial.TrialState.COMPLETE  # No pruning before one finishes.
   for trial in trials:
     model_dir = trial.user_attrs[worker_lib.MODEL_DIR_ATTR]
@@ -66,8 +70,8 @@ def test_best_config_trains_the_best_params_and_best_model_serves(sweep):
   assert config.pipeline.learning_rate == best.params["pipeline.learning_rate"]
   assert config.model.id_dim == best.params["model.id_dim"]
   assert config.pipeline.loss == best.params["pipeline.loss"]
-  assert json.dumps(config.model.hidden_layer_dims, separators=(", ", ": ")) == (
-      best.params["model.hidden_layer_dims"])
+  assert json.dumps(config.model.hidden_layer_dims,
+                    separators=(", ", ": ")) == (best.params["model.hidden_layer_dims"])
   assert config.pipeline.num_train_steps == lib.TINY["pipeline.num_train_steps"]
   assert config.pipeline.model_dir == str(sweep_dir / reporting.RETRAIN_DIR)
   with open(sweep_dir / reporting.BEST_TRIAL, encoding="utf-8") as f:

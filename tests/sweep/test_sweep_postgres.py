@@ -22,6 +22,9 @@ import sweep_testlib as lib
 from mxrec_pipeline.sweep import storage as storage_lib
 from mxrec_pipeline.sweep import worker as worker_lib
 
+# Starts a PostgreSQL server; two worker processes train trials of one study.
+pytestmark = [pytest.mark.postgres, pytest.mark.cluster, pytest.mark.slow]
+
 N_TRIALS = 3
 
 
@@ -56,12 +59,16 @@ def postgres_url():
   port = _free_loopback_port()
   pg_ctl = [*as_postgres, os.path.join(bin_dir, "pg_ctl"), "-D", data]
   try:
-    subprocess.run([*as_postgres, os.path.join(bin_dir, "initdb"), "-D", data, "-U", "postgres",
-                    "--auth=trust", "--encoding=UTF8", "--no-sync"],
-                   check=True, capture_output=True)
-    subprocess.run([*pg_ctl, "-l", os.path.join(base, "server.log"), "-w", "-t", "120",
-                    "-o", f"-p {port} -k {base} -c listen_addresses=127.0.0.1", "start"],
-                   check=True, capture_output=True)
+    subprocess.run([
+        *as_postgres,
+        os.path.join(bin_dir, "initdb"), "-D", data, "-U", "postgres", "--auth=trust",
+        "--encoding=UTF8", "--no-sync"
+    ], check=True, capture_output=True)
+    subprocess.run([
+        *pg_ctl, "-l",
+        os.path.join(base, "server.log"), "-w", "-t", "120", "-o",
+        f"-p {port} -k {base} -c listen_addresses=127.0.0.1", "start"
+    ], check=True, capture_output=True)
     yield f"postgresql+psycopg2://postgres@127.0.0.1:{port}/postgres"
   finally:
     subprocess.run([*pg_ctl, "-m", "immediate", "-w", "stop"], capture_output=True, check=False)

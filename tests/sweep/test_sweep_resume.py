@@ -5,10 +5,14 @@ import signal
 import subprocess
 
 import optuna
+import pytest
 
 import sweep_testlib as lib
 from mxrec_pipeline.sweep import storage as storage_lib
 from mxrec_pipeline.sweep import worker as worker_lib
+
+# Kills and reruns sweep worker processes that train.
+pytestmark = pytest.mark.slow
 
 TrialState = optuna.trial.TrialState
 
@@ -30,14 +34,12 @@ def test_killed_trial_and_killed_sweep_end_with_the_right_count(tmp_path):
       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
   try:
     # 1. Trial 0's process dies (as under the OOM killer): FAIL, the sweep goes on.
-    pid = lib.wait_for(lambda: _running_pid(url, 0),
-                       "trial 0 running", sweep)
+    pid = lib.wait_for(lambda: _running_pid(url, 0), "trial 0 running", sweep)
     os.kill(pid, signal.SIGKILL)
     lib.wait_for(lambda: lib.states(lib.load_study(url, "resume")).get(1) == "COMPLETE",
                  "trial 1 complete", sweep)
     # 2. The whole sweep is killed while trial 2 runs: it stays RUNNING for now.
-    lib.wait_for(lambda: _running_pid(url, 2),
-                 "trial 2 running", sweep)
+    lib.wait_for(lambda: _running_pid(url, 2), "trial 2 running", sweep)
     os.killpg(sweep.pid, signal.SIGKILL)
     sweep.wait()
   finally:
@@ -62,8 +64,8 @@ def test_ctrl_c_stops_workers_and_leaves_no_running_trial(tmp_path):
   path = lib.write_config(tmp_path, "interrupted", pruner={"name": "none"})
   url = lib.sqlite_url(path)
   sweep = subprocess.Popen(  # pylint: disable=consider-using-with
-      lib.sweep_command(path, "--n-trials", 2, "--n-jobs", 2), cwd=lib.REPO,
-      start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+      lib.sweep_command(path, "--n-trials", 2, "--n-jobs", 2), cwd=lib.REPO, start_new_session=True,
+      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
   try:
     lib.wait_for(lambda: _running_pid(url, 0, "interrupted"), "trial 0 running", sweep)
     os.killpg(sweep.pid, signal.SIGINT)  # What Ctrl-C in a terminal does.

@@ -64,10 +64,11 @@ def defer_insertion(table, ids: tf.Tensor, is_train: bool) -> tuple[tf.Tensor, t
     with tf.control_dependencies([guard]):
       # Static shapes as the real tensors will have them: a constant-folded
       # shape here would leak into gradient ops built before the rewrite.
-      unique_rows = tf.compat.v1.placeholder_with_default(
-          tf.zeros([0], tf.int64), shape=[None], name="unique_rows")
-      restore = tf.compat.v1.placeholder_with_default(
-          tf.zeros_like(ids, dtype=tf.int32), shape=ids.shape, name="restore")
-  graph.add_to_collection(PENDING_LOOKUPS, PendingLookup(
-      table.table_name, ids, is_train, unique_rows, restore, f"modify_graph_{index}"))
+      unique_rows = tf.compat.v1.placeholder_with_default(tf.zeros([0], tf.int64), shape=[None],
+                                                          name="unique_rows")
+      restore = tf.compat.v1.placeholder_with_default(tf.zeros_like(ids, dtype=tf.int32),
+                                                      shape=ids.shape, name="restore")
+  graph.add_to_collection(
+      PENDING_LOOKUPS,
+      PendingLookup(table.table_name, ids, is_train, unique_rows, restore, f"modify_graph_{index}"))
   return unique_rows, restore

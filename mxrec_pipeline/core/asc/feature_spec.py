@@ -65,10 +65,10 @@ class FeatureSpec:
     if not isinstance(name, str) or not name:
       raise ValueError(f"FeatureSpec `name` must be a non-empty string, got {name!r}")
     for arg, value, low in (("access_threshold", access_threshold, 0),
-                            ("eviction_threshold", eviction_threshold, 0),
-                            ("faae_coefficient", faae_coefficient, 1)):
-      if value is not None and (isinstance(value, bool) or not isinstance(value, int)
-                                or value < low):
+                            ("eviction_threshold", eviction_threshold, 0), ("faae_coefficient",
+                                                                            faae_coefficient, 1)):
+      if value is not None and (isinstance(value, bool) or not isinstance(value, int) or
+                                value < low):
         raise ValueError(f"FeatureSpec '{name}': `{arg}` must be None or an int >= {low}, "
                          f"got {value!r}")
     self.access_threshold = access_threshold
@@ -79,8 +79,8 @@ class FeatureSpec:
     self.table_name = table_name or name
     self.index_key = index_key or name
     self.batch_size = batch_size
-    if feat_count is not None and (isinstance(feat_count, bool) or not isinstance(feat_count, int)
-                                   or feat_count <= 0):
+    if feat_count is not None and (isinstance(feat_count, bool) or
+                                   not isinstance(feat_count, int) or feat_count <= 0):
       raise ValueError(f"FeatureSpec '{name}': `feat_count` must be a positive int, "
                        f"got {feat_count!r}")
     self.feat_count = feat_count

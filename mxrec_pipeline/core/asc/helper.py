@@ -33,8 +33,9 @@ def get_asc_insert_func(tgt_key_specs: Sequence[fs.FeatureSpec], is_training: bo
   distinct ids (all features of the table together, first-occurrence order;
   for a tiered table in training, device slots of its device-cache plan, whose
   token goes to `plan_key(table)`, [1] int64) and, per feature,
-  `restore_key(feature)`: int32 positions in those unique rows, shaped like the ids (a dense tensor of any rank, or a tf.RaggedTensor
-  with the ids' row partitions, for multi-valued features).
+  `restore_key(feature)`: int32 positions in those unique rows, shaped like the
+  ids (a dense tensor of any rank, or a tf.RaggedTensor with the ids' row
+  partitions, for multi-valued features).
   sparse_lookup(table, spec, batch=batch) reads them.
 
   Args:
@@ -83,8 +84,7 @@ def get_asc_insert_func(tgt_key_specs: Sequence[fs.FeatureSpec], is_training: bo
     tokens = {}
 
     def native_insert(table_name, keys, counts):
-      rows, restore = admission.insert(container, table_name, keys, is_training, counts,
-                                       timestamp)
+      rows, restore = admission.insert(container, table_name, keys, is_training, counts, timestamp)
       table = run.tables.get(table_name)
       if table is not None and table.is_tiered:
         # Tiered table: the key process plans the device cache (core/tiers.py).
@@ -113,8 +113,9 @@ def _configure_admission(by_table: dict[str, list[fs.FeatureSpec]], has_timestam
       if spec.eviction_threshold is not None and not has_timestamp:
         raise ValueError(f"FeatureSpec '{spec.name}': eviction_threshold needs a FeatureSpec "
                          "with is_timestamp=True in the same get_asc_insert_func")
-      admission.configure(table_name, admission.AdmitEvictConfig(
-          spec.access_threshold, spec.eviction_threshold), f"FeatureSpec '{spec.name}'")
+      admission.configure(
+          table_name, admission.AdmitEvictConfig(spec.access_threshold, spec.eviction_threshold),
+          f"FeatureSpec '{spec.name}'")
 
 
 def group_by_table(specs: Sequence[fs.FeatureSpec]) -> dict[str, list[fs.FeatureSpec]]:
@@ -157,9 +158,8 @@ def insert_ids(features: dict, by_table: dict[str, list[fs.FeatureSpec]], insert
     flat_keys = []
     for spec in table_specs:
       if spec.index_key not in features:
-        raise ValueError(
-            f"FeatureSpec '{spec.name}': batch has no key '{spec.index_key}'; "
-            f"keys are {sorted(features)}")
+        raise ValueError(f"FeatureSpec '{spec.name}': batch has no key '{spec.index_key}'; "
+                         f"keys are {sorted(features)}")
       ids = features[spec.index_key]
       if spec.feat_count is not None and not isinstance(ids, tf.RaggedTensor):
         last = ids.shape[-1] if ids.shape.rank else None
@@ -168,16 +168,16 @@ def insert_ids(features: dict, by_table: dict[str, list[fs.FeatureSpec]], insert
                            f"feat_count says {spec.feat_count}")
       values = ids.flat_values if isinstance(ids, tf.RaggedTensor) else ids
       if not isinstance(values, tf.Tensor):
-        raise ValueError(
-            f"FeatureSpec '{spec.name}': ids must be a dense or ragged tensor, got "
-            f"{type(ids).__name__}")
+        raise ValueError(f"FeatureSpec '{spec.name}': ids must be a dense or ragged tensor, got "
+                         f"{type(ids).__name__}")
       keys = key_index.to_keys(values, what=f"FeatureSpec '{spec.name}'")
       flat_keys.append(tf.reshape(keys, [-1]))
     keys = flat_keys[0] if len(flat_keys) == 1 else tf.concat(flat_keys, axis=0)
     if with_counts:
-      counts = [tf.fill(tf.shape(k, out_type=tf.int64),
-                        tf.constant(spec.faae_coefficient, tf.int64))
-                for spec, k in zip(table_specs, flat_keys)]
+      counts = [
+          tf.fill(tf.shape(k, out_type=tf.int64), tf.constant(spec.faae_coefficient, tf.int64))
+          for spec, k in zip(table_specs, flat_keys)
+      ]
       counts = counts[0] if len(counts) == 1 else tf.concat(counts, axis=0)
       unique_rows, restore = insert_fn(table_name, keys, counts)
     else:

@@ -18,15 +18,17 @@ BATCHES = [
     np.array([[5, 1, 5], [5, 5, 6]], np.int64),
     np.array([[3, 3, 6], [1, 7, 2]], np.int64),
 ]
-TARGETS = [np.random.RandomState(step).normal(size=[2, 3, DIM]).astype(np.float32)
-           for step in range(len(BATCHES))]
+TARGETS = [
+    np.random.RandomState(step).normal(size=[2, 3, DIM]).astype(np.float32)
+    for step in range(len(BATCHES))
+]
 
 OPTIMIZERS = {
-    "lazy_adam": (lambda: lazy_adam.create_hash_optimizer(learning_rate=0.1, beta1=0.8,
-                                                          beta2=0.95, epsilon=1e-3),
+    "lazy_adam": (lambda: lazy_adam.create_hash_optimizer(learning_rate=0.1, beta1=0.8, beta2=0.95,
+                                                          epsilon=1e-3),
                   lambda: lib.NumpyLazyAdam(0.1, beta1=0.8, beta2=0.95, epsilon=1e-3), 0.0),
-    "gradient_descent": (lambda: gradient_descent.create_hash_optimizer(0.1),
-                         lambda: lib.NumpySgd(0.1), None),
+    "gradient_descent":
+        (lambda: gradient_descent.create_hash_optimizer(0.1), lambda: lib.NumpySgd(0.1), None),
     "adagrad": (lambda: adagrad.create_hash_optimizer(0.3, initial_accumulator_value=0.2),
                 lambda: lib.NumpyAdagrad(0.3, initial_accumulator_value=0.2), 0.2),
 }
@@ -83,8 +85,7 @@ def _run_session(make_optimizer):
         rows, slot_values, (keys, key_rows), iterations, gstep = sess.run(
             [table.variable, slots, export, optimizer.iterations, global_step])
         assert gstep == step + 1
-        states.append((rows, slot_values, dict(zip(keys.tolist(), key_rows.tolist())),
-                       iterations))
+        states.append((rows, slot_values, dict(zip(keys.tolist(), key_rows.tolist())), iterations))
   return states
 
 
@@ -101,15 +102,15 @@ def test_optimizer_equals_numpy_reference_step_by_step(optimizer_name, mode):
   make_optimizer, make_reference, slot_initial = OPTIMIZERS[optimizer_name]
   reference = make_reference()
   w = lib.initial_rows(CAPACITY, DIM).astype(np.float64)
-  slots = {name: np.full([CAPACITY, DIM], slot_initial, np.float64)
-           for name in reference.slot_names}
+  shape = [CAPACITY, DIM]
+  slots = {name: np.full(shape, slot_initial, np.float64) for name in reference.slot_names}
 
   states = RUNNERS[mode](make_optimizer)
   assert len(states) == len(BATCHES)
-  before_w, before_slots = lib.initial_rows(CAPACITY, DIM), {
-      name: s.astype(np.float32) for name, s in slots.items()}
-  for t, ((got_w, got_slots, index, iterations), ids, target) in enumerate(
-      zip(states, BATCHES, TARGETS), start=1):
+  before_w, before_slots = lib.initial_rows(
+      CAPACITY, DIM), {name: s.astype(np.float32) for name, s in slots.items()}
+  for t, ((got_w, got_slots, index, iterations), ids,
+          target) in enumerate(zip(states, BATCHES, TARGETS), start=1):
     rows = np.vectorize(index.get)(ids)
     grads = 2.0 * (w[rows] - target)  # d loss / d emb at every position.
     touched, summed = lib.summed_row_grads(rows.reshape(-1), grads.reshape(-1, DIM))
@@ -166,7 +167,7 @@ def test_apply_gradients_errors_and_none_gradients():
 
 @pytest.mark.parametrize("make, message", [
     (lambda: lazy_adam.create_hash_optimizer(learning_rate=0.0), r"`learning_rate` must be "
-                                                                 r"positive, got 0.0"),
+     r"positive, got 0.0"),
     (lambda: lazy_adam.create_hash_optimizer(beta1=1.0), r"`beta1` must be in \[0, 1\), got 1.0"),
     (lambda: lazy_adam.create_hash_optimizer(beta2=-0.1), r"`beta2` must be in \[0, 1\)"),
     (lambda: lazy_adam.create_hash_optimizer(epsilon=0), r"`epsilon` must be positive, got 0"),

@@ -16,10 +16,18 @@ from mxrec_pipeline.util.initialize import init, terminate_config_initializer
 
 import sparse_testlib as lib
 
-ITEM_BATCHES = [np.array([[1, 2, 1], [3, 4, 2]]), np.array([[5, 1, 6], [2, 2, 7]]),
-                np.array([[8, 3, 3], [9, 1, 5]]), np.array([[2, 10, 11], [4, 4, 12]])]
-USER_BATCHES = [np.array([100, 200]), np.array([300, 100]), np.array([200, 200]),
-                np.array([400, 500])]
+ITEM_BATCHES = [
+    np.array([[1, 2, 1], [3, 4, 2]]),
+    np.array([[5, 1, 6], [2, 2, 7]]),
+    np.array([[8, 3, 3], [9, 1, 5]]),
+    np.array([[2, 10, 11], [4, 4, 12]])
+]
+USER_BATCHES = [
+    np.array([100, 200]),
+    np.array([300, 100]),
+    np.array([200, 200]),
+    np.array([400, 500])
+]
 PROBE_ITEMS = np.array([1, 2, 5, 9, 12, 77])  # Trained, untrained and never-seen keys.
 MODES = ["plain", "expansion"]
 
@@ -35,19 +43,21 @@ def _build(mode, seed):
   dense = tf.compat.v1.get_variable("dense", initializer=tf.constant([0.5, -0.25, 1.0]))
   item_emb = embedding.sparse_lookup(item, item_ids)
   user_emb = embedding.sparse_lookup(user, user_ids)
-  loss = (tf.reduce_sum(tf.square(tf.reduce_sum(item_emb * dense, -1) - 1.0))
-          + tf.reduce_sum(tf.square(user_emb + 1.0)))
+  loss = (tf.reduce_sum(tf.square(tf.reduce_sum(item_emb * dense, -1) - 1.0)) +
+          tf.reduce_sum(tf.square(user_emb + 1.0)))
   global_step = tf.compat.v1.train.get_or_create_global_step()
-  sparse_optimizer = (lazy_adam_by_addr.create_hash_optimizer_by_address(0.1) if expansion
-                      else lazy_adam.create_hash_optimizer(0.1))
+  sparse_optimizer = (lazy_adam_by_addr.create_hash_optimizer_by_address(0.1)
+                      if expansion else lazy_adam.create_hash_optimizer(0.1))
   tables = [item.variable, user.variable]
   grads = tf.gradients(loss, [dense] + tables)
   train_op = tf.group(
       tf.compat.v1.train.AdamOptimizer(0.05).apply_gradients([(grads[0], dense)]),
       sparse_optimizer.apply_gradients(zip(grads[1:], tables), global_step=global_step))
   probe = embedding.sparse_lookup(item, tf.constant(PROBE_ITEMS), is_train=False)
-  state = {"dense": dense, "global_step": global_step, "probe": probe,
-           "iterations": sparse_optimizer.iterations}
+  state = {
+      "dense": dense, "global_step": global_step, "probe": probe,
+      "iterations": sparse_optimizer.iterations
+  }
   for table in (item, user):
     keys, rows = table.key_index.export()
     state[f"{table.table_name}/keys"], state[f"{table.table_name}/rows"] = keys, rows
@@ -55,8 +65,8 @@ def _build(mode, seed):
       state[f"{table.table_name}/values"] = table.store.read_rows(rows)[0]
     else:
       state[f"{table.table_name}/values"] = tf.concat(
-          [tf.gather(table.variable, rows)]
-          + [tf.gather(sparse_optimizer.get_slot(table.table_name, s), rows) for s in ("m", "v")],
+          [tf.gather(table.variable, rows)] +
+          [tf.gather(sparse_optimizer.get_slot(table.table_name, s), rows) for s in ("m", "v")],
           axis=1)
 
   def run_step(sess, step):
@@ -143,8 +153,9 @@ def test_sparse_part_holds_keys_rows_embeddings_and_slots_in_key_order(mode, tmp
   keys = np.load(os.path.join(table_dir, "keys.npy"))
   assert keys.dtype == np.int64 and list(keys) == sorted(keys) == list(range(1, 10))
   np.testing.assert_array_equal(np.load(os.path.join(table_dir, "rows.npy")), saved["item/rows"])
-  files = [np.load(os.path.join(table_dir, f"{name}.npy"))
-           for name in ("embeddings", "slot-0", "slot-1")]
+  files = [
+      np.load(os.path.join(table_dir, f"{name}.npy")) for name in ("embeddings", "slot-0", "slot-1")
+  ]
   np.testing.assert_array_equal(np.concatenate(files, axis=1), saved["item/values"])
   assert not [n for n in os.listdir(tmp_path) if n.startswith(".")]  # No temporaries left.
 
@@ -173,8 +184,9 @@ def test_mxrec_quickstart_save_and_restore_if_present(tmp_path):
   assert tf.train.latest_checkpoint(directory).endswith("model-0-1")
   assert sorted(os.listdir(directory)) == sorted([
       "checkpoint", "model-0-0.data-00000-of-00001", "model-0-0.index", "model-0-0.meta",
-      "model-0-1.data-00000-of-00001", "model-0-1.index", "model-0-1.meta",
-      "sparse-model-0-0", "sparse-model-0-1"])
+      "model-0-1.data-00000-of-00001", "model-0-1.index", "model-0-1.meta", "sparse-model-0-0",
+      "sparse-model-0-1"
+  ])
   assert restored["global_step"] == 0 and len(restored["item/keys"]) == 0
   assert initial["global_step"] == 1
 
@@ -199,11 +211,12 @@ def test_missing_or_corrupt_sparse_part_raises_naming_the_path(tmp_path):
       open(embeddings, "wb").write(original[:len(original) // 2])
       expect(ValueError, rf"sparse checkpoint file '{embeddings}' of table 'item' is corrupt")
       np.save(embeddings, np.zeros([9, 5], np.float32))
-      expect(ValueError, rf"'{embeddings}' of table 'item' is corrupt: float32 array of shape "
-                         r"\(9, 5\), expected float \[n, 3\] with n = 9 keys")
+      expect(
+          ValueError, rf"'{embeddings}' of table 'item' is corrupt: float32 array of shape "
+          r"\(9, 5\), expected float \[n, 3\] with n = 9 keys")
       os.remove(embeddings)
       expect(FileNotFoundError, rf"sparse checkpoint file '{embeddings}' of table 'item' is "
-                                "missing")
+             "missing")
       open(os.path.join(directory, "meta.json"), "w").write("{not json")
       expect(ValueError, rf"sparse checkpoint '{directory}/meta.json' is corrupt")
       os.rename(directory, directory + ".moved")
@@ -272,7 +285,8 @@ def test_max_to_keep_deletes_old_sparse_parts_and_resave_replaces(tmp_path):
         saver.save(sess, str(tmp_path / "model"), global_step=step, write_meta_graph=False)
       saver.save(sess, str(tmp_path / "model"), global_step=2, write_meta_graph=False)
   assert sorted(n for n in os.listdir(tmp_path) if n.startswith("sparse")) == [
-      "sparse-model-1", "sparse-model-2"]
+      "sparse-model-1", "sparse-model-2"
+  ]
   assert not [n for n in os.listdir(tmp_path) if n.startswith(".")]
 
 
@@ -286,9 +300,10 @@ def test_monitored_session_saves_and_restores_through_the_scaffold(mode, tmp_pat
     with tf.Graph().as_default():
       model = _build(mode, seed=1 + 10 * run)
       scaffold = tf.compat.v1.train.Scaffold(saver=saver_lib.Saver())
-      with tf.compat.v1.train.MonitoredTrainingSession(
-          checkpoint_dir=directory, scaffold=scaffold, save_checkpoint_steps=1000,
-          save_summaries_steps=None, log_step_count_steps=None) as sess:
+      with tf.compat.v1.train.MonitoredTrainingSession(checkpoint_dir=directory, scaffold=scaffold,
+                                                       save_checkpoint_steps=1000,
+                                                       save_summaries_steps=None,
+                                                       log_step_count_steps=None) as sess:
         if run == 0:
           for step in range(2):
             model["run_step"](sess, step)

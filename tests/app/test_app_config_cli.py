@@ -16,8 +16,9 @@ def _load(tmp_path, raw, overrides=()):
 
 
 def test_defaults_and_overrides(tmp_path):
-  config = _load(tmp_path, BASE, ["pipeline.learning_rate=0.5", "model.hidden_layer_dims=[8]",
-                                  "dataset.list_size=20"])
+  config = _load(
+      tmp_path, BASE,
+      ["pipeline.learning_rate=0.5", "model.hidden_layer_dims=[8]", "dataset.list_size=20"])
   assert config.pipeline.learning_rate == 0.5
   assert config.model.hidden_layer_dims == [8]
   assert config.dataset.list_size == 20
@@ -26,10 +27,10 @@ def test_defaults_and_overrides(tmp_path):
 
 @pytest.mark.parametrize("raw, message", [
     ({**BASE, "pipeline": {"model_dir": "/x", "learnin_rate": 1}}, r"pipeline\.learnin_rate"),
-    ({**BASE, "pipeline": {"model_dir": "/x", "num_epochs": "two"}},
-     r"pipeline\.num_epochs must be int"),
-    ({**BASE, "pipeline": {"model_dir": "/x", "num_epochs": True}},
-     r"pipeline\.num_epochs must be int"),
+    ({**BASE, "pipeline": {"model_dir": "/x", "num_epochs": "two"}
+     }, r"pipeline\.num_epochs must be int"),
+    ({**BASE, "pipeline": {"model_dir": "/x", "num_epochs": True}
+     }, r"pipeline\.num_epochs must be int"),
     ({**BASE, "pipeline": {}}, r"pipeline\.model_dir is required"),
     ({**BASE, "model": {"hidden_layer_dims": [8, "x"]}}, r"model\.hidden_layer_dims\[1\]"),
     ({**BASE, "data": {"data_dir": "/no/such/dir"}}, r"data.*no such directory: /no/such/dir"),

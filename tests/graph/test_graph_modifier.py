@@ -1,6 +1,5 @@
 """Automatic graph modification (modify_graph=True) and start_asc_pipeline, in TF1 graphs."""
 
-
 import numpy as np
 import pytest
 import tensorflow as tf

@@ -16,10 +16,10 @@ def _names(variables):
 def test_graph_collection_is_split():
   with tf.Graph().as_default():
     init()
-    item = lib.make_table("item")
+    lib.make_table("item")
     weights = tf.compat.v1.get_variable("weights", [3, 1])
     user = lib.make_table("user", dim=2)
-    bias = tf.compat.v1.get_variable("bias", [1])
+    tf.compat.v1.get_variable("bias", [1])
     tf.compat.v1.get_variable("frozen", [1], trainable=False)
     dense, sparse = get_dense_and_sparse_variable()
   assert _names(dense) == ["weights:0", "bias:0"]
@@ -51,7 +51,7 @@ def test_eager_without_variables_raises():
   init()
   lib.make_table("item")
   with pytest.raises(RuntimeError, match=r"eager execution has no variable collections; pass "
-                                         r"the variables"):
+                     r"the variables"):
     get_dense_and_sparse_variable()
 
 

@@ -65,8 +65,8 @@ def test_step_kwargs_reject(kwarg, value, error, message):
 
 @pytest.mark.parametrize("kwarg", BOOL_KWARGS)
 def test_bool_kwargs_are_typed(kwarg):
-  assert getattr(init(**{kwarg: kwarg != "use_dynamic_expansion"}).config, kwarg) is (
-      kwarg != "use_dynamic_expansion")
+  assert getattr(init(**{kwarg: kwarg != "use_dynamic_expansion"}).config,
+                 kwarg) is (kwarg != "use_dynamic_expansion")
   terminate_config_initializer()
   with pytest.raises(TypeError, match=rf"`{kwarg}` must be a bool, got 1"):
     init(**{kwarg: 1})

@@ -16,27 +16,30 @@ from mxrec_pipeline.util.initialize import get_use_dynamic_expansion, init
 import sparse_testlib as lib
 
 CAPACITY, DIM = 4, 2  # 8 distinct ids below: the table grows to two chunks.
-BATCHES = [np.array([[1, 2, 1], [3, 1, 2]], np.int64),
-           np.array([[2, 2, 2], [2, 4, 4]], np.int64),
-           np.array([[5, 1, 5], [5, 5, 6]], np.int64),
-           np.array([[3, 3, 6], [1, 7, 8]], np.int64)]
-TARGETS = [np.random.RandomState(20 + step).normal(size=[2, 3, DIM]).astype(np.float32)
-           for step in range(len(BATCHES))]
+BATCHES = [
+    np.array([[1, 2, 1], [3, 1, 2]], np.int64),
+    np.array([[2, 2, 2], [2, 4, 4]], np.int64),
+    np.array([[5, 1, 5], [5, 5, 6]], np.int64),
+    np.array([[3, 3, 6], [1, 7, 8]], np.int64)
+]
+TARGETS = [
+    np.random.RandomState(20 + step).normal(size=[2, 3, DIM]).astype(np.float32)
+    for step in range(len(BATCHES))
+]
 
 OPTIMIZERS = {
-    "lazy_adam": (lambda: lazy_adam_by_addr.create_hash_optimizer_by_address(
-        learning_rate=0.1, beta1=0.8, beta2=0.95, epsilon=1e-3),
-                  lambda: lib.NumpyLazyAdam(0.1, beta1=0.8, beta2=0.95, epsilon=1e-3),
-                  {"m": 0.0, "v": 0.0}),
+    "lazy_adam":
+        (lambda: lazy_adam_by_addr.create_hash_optimizer_by_address(learning_rate=0.1, beta1=0.8,
+                                                                    beta2=0.95, epsilon=1e-3),
+         lambda: lib.NumpyLazyAdam(0.1, beta1=0.8, beta2=0.95, epsilon=1e-3), {"m": 0.0, "v": 0.0}),
     "sgd": (lambda: gradient_descent_by_addr.create_hash_optimizer_by_addr(0.1, weight_decay=0.0),
             lambda: lib.NumpySgd(0.1), {}),
-    "sgd_weight_decay": (
-        lambda: gradient_descent_by_addr.create_hash_optimizer_by_address(0.1, weight_decay=0.05),
-        lambda: lib.NumpySgdWeightDecay(0.1, 0.05), {}),
+    "sgd_weight_decay":
+        (lambda: gradient_descent_by_addr.create_hash_optimizer_by_address(0.1, weight_decay=0.05),
+         lambda: lib.NumpySgdWeightDecay(0.1, 0.05), {}),
     "adagrad": (lambda: adagrad_by_addr.create_hash_optimizer_by_address(
         0.3, initial_accumulator_value=0.2),
-                lambda: lib.NumpyAdagrad(0.3, initial_accumulator_value=0.2),
-                {"accumulator": 0.2}),
+                lambda: lib.NumpyAdagrad(0.3, initial_accumulator_value=0.2), {"accumulator": 0.2}),
 }
 
 
@@ -67,8 +70,9 @@ def _run_eager(make_optimizer, compiled):
   for ids, target in zip(BATCHES, TARGETS):
     step(tf.constant(ids), tf.constant(target))
     values, _ = table.store.export()
-    states.append(_state(values.numpy(), optimizer.slot_initial_values, lib.index_dict(table),
-                         optimizer.iterations.numpy()))
+    states.append(
+        _state(values.numpy(), optimizer.slot_initial_values, lib.index_dict(table),
+               optimizer.iterations.numpy()))
   return states
 
 
@@ -99,8 +103,9 @@ def _run_session(make_optimizer, collections):
         sess.run(train_op, {ids: ids_value, target: target_value})
         values, (keys, rows), iterations = sess.run(export)
         assert sess.run(global_step) == step
-        states.append(_state(values, optimizer.slot_initial_values,
-                             dict(zip(keys.tolist(), rows.tolist())), iterations))
+        states.append(
+            _state(values, optimizer.slot_initial_values, dict(zip(keys.tolist(), rows.tolist())),
+                   iterations))
   return states
 
 
@@ -123,8 +128,8 @@ def test_by_addr_optimizer_equals_numpy_reference_while_growing(optimizer_name, 
   before_w = w.astype(np.float32)
   before_slots = {name: s.astype(np.float32) for name, s in slots.items()}
   sizes = []
-  for t, ((got_w, got_slots, index, iterations), ids, target) in enumerate(
-      zip(RUNNERS[mode](make_optimizer), BATCHES, TARGETS), start=1):
+  for t, ((got_w, got_slots, index, iterations), ids,
+          target) in enumerate(zip(RUNNERS[mode](make_optimizer), BATCHES, TARGETS), start=1):
     rows = np.vectorize(index.get)(ids)
     touched, summed = lib.summed_row_grads(rows.reshape(-1),
                                            (2.0 * (w[rows] - target)).reshape(-1, DIM))
@@ -198,8 +203,9 @@ def test_plain_hash_optimizers_refuse_dynamic_expansion_as_in_mxrec():
   for create in (lazy_adam.create_hash_optimizer, adagrad.create_hash_optimizer,
                  lambda: gradient_descent.create_hash_optimizer(0.1),
                  lambda: factory.get_optimizer("lazy_adam", 0.1)):
-    with pytest.raises(ValueError, match=r"The dynamic expansion mode is not compatible with the "
-                                         r"optimizer.*create_hash_optimizer_by_address"):
+    with pytest.raises(
+        ValueError, match=r"The dynamic expansion mode is not compatible with the "
+        r"optimizer.*create_hash_optimizer_by_address"):
       create()
 
 
@@ -208,8 +214,9 @@ def test_apply_gradients_errors():
   table = lib.make_table(dim=DIM, capacity=CAPACITY)
   optimizer = lazy_adam_by_addr.create_hash_optimizer_by_address()
   dense = tf.Variable(tf.zeros([3]), name="dense_w")
-  with pytest.raises(ValueError, match=r"variable 'dense_w:0' is not the `variable` of a "
-                                       r"dynamic-expansion table"):
+  with pytest.raises(
+      ValueError, match=r"variable 'dense_w:0' is not the `variable` of a "
+      r"dynamic-expansion table"):
     optimizer.apply_gradients([(tf.ones([3]), dense)])
   with pytest.raises(ValueError, match=r"the gradient of table 't' is dense"):
     optimizer.apply_gradients([(tf.ones([0, DIM]), table.variable)])
@@ -223,8 +230,9 @@ def test_apply_gradients_errors():
   grad = tape.gradient(loss, table.variable)
   optimizer.apply_gradients([(grad, table.variable)])
   other = adagrad_by_addr.create_hash_optimizer_by_address()
-  with pytest.raises(ValueError, match=r"table 't' is already updated by optimizer "
-                                       r"'LazyAdamByAddress' \(slots \['m', 'v'\]\)"):
+  with pytest.raises(
+      ValueError, match=r"table 't' is already updated by optimizer "
+      r"'LazyAdamByAddress' \(slots \['m', 'v'\]\)"):
     other.apply_gradients([(grad, table.variable)])
 
 
@@ -234,9 +242,10 @@ def test_graph_addresses_must_come_from_an_expansion_lookup():
     lib.make_table(dim=DIM, capacity=CAPACITY)
     optimizer = gradient_descent_by_addr.create_hash_optimizer_by_addr(0.1)
     rows = tf.constant([0], tf.int64, name="my_rows")
-    with pytest.raises(ValueError, match=r"tensor 'my_rows:0' is not the addresses output of "
-                                         r"a dynamic-expansion lookup.*"
-                                         r"ASCEND_SPARSE_LOOKUP_ID_OFFSET"):
+    with pytest.raises(
+        ValueError, match=r"tensor 'my_rows:0' is not the addresses output of "
+        r"a dynamic-expansion lookup.*"
+        r"ASCEND_SPARSE_LOOKUP_ID_OFFSET"):
       optimizer.apply_gradients([(tf.ones([1, DIM]), rows)])
 
 
@@ -261,11 +270,11 @@ def test_by_addr_arguments_are_validated(make, message):
 def test_mxrec_defaults():
   init(use_dynamic_expansion=True)
   adam = lazy_adam_by_addr.create_hash_optimizer_by_address()
-  assert (adam.learning_rate, adam.beta1, adam.beta2, adam.epsilon, adam.optimizer_name) == (
-      0.001, 0.9, 0.999, 1e-8, "LazyAdamByAddress")
+  assert (adam.learning_rate, adam.beta1, adam.beta2, adam.epsilon,
+          adam.optimizer_name) == (0.001, 0.9, 0.999, 1e-8, "LazyAdamByAddress")
   ada = adagrad_by_addr.create_hash_optimizer_by_address()
-  assert (ada.learning_rate, ada.slot_initial_values, ada.optimizer_name) == (
-      0.001, {"accumulator": 0.9}, "Adagrad")
+  assert (ada.learning_rate, ada.slot_initial_values,
+          ada.optimizer_name) == (0.001, {"accumulator": 0.9}, "Adagrad")
   sgd = gradient_descent_by_addr.create_hash_optimizer_by_addr(0.01)
   assert (sgd.weight_decay, sgd.optimizer_name) == (0.0001, "GradientDescentByAddr")
   assert (gradient_descent_by_addr.create_hash_optimizer_by_address

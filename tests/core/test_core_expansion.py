@@ -21,8 +21,7 @@ DIM = 3
 
 def _ids(n, seed=0):
   """n distinct large int64 ids."""
-  return np.unique(np.random.RandomState(seed).randint(0, 2**62, size=2 * n,
-                                                       dtype=np.int64))[:n]
+  return np.unique(np.random.RandomState(seed).randint(0, 2**62, size=2 * n, dtype=np.int64))[:n]
 
 
 def test_lookups_equal_a_plain_table_within_capacity_and_grow_past_it():
@@ -59,8 +58,9 @@ def test_eval_lookups_read_the_default_and_take_no_row():
   zeros = embedding.sparse_lookup(table, tf.constant([99], tf.int64), is_train=False).numpy()
   np.testing.assert_array_equal(zeros, np.zeros([1, DIM]))
   assert 99 not in lib.index_dict(table)
-  with pytest.raises(ValueError, match=r"serving_default_value of table 't' must be a scalar or "
-                                       r"of shape \[3\]"):
+  with pytest.raises(
+      ValueError, match=r"serving_default_value of table 't' must be a scalar or "
+      r"of shape \[3\]"):
     embedding.sparse_lookup(table, tf.constant([1], tf.int64), is_train=False,
                             serving_default_value=[1.0, 2.0])
 
@@ -70,8 +70,8 @@ def test_feature_spec_pipeline_inserts_ahead_and_lookup_grows():
   table = lib.make_table("item", dim=DIM, capacity=2)
   spec = FeatureSpec("ids", table_name="item")
   batches = np.arange(12, dtype=np.int64).reshape(3, 4) * 1000
-  dataset = (tf.data.Dataset.from_tensor_slices({"ids": batches}).batch(1)
-             .map(get_asc_insert_func([spec], is_training=True)).prefetch(3))
+  dataset = (tf.data.Dataset.from_tensor_slices({"ids": batches}).batch(1).map(
+      get_asc_insert_func([spec], is_training=True)).prefetch(3))
   outs = [embedding.sparse_lookup(table, spec, batch=batch).numpy() for batch in dataset]
   index = lib.index_dict(table)
   chunk = lib.initial_rows(2, DIM)
@@ -92,8 +92,9 @@ def test_graph_modification_feeds_expansion_lookups():
     loss = tf.reduce_sum(emb)
     optimizer = lazy_adam_by_addr.create_hash_optimizer_by_address(0.1)
     train_op = optimizer.apply_gradients(
-        zip(tf.gradients(loss, tf.compat.v1.get_collection(
-            constants.ASCEND_SPARSE_LOOKUP_LOCAL_EMB)),
+        zip(
+            tf.gradients(loss,
+                         tf.compat.v1.get_collection(constants.ASCEND_SPARSE_LOOKUP_LOCAL_EMB)),
             tf.compat.v1.get_collection(constants.ASCEND_SPARSE_LOOKUP_ID_OFFSET)))
     modifier.modify_graph_and_start_emb_cache()
     with tf.compat.v1.Session() as sess:
@@ -135,8 +136,12 @@ def _store_state(table):
   return {"values": values.numpy(), "initial": initial.numpy(), "keys": keys, "rows": rows}
 
 
-BATCHES = [np.array([1, 2, 3, 1]), np.array([4, 5, 6, 7]), np.array([8, 2, 9, 10]),
-           np.array([11, 12, 1, 13])]
+BATCHES = [
+    np.array([1, 2, 3, 1]),
+    np.array([4, 5, 6, 7]),
+    np.array([8, 2, 9, 10]),
+    np.array([11, 12, 1, 13])
+]
 
 
 def test_tf2_checkpoint_round_trips_index_rows_and_slots(tmp_path):
@@ -155,8 +160,8 @@ def test_tf2_checkpoint_round_trips_index_rows_and_slots(tmp_path):
   table = lib.make_table(dim=DIM, capacity=4)
   embedding.sparse_lookup(table, tf.constant([77, 78, 79, 80, 81], tf.int64))
   optimizer = lazy_adam_by_addr.create_hash_optimizer_by_address(0.1)
-  tf.train.Checkpoint(table=table, optimizer=optimizer).restore(
-      path).assert_existing_objects_matched()
+  tf.train.Checkpoint(table=table,
+                      optimizer=optimizer).restore(path).assert_existing_objects_matched()
   for name, value in _store_state(table).items():
     np.testing.assert_array_equal(value, saved[name], err_msg=name)
   assert optimizer.iterations.numpy() == 3
@@ -166,13 +171,14 @@ def test_tf2_checkpoint_round_trips_index_rows_and_slots(tmp_path):
 
 
 def test_stock_tf1_saver_saves_the_row_store(tmp_path):
+
   def build(seed):
     table = lib.make_table(dim=DIM, capacity=4, seed=seed)
     ids = tf.compat.v1.placeholder(tf.int64, [None])
     loss = tf.reduce_sum(tf.square(embedding.sparse_lookup(table, ids) - 0.5))
     optimizer = lazy_adam_by_addr.create_hash_optimizer_by_address(0.1)
-    train_op = optimizer.apply_gradients(
-        zip(tf.gradients(loss, [table.variable]), [table.variable]))
+    train_op = optimizer.apply_gradients(zip(tf.gradients(loss, [table.variable]),
+                                             [table.variable]))
     return ids, train_op, [table.store.export(), table.key_index.export(), optimizer.iterations]
 
   with tf.Graph().as_default():
@@ -196,8 +202,7 @@ def test_stock_tf1_saver_saves_the_row_store(tmp_path):
       restored = sess.run(state)
   np.testing.assert_array_equal(restored[0][0], saved[0][0])
   np.testing.assert_array_equal(restored[0][1], saved[0][1])
-  np.testing.assert_array_equal(lib.sorted_export(*restored[1])[0],
-                                lib.sorted_export(*saved[1])[0])
+  np.testing.assert_array_equal(lib.sorted_export(*restored[1])[0], lib.sorted_export(*saved[1])[0])
   assert restored[2] == 3
 
 
@@ -214,8 +219,9 @@ def test_terminate_releases_index_and_store():
 
 def test_expansion_table_argument_errors():
   init(use_dynamic_expansion=True)
-  with pytest.raises(ValueError, match=r"create_table\('t'\): dynamic-expansion tables hold "
-                                       r"float32 rows, got value_dtype=float64"):
+  with pytest.raises(
+      ValueError, match=r"create_table\('t'\): dynamic-expansion tables hold "
+      r"float32 rows, got value_dtype=float64"):
     lib.make_table(value_dtype=tf.float64)
   with tf.distribute.OneDeviceStrategy("/CPU:0").scope():
     with pytest.raises(NotImplementedError, match=r"not replicated by tf.distribute"):
@@ -229,9 +235,10 @@ def test_native_ops_check_their_inputs():
   with pytest.raises(tf.errors.InvalidArgumentError,
                      match=r"table 't': row address 9 \(position 1\) is outside \[-1, 4\)"):
     table.store.lookup(tf.constant([0, 9], tf.int64), table.variable)
-  with pytest.raises(tf.errors.FailedPreconditionError,
-                     match=r"the Adam update needs rows with 2 optimizer slot\(s\), but no slot "
-                           r"layout was set"):
+  with pytest.raises(
+      tf.errors.FailedPreconditionError,
+      match=r"the Adam update needs rows with 2 optimizer slot\(s\), but no slot "
+      r"layout was set"):
     table.store.apply_adam(tf.constant([0], tf.int64), tf.ones([1, DIM]), 0.1, 0.9, 0.99, 1e-8)
   with pytest.raises((ValueError, tf.errors.InvalidArgumentError), match=r"must be 3|\[n, 3\]"):
     table.store.apply_sgd(tf.constant([0], tf.int64), tf.ones([1, 2]), 0.1, 0.0)

@@ -47,8 +47,9 @@ def test_bad_overrides_raise_the_given_error(override, message):
 
 
 def test_build_dataclass_checks_and_widens():
-  section = config_parsing.build_dataclass(
-      Section, {"name": "n", "rate": 2, "dims": [1], "seed": None}, "s", Error)
+  section = config_parsing.build_dataclass(Section,
+                                           {"name": "n", "rate": 2, "dims": [1], "seed": None}, "s",
+                                           Error)
   assert section == Section("n", 2.0, [1])
   assert isinstance(section.rate, float)
 
@@ -68,8 +69,10 @@ def test_build_dataclass_errors_name_the_key(values, message):
 
 
 def test_registry_imports_nothing_for_names_and_accepts_classes():
-  registry = registry_lib.RankerRegistry({"lazy": registry_lib.RankerEntry(
-      "no_such_module:Ranker", f"{__name__}:Section", f"{__name__}:Section")})
+  registry = registry_lib.RankerRegistry({
+      "lazy": registry_lib.RankerEntry("no_such_module:Ranker", f"{__name__}:Section",
+                                       f"{__name__}:Section")
+  })
   assert "lazy" in registry and sorted(registry) == ["lazy"] and len(registry) == 1
   assert registry.config_classes("lazy") == (Section, Section)
   with pytest.raises(ImportError):

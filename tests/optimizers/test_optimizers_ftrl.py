@@ -13,12 +13,16 @@ import sparse_testlib as lib
 
 CAPACITY, DIM = 8, 2
 # Repeated ids within each batch; ids 3, 4, 6 skip steps, so their rows must rest.
-BATCHES = [np.array([[1, 2, 1], [3, 1, 2]], np.int64),
-           np.array([[2, 2, 2], [2, 4, 4]], np.int64),
-           np.array([[5, 1, 5], [5, 5, 6]], np.int64),
-           np.array([[3, 3, 6], [1, 0, 2]], np.int64)]
-TARGETS = [np.random.RandomState(10 + step).normal(size=[2, 3, DIM]).astype(np.float32)
-           for step in range(len(BATCHES))]
+BATCHES = [
+    np.array([[1, 2, 1], [3, 1, 2]], np.int64),
+    np.array([[2, 2, 2], [2, 4, 4]], np.int64),
+    np.array([[5, 1, 5], [5, 5, 6]], np.int64),
+    np.array([[3, 3, 6], [1, 0, 2]], np.int64)
+]
+TARGETS = [
+    np.random.RandomState(10 + step).normal(size=[2, 3, DIM]).astype(np.float32)
+    for step in range(len(BATCHES))
+]
 SETTINGS = {
     "defaults": dict(),
     "regularized": dict(learning_rate_power=-0.3, initial_accumulator_value=0.3,
@@ -28,12 +32,11 @@ SETTINGS = {
 
 
 def _reference(kwargs):
-  return lib.NumpyFtrl(
-      0.5, lr_power=kwargs.get("learning_rate_power", -0.5),
-      initial_accumulator_value=kwargs.get("initial_accumulator_value", 0.1),
-      l1=kwargs.get("l1_regularization_strength", 0.0),
-      l2=kwargs.get("l2_regularization_strength", 0.0),
-      l2_shrinkage=kwargs.get("l2_shrinkage_regularization_strength", 0.0))
+  return lib.NumpyFtrl(0.5, lr_power=kwargs.get("learning_rate_power", -0.5),
+                       initial_accumulator_value=kwargs.get("initial_accumulator_value", 0.1),
+                       l1=kwargs.get("l1_regularization_strength",
+                                     0.0), l2=kwargs.get("l2_regularization_strength", 0.0),
+                       l2_shrinkage=kwargs.get("l2_shrinkage_regularization_strength", 0.0))
 
 
 def _loss(emb, target):
@@ -81,9 +84,10 @@ def _run_session(kwargs):
   return states
 
 
-RUNNERS = {"eager": lambda kwargs: _run_eager(kwargs, False),
-           "tf_function": lambda kwargs: _run_eager(kwargs, True),
-           "session": _run_session}
+RUNNERS = {
+    "eager": lambda kwargs: _run_eager(kwargs, False),
+    "tf_function": lambda kwargs: _run_eager(kwargs, True), "session": _run_session
+}
 
 
 @pytest.mark.parametrize("mode", list(RUNNERS))
@@ -92,11 +96,12 @@ def test_ftrl_equals_numpy_reference_step_by_step(setting, mode):
   kwargs = SETTINGS[setting]
   reference = _reference(kwargs)
   w = lib.initial_rows(CAPACITY, DIM).astype(np.float64)
-  slots = {"accum": np.full_like(w, reference.initial_accumulator_value),
-           "linear": np.zeros_like(w)}
+  slots = {
+      "accum": np.full_like(w, reference.initial_accumulator_value), "linear": np.zeros_like(w)
+  }
   before_w = lib.initial_rows(CAPACITY, DIM)
-  for t, ((got_w, got_slots, index), ids, target) in enumerate(
-      zip(RUNNERS[mode](kwargs), BATCHES, TARGETS), start=1):
+  for t, ((got_w, got_slots, index), ids,
+          target) in enumerate(zip(RUNNERS[mode](kwargs), BATCHES, TARGETS), start=1):
     rows = np.vectorize(index.get)(ids)
     touched, summed = lib.summed_row_grads(rows.reshape(-1),
                                            (2.0 * (w[rows] - target)).reshape(-1, DIM))
@@ -127,8 +132,9 @@ def test_ftrl_equals_tensorflow_ftrl_on_duplicate_slices():
     tf_optimizer.apply_gradients([(grad, dense)])
   np.testing.assert_allclose(table.variable.numpy(), dense.numpy(), rtol=1e-5, atol=1e-6)
   for slot in ("accum", "linear"):
-    np.testing.assert_allclose(optimizer.get_slot("t", slot).numpy(),
-                               tf_optimizer.get_slot(dense, slot).numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        optimizer.get_slot("t", slot).numpy(),
+        tf_optimizer.get_slot(dense, slot).numpy(), rtol=1e-5, atol=1e-6)
 
 
 def test_mxrec_signature_slot_names_and_factory():
@@ -167,6 +173,7 @@ def test_unknown_keyword_raises_instead_of_being_dropped():
 
 def test_ftrl_refuses_dynamic_expansion_runs():
   init(use_dynamic_expansion=True)
-  with pytest.raises(ValueError, match=r"Ftrl: The dynamic expansion mode is not compatible "
-                                       r"with the optimizer"):
+  with pytest.raises(
+      ValueError, match=r"Ftrl: The dynamic expansion mode is not compatible "
+      r"with the optimizer"):
     ftrl.create_hash_optimizer(0.1)
