@@ -411,8 +411,8 @@ class ModelFitPipeline(AbstractPipeline):
     self.model = model
     self.checkpoint = callbacks_lib.TrainingCheckpoint(
         model, os.path.join(hparams.model_dir, "checkpoints"))
-    start_epoch = self._restore(self.checkpoint)
     plan = epoch_steps(hparams.num_epochs, hparams.num_train_steps)
+    start_epoch = self._restore(self.checkpoint, len(plan))
     run_callbacks = callbacks_lib.RunCallbacks(
         self.build_callbacks(model) + list(callbacks), model, verbose, epochs=len(plan))
     valid = self._dataset_builder.build_valid_dataset(
@@ -433,7 +433,7 @@ class ModelFitPipeline(AbstractPipeline):
     return {key: float(results[metric_name(key)]) for key in RANKING_METRICS
            } | {"loss": float(results["loss"])}
 
-  def _restore(self, checkpoint: callbacks_lib.TrainingCheckpoint) -> int:
+  def _restore(self, checkpoint: callbacks_lib.TrainingCheckpoint, num_epochs: int) -> int:
     """Restores the run's latest checkpoint as `hparams.resume` says; returns the start epoch."""
     if checkpoint.latest is None:
       return 0
@@ -443,10 +443,11 @@ class ModelFitPipeline(AbstractPipeline):
           "`resume` is false: set pipeline.resume: true to continue it, or start over with "
           "`mxrec-pipeline train --fresh` (which clears the run's outputs) or another model_dir")
     epochs_done = checkpoint.restore()
+    rest = (f"continuing at epoch {epochs_done + 1} of {num_epochs}" if epochs_done < num_epochs
+            else f"nothing left to train ({num_epochs} epoch(s) planned)")
     print(
         f"Resumed from {checkpoint.latest}: {epochs_done} epoch(s) and "
-        f"{int(self.model.optimizer.iterations.numpy())} step(s) done, continuing at epoch "
-        f"{epochs_done + 1}", flush=True)
+        f"{int(self.model.optimizer.iterations.numpy())} step(s) done, {rest}", flush=True)
     return epochs_done
 
   def _train_epoch(self, epoch: int, num_steps: int | None) -> tf.data.Dataset:
