@@ -68,18 +68,41 @@ def write_task(tmp_path) -> tuple[str, str]:
   return train, valid
 
 
-def model_builder(seed: int = 1, hidden_layer_dims=(8,)) -> model_lib.ModelBuilder:
+def model_builder(seed: int = 1, hidden_layer_dims=(8,), tables=None) -> model_lib.ModelBuilder:
+  """The task's ranker: a DNN over the sparse features, on `tables` (default TABLES)."""
   return model_lib.ModelBuilder(
       input_creator=model_lib.FeatureSpecInputCreator(CONTEXT_SPEC, EXAMPLE_SPEC), preprocessor={},
       scorer=model_lib.DNNScorer(hidden_layer_dims=list(hidden_layer_dims), output_units=1),
-      mask_feature_name=MASK, sparse_features=SPARSE_FEATURES, tables=TABLES, seed=seed)
+      mask_feature_name=MASK, sparse_features=SPARSE_FEATURES, tables=tables or TABLES, seed=seed)
 
 
-def dataset_builder(train: str, valid: str) -> pipeline_lib.SimpleDatasetBuilder:
+def tiered_tables(ssd_dir: str) -> list[TableSpec]:
+  """TABLES with the item table tiered: 12 rows on the device, 4 on the host, 100 on SSD.
+
+  Training batches of 2 lists (`dataset_builder(..., train_batch_size=2)`) keep
+  each batch's items within the 12 device rows; the 20 items overflow them.
+  """
+  return [
+      TableSpec("user", 4, 100),
+      TableSpec("item", 4, 12, host_vocabulary_size=4, ssd_vocabulary_size=100,
+                ssd_data_path=(ssd_dir,)),
+      TableSpec("word", 4, 100, key_dtype="string")
+  ]
+
+
+def dataset_builder(train: str, valid: str,
+                    train_batch_size: int = 8) -> pipeline_lib.SimpleDatasetBuilder:
   hparams = pipeline_lib.DatasetHparams(train_input_pattern=train, valid_input_pattern=valid,
-                                        train_batch_size=8, valid_batch_size=4)
+                                        train_batch_size=train_batch_size, valid_batch_size=4)
   return pipeline_lib.SimpleDatasetBuilder(CONTEXT_SPEC, EXAMPLE_SPEC, MASK, LABEL_SPEC, hparams,
                                            sparse_features=SPARSE_FEATURES)
+
+
+def eval_scores(model, dataset) -> np.ndarray:
+  """[num_lists, list_size] eval-mode scores of a dataset's lists, zero-padded."""
+  scores = [model(features, training=False).numpy() for features, _ in dataset]
+  longest = max(s.shape[1] for s in scores)
+  return np.concatenate([np.pad(s, ((0, 0), (0, longest - s.shape[1]))) for s in scores])
 
 
 # Scores a SavedModel in a fresh interpreter where only tensorflow may be
@@ -144,10 +167,8 @@ def train_task(tmp_path, **hparams) -> dict:
       model_builder(), dataset_builder(train, valid),
       pipeline_lib.PipelineHparams(model_dir=str(tmp_path / "model"), **hparams))
   metrics = pipe.train_and_validate()
-  dataset = dataset_builder(train, valid).build_valid_dataset(num_epochs=1)
-  scores = [pipe.model(features, training=False).numpy() for features, _ in dataset]
-  longest = max(s.shape[1] for s in scores)
   return {
       "tmp": tmp_path, "valid": valid, "pipeline": pipe, "metrics": metrics,
-      "in_process": np.concatenate([np.pad(s, ((0, 0), (0, longest - s.shape[1]))) for s in scores])
+      "in_process": eval_scores(pipe.model,
+                                dataset_builder(train, valid).build_valid_dataset(num_epochs=1))
   }

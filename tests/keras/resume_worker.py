@@ -19,9 +19,7 @@ import numpy as np
 import tensorflow as tf
 
 import keras_testlib as lib
-from mxrec_pipeline.keras import model as model_lib
 from mxrec_pipeline.keras import pipeline as pipeline_lib
-from mxrec_pipeline.keras.layers import TableSpec
 from mxrec_pipeline.util import initialize
 
 
@@ -70,20 +68,6 @@ def state(model) -> dict:
   return out
 
 
-def tiered_model_builder(ssd_dir: str):
-  """keras_testlib's model with a tiered item table: 12 rows on the device, 4 on the host."""
-  tables = [
-      TableSpec("user", 4, 100),
-      TableSpec("item", 4, 12, host_vocabulary_size=4, ssd_vocabulary_size=100,
-                ssd_data_path=(ssd_dir,)),
-      TableSpec("word", 4, 100, key_dtype="string")
-  ]
-  return model_lib.ModelBuilder(
-      input_creator=model_lib.FeatureSpecInputCreator(lib.CONTEXT_SPEC, lib.EXAMPLE_SPEC),
-      preprocessor={}, scorer=model_lib.DNNScorer(hidden_layer_dims=[8], output_units=1),
-      mask_feature_name=lib.MASK, sparse_features=lib.SPARSE_FEATURES, tables=tables, seed=1)
-
-
 def main():
   parser = argparse.ArgumentParser()
   parser.add_argument("task_dir")
@@ -100,15 +84,11 @@ def main():
                                          num_train_steps=args.steps, learning_rate=0.05, seed=7,
                                          resume=not args.no_resume)
   if args.tiered_ssd_dir:  # Batches of 2 lists: each batch's items fit the 12 device rows.
-    datasets = pipeline_lib.SimpleDatasetBuilder(
-        lib.CONTEXT_SPEC, lib.EXAMPLE_SPEC, lib.MASK, lib.LABEL_SPEC,
-        pipeline_lib.DatasetHparams(train_input_pattern=train, valid_input_pattern=valid,
-                                    train_batch_size=2, valid_batch_size=4),
-        sparse_features=lib.SPARSE_FEATURES)
-    pipe = pipeline_lib.SimplePipeline(tiered_model_builder(args.tiered_ssd_dir), datasets, hparams)
+    model_builder = lib.model_builder(tables=lib.tiered_tables(args.tiered_ssd_dir))
+    datasets = lib.dataset_builder(train, valid, train_batch_size=2)
   else:
-    pipe = pipeline_lib.SimplePipeline(lib.model_builder(), lib.dataset_builder(train, valid),
-                                       hparams)
+    model_builder, datasets = lib.model_builder(), lib.dataset_builder(train, valid)
+  pipe = pipeline_lib.SimplePipeline(model_builder, datasets, hparams)
   extra = []
   if args.kill_at:
     extra.append(KillAt(*(int(v) for v in args.kill_at.split(":"))))

@@ -7,21 +7,12 @@ import pytest
 import tensorflow as tf
 
 import keras_testlib as lib
-from mxrec_pipeline.keras import model as model_lib
 from mxrec_pipeline.keras import pipeline as pipeline_lib
 from mxrec_pipeline.keras.layers import TableSpec
 from mxrec_pipeline.util import initialize
 
 # Trains a pipeline with a tiered table and serves its export in a fresh process.
 pytestmark = pytest.mark.slow
-
-# The item table caches 12 of the 20 training items on the device; the rest
-# live in host memory, then SSD.
-TABLES = [
-    TableSpec("user", 4, 100),
-    TableSpec("item", 4, 12, host_vocabulary_size=4, ssd_vocabulary_size=100),
-    TableSpec("word", 4, 100, key_dtype="string")
-]
 
 
 @pytest.fixture(autouse=True)
@@ -30,40 +21,25 @@ def _no_run_leaks():
   yield
 
 
-def _dataset_builder(train, valid):
-  hparams = pipeline_lib.DatasetHparams(train_input_pattern=train, valid_input_pattern=valid,
-                                        train_batch_size=2, valid_batch_size=4)
-  return pipeline_lib.SimpleDatasetBuilder(lib.CONTEXT_SPEC, lib.EXAMPLE_SPEC, lib.MASK,
-                                           lib.LABEL_SPEC, hparams,
-                                           sparse_features=lib.SPARSE_FEATURES)
-
-
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
   tmp = tmp_path_factory.mktemp("tiers")
   ssd = tmp / "ssd"
   ssd.mkdir()
-  tables = [
-      TableSpec(**{**t.__dict__, "ssd_data_path": (str(ssd),)}) if t.tiered else t for t in TABLES
-  ]
-  builder = model_lib.ModelBuilder(
-      input_creator=model_lib.FeatureSpecInputCreator(lib.CONTEXT_SPEC, lib.EXAMPLE_SPEC),
-      preprocessor={}, scorer=model_lib.DNNScorer(hidden_layer_dims=[8], output_units=1),
-      mask_feature_name=lib.MASK, sparse_features=lib.SPARSE_FEATURES, tables=tables, seed=1)
+  builder = lib.model_builder(tables=lib.tiered_tables(str(ssd)))
   train, valid = lib.write_task(tmp)
   hparams = pipeline_lib.PipelineHparams(model_dir=str(tmp / "model"), num_epochs=2,
                                          learning_rate=0.05, seed=3)
   initialize.terminate_config_initializer()
-  pipe = pipeline_lib.SimplePipeline(builder, _dataset_builder(train, valid), hparams)
+  pipe = pipeline_lib.SimplePipeline(builder, lib.dataset_builder(train, valid, train_batch_size=2),
+                                     hparams)
   metrics = pipe.train_and_validate()
   run = initialize.get_config_initializer()
-  dataset = _dataset_builder(train, valid).build_valid_dataset(num_epochs=1)
-  in_process = [pipe.model(features, training=False).numpy() for features, _ in dataset]
-  longest = max(s.shape[1] for s in in_process)
+  dataset = lib.dataset_builder(train, valid, train_batch_size=2).build_valid_dataset(num_epochs=1)
   yield {
       "tmp": tmp, "valid": valid, "metrics": metrics, "run": run,
-      "stats": {k: int(v) for k, v in run.tables["item"].tiers.stats().items()}, "in_process":
-          np.concatenate([np.pad(s, ((0, 0), (0, longest - s.shape[1]))) for s in in_process])
+      "stats": {k: int(v) for k, v in run.tables["item"].tiers.stats().items()},
+      "in_process": lib.eval_scores(pipe.model, dataset)
   }
   initialize.terminate_config_initializer()
 
