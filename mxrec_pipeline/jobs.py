@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
 from typing import Sequence
 
 import tensorflow as tf
@@ -17,6 +18,8 @@ import yaml
 import builders
 from mxrec_pipeline import config as config_lib
 from mxrec_pipeline import evaluation
+from mxrec_pipeline.data import checks
+from mxrec_pipeline.data import validation
 from mxrec_pipeline.keras import callbacks as callbacks_lib
 from mxrec_pipeline.keras import pipeline as pipeline_lib
 from mxrec_pipeline.util import initialize
@@ -81,12 +84,26 @@ def train(config: config_lib.JobConfig, verbose: int = 2,
   with open(os.path.join(model_dir, RESOLVED_CONFIG), "w", encoding="utf-8") as f:
     yaml.safe_dump(config.to_dict(), f, sort_keys=False)
   ranker, paths, pipeline = _setup(config)
+  data_report = _check_data(paths, pipeline)
   model_metrics = pipeline.train_and_validate(verbose=verbose, callbacks=callbacks)
   model_metrics.pop("loss")
   baseline = evaluation.evaluate_scores(pipeline.dataset_builder.build_raw_valid_dataset(),
                                         ranker.build_baseline(paths, config.data))
-  evaluation.write_metrics(model_dir, model_metrics, baseline)
+  evaluation.write_metrics(model_dir, model_metrics, baseline, data=data_report)
   return {"model": model_metrics, "baseline": baseline}
+
+
+def _check_data(paths, pipeline) -> dict:
+  """checks.check_splits before training: prints skipped records and warnings; the report."""
+  report, warnings = checks.check_splits(paths.train, paths.valid,
+                                         pipeline.dataset_builder.build_raw_valid_dataset(),
+                                         paths.bad_records)
+  for skipped in paths.bad_records.values():
+    if skipped["skipped"]:
+      print(f"data: {validation.summary(skipped)}", flush=True)
+  for warning in warnings:
+    print(f"warning: {warning}", file=sys.stderr, flush=True)
+  return report
 
 
 def export(config: config_lib.JobConfig, export_dir: str | None = None) -> str:

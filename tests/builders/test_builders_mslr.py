@@ -53,7 +53,7 @@ def test_trains_on_user_files_writes_metrics_and_exports(tmp_path, letor_files, 
   for override in overrides:
     args += ["--set", override]
   assert cli.main(args) == 0
-  (valid_elwc,) = [str(p) for p in (tmp_path / "elwc").iterdir() if p.name.startswith("vali.")]
+  (valid_elwc,) = [str(p) for p in (tmp_path / "elwc").glob("vali.*.tfrecord")]
   lists = lib.serialized_lists(valid_elwc)
   scores = [
       tf.saved_model.load(str(d)).signatures["serving_default"](examples=lists)["scores"]
