@@ -74,7 +74,13 @@ def train(config: config_lib.JobConfig, verbose: int = 2,
 
   Returns:
     {"model": metrics, "baseline": metrics} on the whole validation split,
-    metrics keyed as RANKING_METRICS.
+    metrics keyed as RANKING_METRICS. metrics.json also holds "data", the
+    data checks' report (mxrec_pipeline.data.checks.check_splits).
+
+  Raises:
+    ValueError: bad data (a bad record, an empty split, a corrupt ELWC file;
+      see docs/data.md), or a sparse table that fails during training (e.g.
+      full), with the one line naming the table.
   """
   model_dir = config.pipeline.model_dir
   if fresh:
@@ -85,7 +91,13 @@ def train(config: config_lib.JobConfig, verbose: int = 2,
     yaml.safe_dump(config.to_dict(), f, sort_keys=False)
   ranker, paths, pipeline = _setup(config)
   data_report = _check_data(paths, pipeline)
-  model_metrics = pipeline.train_and_validate(verbose=verbose, callbacks=callbacks)
+  try:
+    model_metrics = pipeline.train_and_validate(verbose=verbose, callbacks=callbacks)
+  except (tf.errors.ResourceExhaustedError, tf.errors.InvalidArgumentError) as e:
+    line = _table_error(e)
+    if line is None:
+      raise
+    raise ValueError(line) from None  # The CLI's exit 2 with this one line.
   model_metrics.pop("loss")
   baseline = evaluation.evaluate_scores(pipeline.dataset_builder.build_raw_valid_dataset(),
                                         ranker.build_baseline(paths, config.data))
@@ -104,6 +116,11 @@ def _check_data(paths, pipeline) -> dict:
   for warning in warnings:
     print(f"warning: {warning}", file=sys.stderr, flush=True)
   return report
+
+
+def _table_error(error: tf.errors.OpError) -> str | None:
+  """The line naming the table of a sparse table's runtime error (e.g. a full table), or None."""
+  return next((line for line in error.message.splitlines() if line.startswith("table '")), None)
 
 
 def export(config: config_lib.JobConfig, export_dir: str | None = None) -> str:

@@ -414,8 +414,8 @@ def _full_table_text(tier_config: tiers.TierConfig | None) -> dict:
       rows_text=(f"{c.total_rows} rows in all (device_vocabulary_size={c.device_vocabulary_size} "
                  f"device-cache rows + host_vocabulary_size={c.host_vocabulary_size} host rows + "
                  f"ssd_vocabulary_size={c.ssd_vocabulary_size} SSD rows)"),
-      grow_text=("Raise host_vocabulary_size or ssd_vocabulary_size (each adds rows in cheaper "
-                 "memory; device_vocabulary_size is the device cache)"))
+      grow_text=("Raise host_vocabulary_size or ssd_vocabulary_size: they add rows in cheaper "
+                 "memory than device_vocabulary_size, the device cache"))
 
 
 def _check_key_dtype(table: SparseEmbedding, dtype: tf.DType, what: str) -> None:

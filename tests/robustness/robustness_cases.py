@@ -216,6 +216,17 @@ CASES = [
                "ml-100k.inter: skipped 1 bad record(s)", "data.on_bad_record=skip"),
     _movielens("movielens no relevant validation", _set(_set(ML_RATINGS, 2, 2, "1"), 5, 2, "1"), 0,
                "no validation list has a relevant document"),
+    # Tables: a tiered item table of 2 device + 1 host rows, 4 items in training.
+    _movielens(
+        "tiered table full",
+        [("1", "1", "5", "100"), ("1", "2", "3", "101"), ("1", "3", "4", "102"),
+         ("2", "4", "2", "100"), ("2", "3", "4", "101"), ("2", "1", "1", "102")], 2,
+        "table 'item' is full: 3 rows in all (device_vocabulary_size=2 device-cache rows "
+        "+ host_vocabulary_size=1 host rows + ssd_vocabulary_size=0 SSD rows), 2 used, and this "
+        "batch brings 2 new keys. Nothing was inserted. Raise host_vocabulary_size or "
+        "ssd_vocabulary_size", "model.id_device_vocabulary_size=2", "model.host_vocabulary_size=1",
+        "dataset.train_batch_size=1", "pipeline.num_train_steps=null",
+        extra={"ml/ml-100k.item": ML_ITEMS + "4\tCopycat\t1995\tCrime\n"}),
     # ELWC TFRecords given directly (in elwc_dir): the CRC pass before training.
     _elwc_given("elwc corrupt record", _BAD_DATA_CRC, 2,
                 "train.tfrecord: record 2 at byte offset 36 is corrupt"),
@@ -263,6 +274,15 @@ CASES = [
     _sweep("storage unknown role", "postgresql://nosuchrole:secret@{pg}/postgres", 2,
            'postgresql://nosuchrole:***@{pg}/postgres: cannot connect: connection to server'),
 ]
+
+# What metrics.json must say after these cases: (keys into metrics.json, value).
+METRICS = {
+    "letor skip bad records": (("data", "train", "bad_records", "by_reason"),
+                               {"label out of range": 1, "non-finite feature": 1}),
+    "movielens skip bad records": (("data", "train", "bad_records", "skipped"), 1),
+    "letor no relevant validation": (("data", "valid", "lists_with_relevant"), 0),
+    "movielens no relevant validation": (("data", "valid", "lists_with_relevant"), 0),
+}
 
 
 def fill(text: str, values: dict) -> str:

@@ -49,6 +49,13 @@ def test_case(case, tmp_path, request):
     json.loads(out, parse_constant=pytest.fail)  # Strict JSON: no NaN.
   if "secret" in " ".join(args):
     assert "secret" not in out + err
+  if case[0] in cases.METRICS:
+    keys, value = cases.METRICS[case[0]]
+    with open(tmp_path / "run" / "metrics.json", encoding="utf-8") as f:
+      found = json.load(f)
+    for key in keys:
+      found = found[key]
+    assert found == value
 
 
 def test_a_missing_sqlite_directory_is_not_created(tmp_path):
