@@ -4,8 +4,12 @@ Each case is (name, arguments, input files, expected exit status, expected
 message fragment). Arguments and file contents may hold `{tmp}` (the case's
 directory), `{model}` (tiny_model.py's SavedModel), `{repo}` and `{pg}` (a
 PostgreSQL server's `host:port`). Config cases run `export` on a model_dir
-that does not exist, so no case trains; sweep cases stop before their first
-trial (`--timeout`), on purpose or on the error.
+that does not exist, so they do not train; sweep cases stop before their first
+trial (`--timeout`), on purpose or on the error. Data cases run `train` on tiny
+LETOR / MovieLens / ELWC files (a file name may hold a directory, e.g.
+`ml/ml-100k.inter`); the bad ones stop before training, the accepted ones
+(skipped records, no relevant validation document) train one step, and
+METRICS says what their metrics.json must hold.
 
 Run alone (`python robustness_cases.py PYTHONPATH [NAME_PART]`) it prints
 each case's outcome class (those whose name holds NAME_PART) for the code on

@@ -2,7 +2,8 @@
 
 The table is robustness_cases.CASES; each case runs `mxrec-pipeline` in a
 subprocess. Predict cases score with tiny_model.py's SavedModel (untrained);
-the PostgreSQL cases use test_sweep_postgres's server.
+the PostgreSQL cases use test_sweep_postgres's server; data cases train on tiny
+files (robustness_cases.METRICS checks the metrics.json of those that train).
 """
 
 import importlib.util
