@@ -32,8 +32,8 @@ class DatasetConfig:
         raise ValueError(f"dataset.{name} must be a positive int, got {value!r}")
 
 
-def check_data_checks(on_bad_record: str, label_range, key: str) -> None:
-  """Validates a DataConfig's `on_bad_record` and its label range (`key`, e.g. data.label_range).
+def check_bad_record_options(on_bad_record: str, label_range, key: str) -> None:
+  """Validates a DataConfig's `on_bad_record` and label range (`key`: e.g. data.label_range).
 
   Raises:
     ValueError: naming the key: an unknown policy, or a range that is not

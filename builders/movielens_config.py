@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 import pathlib
 
-from builders.base_config import check_data_checks
+from builders.base_config import check_bad_record_options
 
 RELEVANCES = ("graded", "liked")
 
@@ -42,7 +42,7 @@ class MovieLensDataConfig:
   on_bad_record: str = "error"
 
   def __post_init__(self):
-    check_data_checks(self.on_bad_record, self.rating_range, "data.rating_range")
+    check_bad_record_options(self.on_bad_record, self.rating_range, "data.rating_range")
     if not 0.0 < self.valid_fraction < 1.0:
       raise ValueError(f"data.valid_fraction must be in (0, 1), got {self.valid_fraction}")
     if self.data_dir is not None and not pathlib.Path(self.data_dir).is_dir():

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import pathlib
 
-from builders.base_config import check_data_checks
+from builders.base_config import check_bad_record_options
 
 NUM_FEATURES = 136
 BM25_WHOLE_DOCUMENT = 110
@@ -49,7 +49,7 @@ class MslrDataConfig:
       path = getattr(self, name)
       if path is not None and not pathlib.Path(path).is_file():
         raise ValueError(f"data.{name}: no such file: {path}")
-    check_data_checks(self.on_bad_record, self.label_range, "data.label_range")
+    check_bad_record_options(self.on_bad_record, self.label_range, "data.label_range")
     if not 1 <= self.baseline_feature <= NUM_FEATURES:
       raise ValueError(f"data.baseline_feature must be in [1, {NUM_FEATURES}], "
                        f"got {self.baseline_feature}")
