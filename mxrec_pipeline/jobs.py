@@ -2,14 +2,25 @@
 
 Both go through the public API only: a builder from builders.REGISTRY, a
 SimplePipeline, the evaluation helpers.
+
+Under MultiWorkerMirroredStrategy every worker runs `train` with the same
+config; only the chief writes model_dir. The others train with a model_dir of
+their own in a temporary directory, deleted when they end: TF's pattern for
+saving under that strategy (every worker saves, so collective ops in saving
+do not deadlock; non-chief workers save to temporary paths; see
+https://www.tensorflow.org/tutorials/distribute/multi_worker_with_keras,
+"Model saving and loading").
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import json
 import os
 import shutil
-from typing import Sequence
+import tempfile
+from typing import Iterator, Sequence
 
 import tensorflow as tf
 import yaml
@@ -17,6 +28,8 @@ import yaml
 import builders
 from mxrec_pipeline import config as config_lib
 from mxrec_pipeline import evaluation
+from mxrec_pipeline import hparams as hparams_lib
+from mxrec_pipeline.cluster import tf_config
 from mxrec_pipeline.keras import callbacks as callbacks_lib
 from mxrec_pipeline.keras import pipeline as pipeline_lib
 from mxrec_pipeline.util import initialize
@@ -59,7 +72,8 @@ def train(config: config_lib.JobConfig, verbose: int = 2,
   """Trains (or resumes), validates and exports a job; writes metrics.json in model_dir.
 
   A model_dir holding a checkpoint resumes from it (`pipeline.resume`, see
-  docs/restarts.md) unless `fresh`.
+  docs/restarts.md) unless `fresh`. Under MultiWorkerMirroredStrategy, only
+  the chief writes model_dir (`worker_config`).
 
   Args:
     config: The job.
@@ -72,21 +86,61 @@ def train(config: config_lib.JobConfig, verbose: int = 2,
   Returns:
     {"model": metrics, "baseline": metrics} on the whole validation split,
     metrics keyed as RANKING_METRICS.
+
+  Raises:
+    tf_config.TFConfigError: a bad TF_CONFIG under MultiWorkerMirroredStrategy.
   """
-  model_dir = config.pipeline.model_dir
-  if fresh:
-    for path in clear_run_outputs(model_dir):
-      print(f"--fresh: removed {path}", flush=True)
-  os.makedirs(model_dir, exist_ok=True)
-  with open(os.path.join(model_dir, RESOLVED_CONFIG), "w", encoding="utf-8") as f:
-    yaml.safe_dump(config.to_dict(), f, sort_keys=False)
-  ranker, paths, pipeline = _setup(config)
-  model_metrics = pipeline.train_and_validate(verbose=verbose, callbacks=callbacks)
-  model_metrics.pop("loss")
-  baseline = evaluation.evaluate_scores(pipeline.dataset_builder.build_raw_valid_dataset(),
-                                        ranker.build_baseline(paths, config.data))
-  evaluation.write_metrics(model_dir, model_metrics, baseline)
-  return {"model": model_metrics, "baseline": baseline}
+  with worker_config(config, fresh) as config:
+    model_dir = config.pipeline.model_dir
+    if fresh:
+      for path in clear_run_outputs(model_dir):
+        print(f"--fresh: removed {path}", flush=True)
+    os.makedirs(model_dir, exist_ok=True)
+    with open(os.path.join(model_dir, RESOLVED_CONFIG), "w", encoding="utf-8") as f:
+      yaml.safe_dump(config.to_dict(), f, sort_keys=False)
+    ranker, paths, pipeline = _setup(config)
+    model_metrics = pipeline.train_and_validate(verbose=verbose, callbacks=callbacks)
+    model_metrics.pop("loss")
+    baseline = evaluation.evaluate_scores(pipeline.dataset_builder.build_raw_valid_dataset(),
+                                          ranker.build_baseline(paths, config.data))
+    evaluation.write_metrics(model_dir, model_metrics, baseline)
+    return {"model": model_metrics, "baseline": baseline}
+
+
+@contextlib.contextmanager
+def worker_config(config: config_lib.JobConfig,
+                  fresh: bool = False) -> Iterator[config_lib.JobConfig]:
+  """The config this process trains with: `config`, or a non-chief worker's copy.
+
+  Under MultiWorkerMirroredStrategy with a TF_CONFIG whose task is not the
+  chief (tf_config.TFConfig.is_chief), yields `config` with model_dir
+  replaced by a new temporary directory, deleted on exit; there the worker
+  writes what the chief writes in model_dir (checkpoints, logs, exports,
+  metrics.json), and nothing of it is kept. Unless `fresh`, the chief's
+  checkpoints are copied there first, so every worker resumes from the same
+  checkpoint (model_dir must be on storage every worker reads, as TF's
+  multi-worker checkpointing assumes). Otherwise yields `config` itself.
+
+  Raises:
+    tf_config.TFConfigError: TF_CONFIG is malformed (naming the key or task).
+  """
+  cluster = None
+  if config.pipeline.strategy == hparams_lib.MULTI_WORKER_MIRRORED:
+    cluster = tf_config.from_environment()
+  if cluster is None or cluster.is_chief:
+    yield config
+    return
+  temp_dir = tempfile.mkdtemp(prefix=f"mxrec-{cluster.task_type}-{cluster.task_index}-")
+  try:
+    checkpoints = os.path.join(config.pipeline.model_dir, "checkpoints")
+    if not fresh and os.path.isdir(checkpoints):
+      # Saves in progress (ckpt-N_temp*) are never current: not copied.
+      shutil.copytree(checkpoints, os.path.join(temp_dir, "checkpoints"),
+                      ignore=shutil.ignore_patterns("*_temp*"))
+    yield dataclasses.replace(config,
+                              pipeline=dataclasses.replace(config.pipeline, model_dir=temp_dir))
+  finally:
+    shutil.rmtree(temp_dir, ignore_errors=True)
 
 
 def export(config: config_lib.JobConfig, export_dir: str | None = None) -> str:
