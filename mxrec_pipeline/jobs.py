@@ -89,8 +89,11 @@ def train(config: config_lib.JobConfig, verbose: int = 2,
 
   Raises:
     tf_config.TFConfigError: a bad TF_CONFIG under MultiWorkerMirroredStrategy.
+    tf_config.PeerError: under it, a collective op failed because another
+      task died or could not be reached within `pipeline.collective_timeout_s`
+      (naming this task and the peer TF names).
   """
-  with worker_config(config, fresh) as config:
+  with worker_config(config, fresh) as config, _peer_errors(config):
     model_dir = config.pipeline.model_dir
     if fresh:
       for path in clear_run_outputs(model_dir):
@@ -105,6 +108,32 @@ def train(config: config_lib.JobConfig, verbose: int = 2,
                                           ranker.build_baseline(paths, config.data))
     evaluation.write_metrics(model_dir, model_metrics, baseline)
     return {"model": model_metrics, "baseline": baseline}
+
+
+# What a collective op raises when a peer task dies, hangs or cannot be reached.
+_PEER_FAILURES = (tf.errors.UnavailableError, tf.errors.DeadlineExceededError,
+                  tf.errors.AbortedError, tf.errors.CancelledError)
+
+
+@contextlib.contextmanager
+def _peer_errors(config: config_lib.JobConfig) -> Iterator[None]:
+  """Under MultiWorkerMirroredStrategy, TF's errors of a failed peer -> tf_config.PeerError."""
+  cluster = None
+  if config.pipeline.strategy == hparams_lib.MULTI_WORKER_MIRRORED:
+    cluster = tf_config.from_environment()
+  try:
+    yield
+  except _PEER_FAILURES as e:
+    if cluster is None:
+      raise
+    peers = cluster.peers_named_in(e.message)
+    lines = [line.strip() for line in e.message.splitlines() if line.strip()] or [type(e).__name__]
+    # TF's line that says why ("Collective ops is aborted by: Connection reset by peer").
+    reason = next((line for line in lines if "aborted" in line), lines[0])
+    raise tf_config.PeerError(
+        f"{cluster.task_name} of a {cluster.num_workers}-worker cluster stopped: "
+        f"{' and '.join(peers) if peers else 'another task'} failed or could not be reached "
+        f"(collective timeout {config.pipeline.collective_timeout_s:g} s): {reason}") from e
 
 
 @contextlib.contextmanager
@@ -137,8 +166,8 @@ def worker_config(config: config_lib.JobConfig,
       # Saves in progress (ckpt-N_temp*) are never current: not copied.
       shutil.copytree(checkpoints, os.path.join(temp_dir, "checkpoints"),
                       ignore=shutil.ignore_patterns("*_temp*"))
-    yield dataclasses.replace(config,
-                              pipeline=dataclasses.replace(config.pipeline, model_dir=temp_dir))
+    yield dataclasses.replace(config, pipeline=dataclasses.replace(config.pipeline,
+                                                                   model_dir=temp_dir))
   finally:
     shutil.rmtree(temp_dir, ignore_errors=True)
 

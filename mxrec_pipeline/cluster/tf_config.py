@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 from typing import Mapping
 
 ENV_VAR = "TF_CONFIG"
@@ -33,6 +34,14 @@ JOB_NAMES = (CHIEF, WORKER, PS, EVALUATOR)
 
 class TFConfigError(ValueError):
   """TF_CONFIG is malformed; the message names the key, job or task at fault."""
+
+
+class PeerError(RuntimeError):
+  """Training stopped because another task of the cluster failed or could not be reached."""
+
+
+# A task in TF's device names and errors: "/job:worker/replica:0/task:1", "/job:worker/task:1".
+_TASK_IN_TEXT = re.compile(r"/job:(\w+)/(?:replica:\d+/)?task:(\d+)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,6 +80,15 @@ class TFConfig:
   def num_workers(self) -> int:
     """Tasks that train in lockstep under MultiWorkerMirroredStrategy: chief + workers."""
     return len(self.cluster.get(CHIEF, ())) + len(self.cluster.get(WORKER, ()))
+
+  def peers_named_in(self, text: str) -> list[str]:
+    """The other tasks ("worker 1") that a TF error text names, in order of first mention."""
+    found = []
+    for job, index in _TASK_IN_TEXT.findall(text):
+      name = f"{job} {int(index)}"
+      if name != self.task_name and name not in found:
+        found.append(name)
+    return found
 
   def to_json(self) -> str:
     """The TF_CONFIG string of this config."""

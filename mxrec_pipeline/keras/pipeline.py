@@ -280,8 +280,7 @@ def get_strategy(name: str | None,
   if name == "MirroredStrategy":
     return tf.distribute.MirroredStrategy()
   if name == MULTI_WORKER_MIRRORED:
-    options = tf.distribute.experimental.CommunicationOptions(
-        timeout_seconds=collective_timeout_s)
+    options = tf.distribute.experimental.CommunicationOptions(timeout_seconds=collective_timeout_s)
     return tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
   raise ValueError(f"unknown strategy {name!r}; supported: {list(STRATEGIES)}")
 
