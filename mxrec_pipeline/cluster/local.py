@@ -154,9 +154,9 @@ def run(command: Callable[[int], Sequence[str]], spec: LocalClusterSpec, log_dir
     for index, config in enumerate(cluster_tf_configs(spec)):
       task_env = {**base_env, tf_config.ENV_VAR: config}
       tasks.append(_start(index, command(index), task_env, log_dir))
-    for task in tasks[1:]:
-      print(f"local cluster: {task.name} (pid {task.process.pid}) logs to {task.log_path}",
-            file=out, flush=True)
+    for task in tasks:
+      where = f"logs to {task.log_path}" if task.log_path else "the chief, output below"
+      print(f"local cluster: {task.name} (pid {task.process.pid}) {where}", file=out, flush=True)
     return _watch(tasks, out)
   except KeyboardInterrupt:
     print("local cluster: interrupted, stopping every worker", file=out, flush=True)

@@ -1,0 +1,117 @@
+"""The local-cluster launcher (mxrec_pipeline/cluster/local.py) on small Python commands.
+
+The tasks here are `python -c` one-liners, not trainings: what is tested is
+the launcher (TF_CONFIG per task, output routing, exit statuses, stopping
+every process). tests/cluster/test_cluster_training.py runs real trainings.
+"""
+
+import io
+import json
+import sys
+
+import pytest
+
+import cluster_testlib as lib
+from mxrec_pipeline.cluster import local
+from mxrec_pipeline.cluster import tf_config
+
+# Prints the task's TF_CONFIG, then does what its task index says.
+TASK = """
+import os, json, signal, sys, time
+config = json.loads(os.environ["TF_CONFIG"])
+print("TF_CONFIG", json.dumps(config), flush=True)
+action = sys.argv[1 + config["task"]["index"]]
+if action == "ignore_term":
+  signal.signal(signal.SIGTERM, signal.SIG_IGN)
+  print("ignoring SIGTERM", flush=True)
+if action in ("forever", "ignore_term"):
+  while True:
+    time.sleep(1)
+sys.exit(int(action))
+"""
+
+
+def _run(tmp_path, actions, grace_s=local.DEFAULT_GRACE_S):
+  env, marker = lib.marked_env()
+  out = io.StringIO()
+  try:
+    status = local.run(lambda task: [sys.executable, "-c", TASK, *actions],
+                       local.LocalClusterSpec(workers=len(actions)), str(tmp_path / "logs"), env=env,
+                       grace_s=grace_s, out=out)
+    assert lib.marked_pids(marker) == []  # Every process it started is gone.
+  finally:
+    lib.kill_marked(marker)
+  return status, out.getvalue()
+
+
+@pytest.mark.parametrize("text, spec", [
+    ("workers=2", local.LocalClusterSpec(2)),
+    (" workers = 3 ", local.LocalClusterSpec(3)),
+    ("workers=1,ps=0", local.LocalClusterSpec(1, 0)),
+])
+def test_parse_spec(text, spec):
+  assert local.parse_spec(text) == spec
+
+
+@pytest.mark.parametrize("text, message", [
+    ("", "expected workers=N"),
+    ("workers", "expected workers=N"),
+    ("chiefs=1", "expected workers=N"),
+    ("workers=two", "`workers` must be an int >= 0, got 'two'"),
+    ("workers=-1", "`workers` must be an int >= 0, got '-1'"),
+    ("workers=0", "`workers` must be a positive int, got 0"),
+    ("workers=2,workers=3", "`workers` is given twice"),
+    ("ps=1", "give the number of workers"),
+    ("workers=2,ps=1", "ParameterServerStrategy is not supported yet"),
+])
+def test_parse_spec_errors_quote_the_value(text, message):
+  with pytest.raises(local.LocalClusterError, match=message) as error:
+    local.parse_spec(text)
+  assert f"--local-cluster {text!r}" in str(error.value)
+
+
+def test_every_task_gets_its_tf_config_chief_streams_others_log(tmp_path, capfd):
+  status, out = _run(tmp_path, ["0", "0", "0"])
+  assert status == 0
+  chief_out = capfd.readouterr().out
+  configs = [json.loads(chief_out.split("TF_CONFIG ", 1)[1].splitlines()[0])]
+  for index in (1, 2):
+    log = (tmp_path / "logs" / f"worker-{index}.log").read_text()
+    assert f"worker {index} (pid " in out and str(tmp_path / "logs" / f"worker-{index}.log") in out
+    configs.append(json.loads(log.split("TF_CONFIG ", 1)[1].splitlines()[0]))
+  addresses = configs[0]["cluster"]["worker"]
+  assert len(set(addresses)) == 3 and all(a.startswith("localhost:") for a in addresses)
+  for index, config in enumerate(configs):
+    parsed = tf_config.parse(json.dumps(config))
+    assert parsed.cluster == {"worker": tuple(addresses)}
+    assert (parsed.task_type, parsed.task_index, parsed.is_chief) == ("worker", index, index == 0)
+
+
+def test_a_failed_worker_stops_the_others_and_is_named(tmp_path):
+  status, out = _run(tmp_path, ["forever", "3", "forever"])
+  assert status == 1
+  log = tmp_path / "logs" / "worker-1.log"
+  assert f"worker 1 exited with status 3; its log: {log}; stopping worker 0, worker 2" in out
+
+
+def test_a_failed_chief_returns_its_status(tmp_path):
+  status, out = _run(tmp_path, ["5", "forever"])
+  assert status == 5
+  assert "worker 0 exited with status 5; its output is above; stopping worker 1" in out
+
+
+def test_stop_kills_a_task_that_ignores_sigterm(tmp_path):
+  env, marker = lib.marked_env()
+  try:
+    tasks = [
+        local._start(i, [sys.executable, "-c", TASK, "ignore_term", "ignore_term"], {
+            **env, "TF_CONFIG": tf_config.dumps({"worker": ["h:1", "h:2"]}, "worker", i)
+        }, str(tmp_path)) for i in range(2)
+    ]
+    # SIGTERM is ignored once the task said so.
+    lib.wait_for_text(tmp_path / "worker-1.log", "ignoring SIGTERM", 60, tasks[1].process)
+    local.stop(tasks, grace_s=0.5)
+    assert tasks[1].process.returncode == -9  # SIGTERM ignored, then SIGKILL.
+    assert lib.marked_pids(marker) == []
+  finally:
+    lib.kill_marked(marker)
