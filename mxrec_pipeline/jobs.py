@@ -152,10 +152,15 @@ def worker_config(config: config_lib.JobConfig,
 
   Raises:
     tf_config.TFConfigError: TF_CONFIG is malformed (naming the key or task).
+    ValueError: more than one worker and no `pipeline.seed`.
   """
   cluster = None
   if config.pipeline.strategy == hparams_lib.MULTI_WORKER_MIRRORED:
     cluster = tf_config.from_environment()
+  if cluster is not None and cluster.num_workers > 1 and config.pipeline.seed is None:
+    raise ValueError(f"pipeline.seed is required with MultiWorkerMirroredStrategy on "
+                     f"{cluster.num_workers} workers: each worker keeps its part of every "
+                     "global batch, so all must shuffle the data in the same (seeded) order")
   if cluster is None or cluster.is_chief:
     yield config
     return

@@ -35,9 +35,9 @@ def _run(tmp_path, actions, grace_s=local.DEFAULT_GRACE_S):
   env, marker = lib.marked_env()
   out = io.StringIO()
   try:
-    status = local.run(lambda task: [sys.executable, "-c", TASK, *actions],
-                       local.LocalClusterSpec(workers=len(actions)), str(tmp_path / "logs"), env=env,
-                       grace_s=grace_s, out=out)
+    spec = local.LocalClusterSpec(workers=len(actions))
+    status = local.run(lambda task: [sys.executable, "-c", TASK, *actions], spec,
+                       str(tmp_path / "logs"), env=env, grace_s=grace_s, out=out)
     assert lib.marked_pids(marker) == []  # Every process it started is gone.
   finally:
     lib.kill_marked(marker)
@@ -104,9 +104,9 @@ def test_stop_kills_a_task_that_ignores_sigterm(tmp_path):
   env, marker = lib.marked_env()
   try:
     tasks = [
-        local._start(i, [sys.executable, "-c", TASK, "ignore_term", "ignore_term"], {
-            **env, "TF_CONFIG": tf_config.dumps({"worker": ["h:1", "h:2"]}, "worker", i)
-        }, str(tmp_path)) for i in range(2)
+        local._start(i, [sys.executable, "-c", TASK, "ignore_term", "ignore_term"],
+                     {**env, "TF_CONFIG": tf_config.dumps({"worker": ["h:1", "h:2"]}, "worker", i)},
+                     str(tmp_path)) for i in range(2)
     ]
     # SIGTERM is ignored once the task said so.
     lib.wait_for_text(tmp_path / "worker-1.log", "ignoring SIGTERM", 60, tasks[1].process)

@@ -67,8 +67,8 @@ def test_peers_named_in_a_tf_error():
     (_text(cluster={"worker": ["h:1", "h:99999"]}), "port in 1..65535, got 'h:99999'"),
     (_text(cluster={"worker": ["h:1", 7]}), "got 7"),
     (_text(cluster={"worker": ["h:1", "h:1"]}), r"address h:1 is also worker 0"),
-    (_text(cluster={"chief": ["a:1", "b:1"], "worker": ["c:1"]}, task={"type": "worker", "index":
-                                                                       0}), "at most one chief"),
+    (_text(cluster={"chief": ["a:1", "b:1"], "worker": ["c:1"]},
+           task={"type": "worker", "index": 0}), "at most one chief"),
     (_text(cluster={"ps": ["p:1"]}, task={"type": "ps", "index": 0}), "no 'chief' or 'worker' job"),
     (_text(task=[1]), r"TF_CONFIG\['task'\] must be an object"),
     (_text(task={"index": 0}), r"TF_CONFIG\['task'\] has no 'type'"),

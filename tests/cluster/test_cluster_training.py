@@ -58,8 +58,8 @@ def _cli(*args):
 
 def _scores(export_dir, valid_elwc):
   lists = builders_testlib.serialized_lists(valid_elwc)
-  return tf.saved_model.load(str(export_dir)).signatures["serving_default"](
-      examples=lists)["scores"].numpy()
+  return tf.saved_model.load(
+      str(export_dir)).signatures["serving_default"](examples=lists)["scores"].numpy()
 
 
 def test_two_workers_train_as_one_process_and_only_the_chief_writes(tmp_path, letor, capsys):
@@ -134,10 +134,10 @@ def test_a_killed_peer_ends_a_worker_within_the_collective_timeout(tmp_path, let
   """Without the launcher (workers on other machines): the survivor fails naming its peer."""
   env, marker = lib.marked_env(PYTHONUNBUFFERED="1")
   configs = local.cluster_tf_configs(local.LocalClusterSpec(workers=2))
-  args = _cli("train", CONFIG, "--verbose=2",
-              *_overrides(tmp_path, letor, tmp_path / "run", num_epochs=500,
-                          num_train_steps=1000, strategy="MultiWorkerMirroredStrategy",
-                          collective_timeout_s=20))
+  args = _cli(
+      "train", CONFIG, "--verbose=2",
+      *_overrides(tmp_path, letor, tmp_path / "run", num_epochs=500, num_train_steps=1000,
+                  strategy="MultiWorkerMirroredStrategy", collective_timeout_s=20))
   logs = [tmp_path / f"worker-{i}.log" for i in range(2)]
   workers = []
   try:
@@ -158,3 +158,28 @@ def test_a_killed_peer_ends_a_worker_within_the_collective_timeout(tmp_path, let
       worker.kill()
       worker.wait()
     lib.kill_marked(marker)
+
+
+def test_sparse_features_are_refused_on_two_workers_naming_the_strategy(tmp_path):
+  """Until tables are sharded over workers: both workers stop before training."""
+  env, marker = lib.marked_env()
+  data_dir = builders_testlib.write_movielens(tmp_path / "ml")
+  model_dir = tmp_path / "run"
+  sets = [
+      f"data.data_dir={data_dir}", f"data.elwc_dir={tmp_path / 'elwc'}",
+      f"pipeline.model_dir={model_dir}", "model.device_vocabulary_size=200"
+  ]
+  try:
+    launcher = subprocess.run(
+        _cli("train", str(REPO / "configs" / "movielens_listwise.yaml"), "--local-cluster",
+             "workers=2", *[a for s in sets for a in ("--set", s)]), env=env, capture_output=True,
+        text=True, timeout=TIMEOUT_S, check=False)
+    assert lib.marked_pids(marker) == []
+  finally:
+    lib.kill_marked(marker)
+  assert launcher.returncode != 0
+  # The first worker to stop printed the error (the other may be stopped before it does).
+  text = launcher.stderr + (model_dir / "local_cluster" / "worker-1.log").read_text()
+  assert ("MultiWorkerMirroredStrategy with 2 replicas: the pipeline's sparse features need one "
+          "replica") in text, text[-3000:]
+  assert not (model_dir / "checkpoints").exists()
