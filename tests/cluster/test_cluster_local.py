@@ -7,6 +7,8 @@ every process). tests/cluster/test_cluster_training.py runs real trainings.
 
 import io
 import json
+import pathlib
+import subprocess
 import sys
 
 import pytest
@@ -14,6 +16,8 @@ import pytest
 import cluster_testlib as lib
 from mxrec_pipeline.cluster import local
 from mxrec_pipeline.cluster import tf_config
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
 
 # Prints the task's TF_CONFIG, then does what its task index says.
 TASK = """
@@ -115,3 +119,34 @@ def test_stop_kills_a_task_that_ignores_sigterm(tmp_path):
     assert lib.marked_pids(marker) == []
   finally:
     lib.kill_marked(marker)
+
+
+# `train --local-cluster` in a fresh process, with `local.run` recording what it would start.
+CLI_WRAPPER = """
+import json, sys
+from mxrec_pipeline import cli
+from mxrec_pipeline.cluster import local
+calls = []
+local.run = lambda command, spec, log_dir: calls.append((command(1), spec.workers, log_dir)) or 0
+code = cli.main(sys.argv[1:])
+print(json.dumps({"code": code, "calls": calls, "tensorflow": "tensorflow" in sys.modules}))
+"""
+
+
+def test_train_local_cluster_runs_the_same_command_without_tensorflow(tmp_path):
+  config = str(REPO / "configs" / "mslr_dnn.yaml")
+  args = [
+      "train", config, "--local-cluster", "workers=3", "--fresh", "--set",
+      f"pipeline.model_dir={tmp_path / 'run'}"
+  ]
+  process = subprocess.run([sys.executable, "-c", CLI_WRAPPER, *args], capture_output=True,
+                           text=True, timeout=120, check=True)
+  result = json.loads(process.stdout.strip().splitlines()[-1])
+  assert result == {
+      "code": 0, "tensorflow": False, "calls": [[[
+          sys.executable, "-m", "mxrec_pipeline.cli", "train", config, "--verbose=2", "--fresh",
+          "--set", f"pipeline.model_dir={tmp_path / 'run'}", "--set",
+          "pipeline.strategy=MultiWorkerMirroredStrategy"
+      ], 3,
+                                                 str(tmp_path / "run" / "local_cluster")]]
+  }
