@@ -110,6 +110,13 @@ def train(config: config_lib.JobConfig, verbose: int = 2,
     return {"model": model_metrics, "baseline": baseline}
 
 
+def _cluster(config: config_lib.JobConfig) -> tf_config.TFConfig | None:
+  """The TF_CONFIG of a MultiWorkerMirroredStrategy job (None: other strategies, or unset)."""
+  if config.pipeline.strategy != hparams_lib.MULTI_WORKER_MIRRORED:
+    return None
+  return tf_config.from_environment()
+
+
 # What a collective op raises when a peer task dies, hangs or cannot be reached.
 _PEER_FAILURES = (tf.errors.UnavailableError, tf.errors.DeadlineExceededError,
                   tf.errors.AbortedError, tf.errors.CancelledError)
@@ -118,9 +125,7 @@ _PEER_FAILURES = (tf.errors.UnavailableError, tf.errors.DeadlineExceededError,
 @contextlib.contextmanager
 def _peer_errors(config: config_lib.JobConfig) -> Iterator[None]:
   """Under MultiWorkerMirroredStrategy, TF's errors of a failed peer -> tf_config.PeerError."""
-  cluster = None
-  if config.pipeline.strategy == hparams_lib.MULTI_WORKER_MIRRORED:
-    cluster = tf_config.from_environment()
+  cluster = _cluster(config)
   try:
     yield
   except _PEER_FAILURES as e:
@@ -154,9 +159,7 @@ def worker_config(config: config_lib.JobConfig,
     tf_config.TFConfigError: TF_CONFIG is malformed (naming the key or task).
     ValueError: more than one worker and no `pipeline.seed`.
   """
-  cluster = None
-  if config.pipeline.strategy == hparams_lib.MULTI_WORKER_MIRRORED:
-    cluster = tf_config.from_environment()
+  cluster = _cluster(config)
   if cluster is not None and cluster.num_workers > 1 and config.pipeline.seed is None:
     raise ValueError(f"pipeline.seed is required with MultiWorkerMirroredStrategy on "
                      f"{cluster.num_workers} workers: each worker keeps its part of every "

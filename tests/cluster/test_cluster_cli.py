@@ -30,3 +30,14 @@ def test_bad_cluster_setup_exits_2_naming_it(tmp_path, monkeypatch, capsys, tf_c
   assert cli.main(args) == 2
   assert message in capsys.readouterr().err
   assert not (tmp_path / "run").exists()  # Refused before anything ran.
+
+
+@pytest.mark.parametrize("override, message", [
+    ("pipeline.collective_timeout_s=0", "`collective_timeout_s` must be a finite positive number"),
+    ("pipeline.strategy=MultiWorker", "'MirroredStrategy', 'MultiWorkerMirroredStrategy'), got "
+     "'MultiWorker'"),
+])
+def test_bad_strategy_keys_exit_2(tmp_path, capsys, override, message):
+  args = ["train", CONFIG, "--set", f"pipeline.model_dir={tmp_path / 'run'}", "--set", override]
+  assert cli.main(args) == 2
+  assert message in capsys.readouterr().err
