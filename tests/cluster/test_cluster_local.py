@@ -8,6 +8,7 @@ every process). tests/cluster/test_cluster_training.py runs real trainings.
 import io
 import json
 import pathlib
+import signal
 import subprocess
 import sys
 
@@ -150,3 +151,29 @@ def test_train_local_cluster_runs_the_same_command_without_tensorflow(tmp_path):
       ], 3,
                                                  str(tmp_path / "run" / "local_cluster")]]
   }
+
+
+LAUNCHER = """
+import sys
+from mxrec_pipeline.cluster import local
+task = [sys.executable, "-c", sys.argv[1], "forever", "forever"]
+sys.exit(local.run(lambda index: task, local.LocalClusterSpec(workers=2), sys.argv[2]))
+"""
+
+
+def test_ctrl_c_stops_every_worker(tmp_path):
+  env, marker = lib.marked_env()
+  with open(tmp_path / "launcher.txt", "w", encoding="utf-8") as out:
+    launcher = subprocess.Popen([sys.executable, "-c", LAUNCHER, TASK,
+                                 str(tmp_path / "logs")], env=env, stdout=out,
+                                stderr=subprocess.STDOUT)
+  try:
+    lib.wait_for_text(tmp_path / "logs" / "worker-1.log", "TF_CONFIG", 60, launcher)
+    launcher.send_signal(signal.SIGINT)
+    assert launcher.wait(timeout=60) == 130
+    assert "interrupted, stopping every worker" in (tmp_path / "launcher.txt").read_text()
+    assert lib.marked_pids(marker) == []
+  finally:
+    launcher.kill()
+    launcher.wait()
+    lib.kill_marked(marker)
