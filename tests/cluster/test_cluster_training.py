@@ -62,20 +62,32 @@ def _scores(export_dir, valid_elwc):
       str(export_dir)).signatures["serving_default"](examples=lists)["scores"].numpy()
 
 
-def test_two_workers_train_as_one_process_and_only_the_chief_writes(tmp_path, letor, capsys):
-  env, marker = lib.marked_env(TMPDIR=str(tmp_path / "tmp"))
-  (tmp_path / "tmp").mkdir()
-  model_dir = tmp_path / "run2"
+def _launch(tmp_path, letor, model_dir, env, **pipeline):
+  """Runs `train --local-cluster workers=2` to its end; returns its CompletedProcess."""
+  marker = env[lib.MARKER_VAR]
   try:
     launcher = subprocess.run(
         _cli("train", CONFIG, "--verbose=0", "--local-cluster", "workers=2",
-             *_overrides(tmp_path, letor, model_dir)), env=env, capture_output=True, text=True,
-        timeout=TIMEOUT_S, check=False)
+             *_overrides(tmp_path, letor, model_dir, **pipeline)), env=env, capture_output=True,
+        text=True, timeout=TIMEOUT_S, check=False)
     assert lib.marked_pids(marker) == []
   finally:
     lib.kill_marked(marker)
   assert launcher.returncode == 0, launcher.stderr[-3000:]
+  return launcher
+
+
+def test_two_workers_train_as_one_process_and_only_the_chief_writes(tmp_path, letor, capsys):
+  env, _ = lib.marked_env(TMPDIR=str(tmp_path / "tmp"))
+  (tmp_path / "tmp").mkdir()
+  model_dir = tmp_path / "run2"
+  # Epoch 1 of 2, then the same job again: both workers resume from the chief's checkpoint.
+  first = _launch(tmp_path, letor, model_dir, env, num_epochs=1, num_train_steps=3)
+  launcher = _launch(tmp_path, letor, model_dir, env)
+  chief_pids = {_pid(run.stderr, 0) for run in (first, launcher)}
   assert "worker 1 (pid" in launcher.stderr and "validation metrics" in launcher.stdout
+  for output in (launcher.stdout, (model_dir / "local_cluster" / "worker-1.log").read_text()):
+    assert "1 epoch(s) and 3 step(s) done, continuing at epoch 2 of 2" in output
 
   # One process, the same global batch.
   assert cli.main(["train", CONFIG, "--verbose=0"] +
@@ -88,16 +100,23 @@ def test_two_workers_train_as_one_process_and_only_the_chief_writes(tmp_path, le
                              _scores(tmp_path / "run1" / "export" / "latest_model", valid_elwc),
                              rtol=1e-5, atol=1e-5)
 
-  # The chief's outputs only: one writer per TensorBoard directory, the worker's temp
-  # model_dir gone, and the launcher's log of worker 1.
+  # The chief's outputs only: TensorBoard files of the chiefs (their names hold the pid),
+  # the worker's temp model_dir gone, and the launcher's log of worker 1.
   assert sorted(os.listdir(model_dir)) == [
       "checkpoints", "config.yaml", "export", "local_cluster", "logs", METRICS_FILE
   ]
   assert os.listdir(model_dir / "local_cluster") == ["worker-1.log"]
   for logs in ("train", "validation", "tables"):
-    assert len(os.listdir(model_dir / "logs" / logs)) == 1, logs
+    # events.out.tfevents.<time>.<host>.<pid>.<n>.v2
+    writers = {int(name.split(".")[-3]) for name in os.listdir(model_dir / "logs" / logs)}
+    assert writers == chief_pids, logs
   assert sorted(os.listdir(model_dir / "checkpoints"))[0] == "checkpoint"
   assert os.listdir(tmp_path / "tmp") == []
+
+
+def _pid(launcher_output: str, worker: int) -> int:
+  """The pid of a worker, from the launcher's "worker <i> (pid <pid>)" line."""
+  return int(launcher_output.split(f"worker {worker} (pid ", 1)[1].split(")", 1)[0])
 
 
 def _start_cluster_run(tmp_path, letor, model_dir, env):
@@ -115,9 +134,7 @@ def test_a_killed_worker_ends_the_launcher_naming_it(tmp_path, letor):
   try:
     log = model_dir / "local_cluster" / "worker-1.log"
     lib.wait_for_text(log, "Epoch 2/", TIMEOUT_S, launcher)  # Training, past the first epoch.
-    text = (tmp_path / "launcher.txt").read_text()
-    pid = int(text.split("worker 1 (pid ", 1)[1].split(")", 1)[0])
-    os.kill(pid, signal.SIGKILL)
+    os.kill(_pid((tmp_path / "launcher.txt").read_text(), 1), signal.SIGKILL)
     status = launcher.wait(timeout=60)
     text = (tmp_path / "launcher.txt").read_text()
     assert status == 1, text[-3000:]
