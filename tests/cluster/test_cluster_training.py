@@ -47,7 +47,7 @@ def _overrides(tmp_path, letor, model_dir, **pipeline):
       f"data.train_path={train}", f"data.valid_path={valid}", f"data.elwc_dir={tmp_path / 'elwc'}",
       f"pipeline.model_dir={model_dir}", "model.hidden_layer_dims=[8]", "model.dropout=0.0",
       "model.use_batch_norm=false", "dataset.train_batch_size=4", "dataset.list_size=8",
-      "pipeline.num_epochs=2", "pipeline.num_train_steps=6", "pipeline.collective_timeout_s=30"
+      "pipeline.num_epochs=2", "pipeline.num_train_steps=6", "pipeline.collective_timeout_s=60"
   ] + [f"pipeline.{k}={v}" for k, v in pipeline.items()]
   return [a for s in sets for a in ("--set", s)]
 
@@ -154,7 +154,7 @@ def test_a_killed_peer_ends_a_worker_within_the_collective_timeout(tmp_path, let
   args = _cli(
       "train", CONFIG, "--verbose=2",
       *_overrides(tmp_path, letor, tmp_path / "run", num_epochs=500, num_train_steps=1000,
-                  strategy="MultiWorkerMirroredStrategy", collective_timeout_s=20))
+                  strategy="MultiWorkerMirroredStrategy", collective_timeout_s=30))
   logs = [tmp_path / f"worker-{i}.log" for i in range(2)]
   workers = []
   try:
@@ -165,11 +165,11 @@ def test_a_killed_peer_ends_a_worker_within_the_collective_timeout(tmp_path, let
                              stderr=subprocess.STDOUT))
     lib.wait_for_text(logs[1], "Epoch 2/", TIMEOUT_S, workers[1])
     workers[1].kill()
-    # Within the collective timeout (20 s), with a margin for the process to end.
-    assert workers[0].wait(timeout=50) == 1
+    # Within the collective timeout (30 s), with a margin for the process to end.
+    assert workers[0].wait(timeout=60) == 1
     text = logs[0].read_text()
     assert ("mxrec-pipeline train: error: worker 0 of a 2-worker cluster stopped: worker 1 "
-            "failed or could not be reached (collective timeout 20 s)") in text, text[-3000:]
+            "failed or could not be reached (collective timeout 30 s)") in text, text[-3000:]
   finally:
     for worker in workers:
       worker.kill()
