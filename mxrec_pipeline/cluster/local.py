@@ -23,10 +23,12 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from typing import Callable, Sequence, TextIO
 
@@ -127,7 +129,9 @@ def run(command: Callable[[int], Sequence[str]], spec: LocalClusterSpec, log_dir
   """Runs a local cluster until every task ends, or one fails; returns an exit status.
 
   Task i runs `command(i)` with TF_CONFIG (`cluster_tf_configs`) added to
-  `env` (default: os.environ) and PYTHONUNBUFFERED=1. The chief (worker 0)
+  `env` (default: os.environ), PYTHONUNBUFFERED=1 and TMPDIR set to a new
+  temporary directory, deleted when all tasks ended (with what a killed
+  task left there). The chief (worker 0)
   writes to this process's stdout and stderr; worker i > 0 to
   `log_dir/worker-<i>.log`. Each task dies with this process (Linux
   PR_SET_PDEATHSIG), so none outlives a launcher that is killed.
@@ -149,8 +153,11 @@ def run(command: Callable[[int], Sequence[str]], spec: LocalClusterSpec, log_dir
   out = out or sys.stderr
   os.makedirs(log_dir, exist_ok=True)
   tasks = []
+  # The tasks' TMPDIR (where non-chief workers keep their model_dir): deleted at the end,
+  # even when a task was killed before it could delete its own files.
+  scratch = tempfile.mkdtemp(prefix="mxrec-local-cluster-")
   try:
-    base_env = {**(os.environ if env is None else env), "PYTHONUNBUFFERED": "1"}
+    base_env = {**(os.environ if env is None else env), "PYTHONUNBUFFERED": "1", "TMPDIR": scratch}
     for index, config in enumerate(cluster_tf_configs(spec)):
       task_env = {**base_env, tf_config.ENV_VAR: config}
       tasks.append(_start(index, command(index), task_env, log_dir))
@@ -163,6 +170,7 @@ def run(command: Callable[[int], Sequence[str]], spec: LocalClusterSpec, log_dir
     return 130
   finally:
     stop(tasks, grace_s)
+    shutil.rmtree(scratch, ignore_errors=True)
 
 
 def _start(index: int, argv: Sequence[str], env: dict[str, str], log_dir: str) -> _Task:

@@ -7,6 +7,7 @@ every process). tests/cluster/test_cluster_training.py runs real trainings.
 
 import io
 import json
+import os
 import pathlib
 import signal
 import subprocess
@@ -25,6 +26,7 @@ TASK = """
 import os, json, signal, sys, time
 config = json.loads(os.environ["TF_CONFIG"])
 print("TF_CONFIG", json.dumps(config), flush=True)
+print("TMPDIR", os.environ.get("TMPDIR"), flush=True)
 action = sys.argv[1 + config["task"]["index"]]
 if action == "ignore_term":
   signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -84,6 +86,12 @@ def test_every_task_gets_its_tf_config_chief_streams_others_log(tmp_path, capfd)
     log = (tmp_path / "logs" / f"worker-{index}.log").read_text()
     assert f"worker {index} (pid " in out and str(tmp_path / "logs" / f"worker-{index}.log") in out
     configs.append(json.loads(log.split("TF_CONFIG ", 1)[1].splitlines()[0]))
+  # One TMPDIR for the tasks, deleted at the end.
+  (tmp_dir,) = {
+      line.split(" ", 1)[1] for line in chief_out.splitlines() if line.startswith("TMPDIR")
+  }
+  assert os.path.basename(tmp_dir).startswith("mxrec-local-cluster-")
+  assert not os.path.exists(tmp_dir)
   addresses = configs[0]["cluster"]["worker"]
   assert len(set(addresses)) == 3 and all(a.startswith("localhost:") for a in addresses)
   for index, config in enumerate(configs):

@@ -128,7 +128,8 @@ def _start_cluster_run(tmp_path, letor, model_dir, env):
 
 
 def test_a_killed_worker_ends_the_launcher_naming_it(tmp_path, letor):
-  env, marker = lib.marked_env()
+  env, marker = lib.marked_env(TMPDIR=str(tmp_path / "tmp"))
+  (tmp_path / "tmp").mkdir()
   model_dir = tmp_path / "run"
   launcher, out = _start_cluster_run(tmp_path, letor, model_dir, env)
   try:
@@ -140,6 +141,7 @@ def test_a_killed_worker_ends_the_launcher_naming_it(tmp_path, letor):
     assert status == 1, text[-3000:]
     assert f"worker 1 exited with status -9 (SIGKILL); its log: {log}; stopping worker 0" in text
     assert lib.marked_pids(marker) == []
+    assert os.listdir(tmp_path / "tmp") == []  # Worker 1's temp model_dir too.
   finally:
     launcher.kill()
     launcher.wait()
@@ -149,7 +151,7 @@ def test_a_killed_worker_ends_the_launcher_naming_it(tmp_path, letor):
 
 def test_a_killed_peer_ends_a_worker_within_the_collective_timeout(tmp_path, letor):
   """Without the launcher (workers on other machines): the survivor fails naming its peer."""
-  env, marker = lib.marked_env(PYTHONUNBUFFERED="1")
+  env, marker = lib.marked_env(PYTHONUNBUFFERED="1", TMPDIR=str(tmp_path))
   configs = local.cluster_tf_configs(local.LocalClusterSpec(workers=2))
   args = _cli(
       "train", CONFIG, "--verbose=2",
