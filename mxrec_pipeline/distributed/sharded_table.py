@@ -1,0 +1,263 @@
+"""A table sharded row-wise by key owner over the workers of a MultiWorkerMirroredStrategy.
+
+Each worker holds one shard: an ordinary single-process table of the core
+(core/embedding.create_table: a KeyIndex plus a [rows_per_shard, dim] rows
+variable), created outside the strategy's scope so that its rows are this
+worker's own variable, neither mirrored nor all-reduced. A lookup routes the
+batch's ids to their owners and the rows back (distributed/exchange.py); the
+gradient comes back to the owners as IndexedSlices on their shard variable,
+and `apply_gradients` hands it to a hash optimizer (lazy Adam, Adagrad, SGD,
+FTRL of mxrec_pipeline.optimizers) with no cross-worker aggregation: the
+exchange already brought every worker's gradient of the owner's rows. Dense
+variables stay mirrored and all-reduced as MultiWorkerMirroredStrategy does.
+TorchRec's ShardedEmbeddingCollection (row-wise) and TPUEmbedding's
+mod-sharding work the same way.
+
+Example (one process per worker, each with its TF_CONFIG):
+  >>> strategy = tf.distribute.MultiWorkerMirroredStrategy()
+  >>> init()
+  >>> table = ShardedTable(strategy, name="item", dim=8, rows_per_shard=100_000,
+  ...                      emb_initializer=tf.keras.initializers.RandomNormal(0, 0.05))
+  >>> optimizer = lazy_adam.create_hash_optimizer(0.01)  # Outside strategy.scope().
+  >>> @tf.function
+  ... def train_step(ids, labels):
+  ...   def step_fn(ids, labels):
+  ...     with tf.GradientTape() as tape:
+  ...       loss = ...(table.lookup(ids), labels) / global_batch_size
+  ...     dense_grads, table_grad = tape.gradient(loss, [dense_vars, table.variable])
+  ...     dense_optimizer.apply_gradients(zip(dense_grads, dense_vars))
+  ...     return loss, table_grad
+  ...   loss, table_grad = strategy.run(step_fn, (ids, labels))
+  ...   apply_gradients(optimizer, [(table_grad, table)])
+  ...   return strategy.reduce("SUM", loss, axis=None)
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Callable, Sequence
+
+import numpy as np
+import tensorflow as tf
+
+from mxrec_pipeline.core import embedding
+from mxrec_pipeline.core import key_index as key_index_lib
+from mxrec_pipeline.core import lookup
+from mxrec_pipeline.distributed import exchange
+
+# What must agree across workers, in the order compared.
+CONFIG_FIELDS = ("name", "dim", "rows_per_shard", "key_dtype", "value_dtype", "num_shards")
+
+
+def shard_of_worker(strategy: tf.distribute.Strategy) -> tuple[int, int]:
+  """(shard_id, num_shards) of this process: its replica id and the replicas in sync.
+
+  MultiWorkerMirroredStrategy numbers replicas chief first, then workers by
+  task index; with one replica per worker that is the shard. A strategy with
+  one replica (any other, or no cluster) gives (0, 1).
+
+  Raises:
+    ValueError: a worker with several local replicas (e.g. several GPUs):
+      a shard per replica of one host is not supported yet.
+  """
+  num_shards = strategy.num_replicas_in_sync
+  if num_shards == 1:
+    return 0, 1
+  if len(strategy.extended.worker_devices) != 1:
+    raise ValueError(f"ShardedTable: one replica per worker is supported, this worker has "
+                     f"{len(strategy.extended.worker_devices)} ({strategy.extended.worker_devices})")
+  resolver = strategy.cluster_resolver
+  cluster = resolver.cluster_spec().as_dict()
+  task_id = int(resolver.task_id)
+  has_chief = "chief" in cluster
+  if resolver.task_type == "chief":
+    return 0, num_shards
+  return task_id + (1 if has_chief else 0), num_shards
+
+
+class ShardedTable(tf.Module):
+  """A table whose rows are split over the workers by `sharding.owner(key)`.
+
+  Create it on every worker, in the same order, with the same arguments,
+  OUTSIDE `strategy.scope()`; look it up inside `strategy.run`.
+
+  Args:
+    strategy: The MultiWorkerMirroredStrategy (one replica per worker); any
+      single-replica strategy gives one shard holding every key.
+    name: Table name, as create_table's (the shard is registered under it).
+    dim: Embedding dimension.
+    rows_per_shard: Rows of each worker's shard (create_table's
+      device_vocabulary_size): the most distinct keys a worker owns; a full
+      shard fails naming the table.
+    emb_initializer: As create_table's; rows are drawn per shard, so a
+      random initializer gives other initial rows than one process would
+      (a constant one, or a restored checkpoint, gives the same).
+    key_dtype: tf.int64, tf.int32 or tf.string (fingerprinted as the core
+      does).
+    value_dtype: Floating dtype of the rows.
+    init_param: Factor on the initial values (create_table's).
+
+  Attributes:
+    shard: This worker's SparseEmbedding.
+    shard_id, num_shards: This worker's shard and the number of shards.
+    bytes_exchanged: [3] int64 variable, this worker's ExchangeBytes (ids,
+      rows, gradients) summed over lookups.
+
+  Raises:
+    ValueError: created inside a strategy scope; arguments create_table
+      refuses; a config that differs on another worker (naming the table,
+      the field and both values).
+  """
+
+  def __init__(self, strategy: tf.distribute.Strategy, *, name: str, dim: int,
+               rows_per_shard: int, emb_initializer: Callable, key_dtype: tf.DType = tf.int64,
+               value_dtype: tf.DType = tf.float32, init_param: float = 1.0):
+    super().__init__(name=None)
+    if tf.distribute.has_strategy():
+      raise ValueError(f"ShardedTable('{name}'): create it outside strategy.scope(): its rows are "
+                       "this worker's shard, not a mirrored variable")
+    self.shard_id, self.num_shards = shard_of_worker(strategy)
+    object.__setattr__(self, "_strategy", strategy)  # Not tracked: no state of its own.
+    self.shard = embedding.create_table(key_dtype=key_dtype, dim=dim, name=name,
+                                        emb_initializer=emb_initializer,
+                                        device_vocabulary_size=rows_per_shard,
+                                        init_param=init_param, value_dtype=value_dtype)
+    self.bytes_exchanged = tf.Variable(tf.zeros([3], tf.int64), trainable=False,
+                                       name=f"{name}/bytes_exchanged")
+    check_same_config(strategy, self.config())
+
+  @property
+  def table_name(self) -> str:
+    return self.shard.table_name
+
+  @property
+  def dim(self) -> int:
+    return self.shard.dim
+
+  @property
+  def variable(self) -> tf.Variable:
+    """[rows_per_shard, dim] rows of this worker's shard (a plain, per-worker variable)."""
+    return self.shard.variable
+
+  def config(self) -> dict:
+    """The CONFIG_FIELDS of this table on this worker."""
+    return {
+        "name": self.shard.table_name,
+        "dim": self.shard.dim,
+        "rows_per_shard": self.shard.device_vocabulary_size,
+        "key_dtype": self.shard.key_dtype.name,
+        "value_dtype": self.shard.variable.dtype.name,
+        "num_shards": self.num_shards,
+    }
+
+  def lookup(self, ids, training: bool = True, default_value=None) -> tf.Tensor:
+    """Every id's row, read from its owner's shard. Call inside `strategy.run`.
+
+    Args:
+      ids: [any shape] tensor of the table's key_dtype, this worker's ids.
+      training: True inserts keys absent from their owner's shard (a full
+        shard fails naming the table); False reads `default_value` for them.
+      default_value: Scalar or [dim] row of absent keys when not training
+        (zeros by default).
+
+    Returns:
+      [*ids.shape, dim] of the rows' dtype; differentiable with respect to
+      `variable` (IndexedSlices on the owner's rows).
+    """
+    ids = tf.convert_to_tensor(ids)
+    if ids.dtype != self.shard.key_dtype:
+      raise ValueError(f"ShardedTable('{self.table_name}'): ids must be "
+                       f"{self.shard.key_dtype.name}, got {ids.dtype.name}")
+    keys = key_index_lib.to_keys(ids, f"table '{self.table_name}'")
+    unique_keys, restore = tf.unique(tf.reshape(keys, [-1]), out_idx=tf.int32)
+
+    def lookup_owned(owned_keys):
+      rows, restore_owned, _ = self.shard.key_index.insert(owned_keys, training=training)
+      unique_emb = lookup.gather_rows(self.shard.variable, rows, training=training,
+                                      default_value=default_value)
+      return lookup.per_id(unique_emb, restore_owned)
+
+    unique_emb, counted = exchange.exchange_lookup(unique_keys, lookup_owned, self.num_shards,
+                                                   self.dim, self.shard.variable.dtype)
+    with tf.control_dependencies([self.bytes_exchanged.assign_add(counted.as_vector())]):
+      out = lookup.per_id(unique_emb, tf.reshape(restore, tf.shape(ids)))
+    return out
+
+  def exchange_stats(self) -> dict[str, int]:
+    """Bytes this worker received so far from the table's exchanges: ids, rows, gradients."""
+    values = self.bytes_exchanged.numpy()
+    return {"ids": int(values[0]), "rows": int(values[1]), "gradients": int(values[2])}
+
+
+def apply_gradients(optimizer, grads_and_tables: Sequence[tuple[object, ShardedTable]]):
+  """Applies the shards' gradients with a hash optimizer, each worker to its own shard.
+
+  Call it after `strategy.run` (which returns each table's gradient), outside
+  `strategy.scope()`: the gradients are already complete per owner, so no
+  cross-worker aggregation must happen (the hash optimizer would all-reduce
+  them in a replica context). With one replica per worker, `strategy.run`'s
+  results are this worker's values.
+
+  Args:
+    optimizer: A HashOptimizer (lazy Adam, Adagrad, SGD, FTRL) created outside
+      the strategy scope.
+    grads_and_tables: Pairs (IndexedSlices gradient of `table.variable`, or
+      None; ShardedTable).
+
+  Returns:
+    The optimizer's update op (graph) or None (eager).
+
+  Raises:
+    ValueError: called inside a strategy scope or replica context.
+  """
+  if tf.distribute.has_strategy():
+    raise ValueError("apply_gradients of sharded tables: call it after strategy.run and outside "
+                     "strategy.scope(), so that no strategy aggregates the shards' gradients")
+  pairs = []
+  for grad, table in grads_and_tables:
+    if isinstance(grad, tf.distribute.DistributedValues):
+      (grad,) = grad.values  # One replica per worker.
+    pairs.append((grad, table.variable))
+  return optimizer.apply_gradients(pairs)
+
+
+def _config_vector(config: dict) -> np.ndarray:
+  """The config as int64s: a fingerprint of the name, then the other fields."""
+  digest = hashlib.sha256(config["name"].encode()).digest()
+  name_code = int.from_bytes(digest[:8], "little", signed=True)
+  dtypes = [tf.as_dtype(config[f]).as_datatype_enum for f in ("key_dtype", "value_dtype")]
+  return np.array([name_code, config["dim"], config["rows_per_shard"], *dtypes,
+                   config["num_shards"]], np.int64)
+
+
+def check_same_config(strategy: tf.distribute.Strategy, config: dict) -> None:
+  """Refuses a table whose config differs between workers.
+
+  All-gathers CONFIG_FIELDS over the strategy's collectives (every worker
+  calls this for each table, in creation order). A worker that never reaches
+  it makes the others fail at the collective timeout.
+
+  Raises:
+    ValueError: naming the table, the first differing field, and the value
+      of each shard.
+  """
+  if strategy.num_replicas_in_sync == 1:
+    return
+  vector = tf.constant(_config_vector(config))
+  gathered = strategy.run(
+      lambda: tf.distribute.get_replica_context().all_gather(vector[tf.newaxis], axis=0))
+  (gathered,) = strategy.experimental_local_results(gathered)
+  gathered = gathered.numpy()
+  for i, field in enumerate(CONFIG_FIELDS):
+    values = gathered[:, i]
+    if (values != values[0]).any():
+      shown = [
+          int(v) if field not in ("key_dtype", "value_dtype") else tf.as_dtype(int(v)).name
+          for v in values
+      ]
+      if field == "name":
+        shown = "a different table name" if len(set(values)) > 1 else shown
+      raise ValueError(f"ShardedTable('{config['name']}'): the workers disagree on `{field}`: "
+                       f"{shown} by shard (this worker is shard "
+                       f"{shard_of_worker(strategy)[0]}); create the same tables with the same "
+                       "arguments, in the same order, on every worker")

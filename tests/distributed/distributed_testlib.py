@@ -1,0 +1,194 @@
+"""Helpers of the multi-worker tests: a localhost cluster, the toy model, its one-process run.
+
+`run_cluster` starts one Python process per worker with its TF_CONFIG on free
+localhost ports (as TF's multi_process_runner does), waits for all with a
+deadline and kills every process it started in a `finally`.
+
+The toy model: GLOBAL_BATCH examples of IDS_PER_EXAMPLE ids of one table
+(skewed ints, repeated within and across workers), score = sum(emb * w) + b,
+loss = sum of squared errors / GLOBAL_BATCH. Worker w of W trains examples
+[w * B/W, (w + 1) * B/W) of each global batch, so W workers and one process
+see the same global batches.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import socket
+import subprocess
+import sys
+import time
+
+import numpy as np
+import tensorflow as tf
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+WORKER = pathlib.Path(__file__).resolve().parent / "sharded_worker.py"
+
+GLOBAL_BATCH = 16
+IDS_PER_EXAMPLE = 3
+DIM = 4
+ROWS = 256  # Rows of one process's table and of each shard.
+TABLE = "item"
+# Hyperparameters of each hash optimizer (optimizers/factory.py keys).
+OPTIMIZERS = {
+    "lazy_adam": {"learning_rate": 0.05},
+    "adagrad": {"learning_rate": 0.1},
+    "sgd": {"learning_rate": 0.1},
+    "ftrl": {"learning_rate": 0.1},
+}
+
+
+def batch(step: int) -> tuple[np.ndarray, np.ndarray]:
+  """Global batch `step`: ids [GLOBAL_BATCH, IDS_PER_EXAMPLE] int64, labels [GLOBAL_BATCH] float32.
+
+  Zipf-like ids among ~200 values (many repeats), spread over the int64 range.
+  """
+  rng = np.random.default_rng(1000 + step)
+  ranks = np.minimum(rng.zipf(1.3, size=(GLOBAL_BATCH, IDS_PER_EXAMPLE)), 200)
+  ids = ranks.astype(np.int64) * 1_000_003 - 2**40
+  labels = rng.normal(size=GLOBAL_BATCH).astype(np.float32)
+  return ids, labels
+
+
+def worker_slice(step: int, shard: int, num_shards: int):
+  ids, labels = batch(step)
+  per = GLOBAL_BATCH // num_shards
+  return ids[shard * per:(shard + 1) * per], labels[shard * per:(shard + 1) * per]
+
+
+def initializer():
+  # Constant: a shard draws the same rows as one process (see ShardedTable).
+  return tf.keras.initializers.Constant(0.1)
+
+
+def make_dense():
+  """(w [IDS_PER_EXAMPLE, DIM], b [1]) variables with fixed initial values."""
+  w0 = np.linspace(-0.5, 0.5, IDS_PER_EXAMPLE * DIM).reshape(IDS_PER_EXAMPLE, DIM)
+  return (tf.Variable(w0.astype(np.float32), name="w"), tf.Variable([0.2], name="b"))
+
+
+def loss_of(emb, labels, dense):
+  """Sum over the examples given of squared errors, / GLOBAL_BATCH."""
+  w, b = dense
+  scores = tf.reduce_sum(emb * w, axis=[1, 2]) + b
+  return tf.reduce_sum(tf.square(scores - labels)) / GLOBAL_BATCH
+
+
+def dense_optimizer():
+  return tf.keras.optimizers.Adam(0.01)
+
+
+def reference_run(optimizer_key: str, steps: int) -> dict:
+  """One process on the global batches: losses, final rows by key, dense weights."""
+  from mxrec_pipeline.core import embedding
+  from mxrec_pipeline.optimizers import factory
+  from mxrec_pipeline.util import initialize
+
+  initialize.init()
+  try:
+    table = embedding.create_table(key_dtype=tf.int64, dim=DIM, name=TABLE,
+                                   emb_initializer=initializer(), device_vocabulary_size=ROWS)
+    optimizer = factory.get_optimizer(optimizer_key, **OPTIMIZERS[optimizer_key])
+    dense = make_dense()
+    dense_opt = dense_optimizer()
+    losses = []
+    for step in range(steps):
+      ids, labels = batch(step)
+      with tf.GradientTape() as tape:
+        loss = loss_of(embedding.sparse_lookup(table, tf.constant(ids)), labels, dense)
+      grads = tape.gradient(loss, [*dense, table.variable])
+      dense_opt.apply_gradients(zip(grads[:2], dense))
+      optimizer.apply_gradients([(grads[2], table.variable)])
+      losses.append(float(loss))
+    keys, rows = table.key_index.export()
+    return {
+        "losses": np.array(losses),
+        "keys": keys.numpy(),
+        "rows": tf.gather(table.variable, rows).numpy(),
+        "w": dense[0].numpy(),
+        "b": dense[1].numpy(),
+    }
+  finally:
+    initialize.terminate_config_initializer()
+
+
+def by_key(keys: np.ndarray, rows: np.ndarray) -> dict[int, np.ndarray]:
+  return {int(k): r for k, r in zip(keys, rows)}
+
+
+def free_ports(count: int) -> list[int]:
+  sockets = []
+  try:
+    for _ in range(count):
+      s = socket.socket()
+      s.bind(("localhost", 0))
+      sockets.append(s)
+    return [s.getsockname()[1] for s in sockets]
+  finally:
+    for s in sockets:
+      s.close()
+
+
+def tf_config(ports: list[int], index: int) -> str:
+  """TF_CONFIG of worker `index` of a localhost cluster of len(ports) workers."""
+  return json.dumps({
+      "cluster": {
+          "worker": [f"localhost:{p}" for p in ports]
+      },
+      "task": {
+          "type": "worker",
+          "index": index
+      },
+  })
+
+
+def start_cluster(num_workers: int, args_of: list[list[str]], logs: pathlib.Path):
+  """Starts the workers (sharded_worker.py with args_of[i]); returns the Popen list."""
+  ports = free_ports(num_workers)
+  processes = []
+  for i in range(num_workers):
+    env = dict(os.environ, TF_CONFIG=tf_config(ports, i), PYTHONPATH=str(REPO),
+               TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="")
+    log = open(logs / f"worker{i}.log", "wb")  # pylint: disable=consider-using-with
+    processes.append(
+        subprocess.Popen([sys.executable, str(WORKER), *args_of[i]], env=env, stdout=log,
+                         stderr=subprocess.STDOUT, cwd=str(REPO)))
+    log.close()
+  return processes
+
+
+def wait_all(processes, deadline_s: float) -> list[int | None]:
+  """Return codes, None for a process still running at the deadline."""
+  end = time.monotonic() + deadline_s
+  codes = []
+  for p in processes:
+    try:
+      codes.append(p.wait(timeout=max(0.1, end - time.monotonic())))
+    except subprocess.TimeoutExpired:
+      codes.append(None)
+  return codes
+
+
+def kill_all(processes) -> None:
+  for p in processes:
+    if p.poll() is None:
+      p.kill()
+      p.wait(timeout=30)
+
+
+def run_cluster(num_workers: int, args_of: list[list[str]], logs: pathlib.Path,
+                deadline_s: float = 50) -> None:
+  """Runs the workers to the end; raises with their logs when one fails or hangs."""
+  processes = start_cluster(num_workers, args_of, logs)
+  try:
+    codes = wait_all(processes, deadline_s)
+  finally:
+    kill_all(processes)
+  if any(code != 0 for code in codes):
+    tails = "\n".join(f"--- worker {i} (exit {code}):\n" +
+                      (logs / f"worker{i}.log").read_text(errors="replace")[-3000:]
+                      for i, code in enumerate(codes))
+    raise AssertionError(f"a worker failed or hung (exit codes {codes}):\n{tails}")

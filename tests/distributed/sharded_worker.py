@@ -1,0 +1,87 @@
+"""One worker of the multi-worker tests (started by distributed_testlib.run_cluster).
+
+Trains the toy model of distributed_testlib with a ShardedTable under
+MultiWorkerMirroredStrategy in a custom loop (strategy.run), and writes
+this worker's shard and results to `--out` (.npz): losses, the shard's keys
+and rows, the dense weights and the bytes exchanged.
+
+Flags: --optimizer KEY, --steps N, --out PATH, --dim D (to make a worker
+disagree), --timeout_s S (collective timeout), --die_at_step N (this worker
+exits at that step, as a crash), --restore DIR / --save DIR (per-shard
+checkpoints, distributed/checkpoint.py).
+"""
+
+import argparse
+import os
+import sys
+
+import numpy as np
+import tensorflow as tf
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import distributed_testlib as lib  # noqa: E402  pylint: disable=wrong-import-position
+
+from mxrec_pipeline.distributed import checkpoint  # noqa: E402  pylint: disable=wrong-import-position
+from mxrec_pipeline.distributed import sharded_table  # noqa: E402  pylint: disable=wrong-import-position
+from mxrec_pipeline.optimizers import factory  # noqa: E402  pylint: disable=wrong-import-position
+from mxrec_pipeline.util import initialize  # noqa: E402  pylint: disable=wrong-import-position
+
+
+def main():
+  parser = argparse.ArgumentParser()
+  parser.add_argument("--optimizer", default="lazy_adam")
+  parser.add_argument("--steps", type=int, default=4)
+  parser.add_argument("--out", required=True)
+  parser.add_argument("--dim", type=int, default=lib.DIM)
+  parser.add_argument("--timeout_s", type=float, default=60)
+  parser.add_argument("--die_at_step", type=int, default=-1)
+  parser.add_argument("--restore", default="")
+  parser.add_argument("--save", default="")
+  parser.add_argument("--first_step", type=int, default=0)
+  args = parser.parse_args()
+
+  strategy = tf.distribute.MultiWorkerMirroredStrategy(
+      communication_options=tf.distribute.experimental.CommunicationOptions(
+          timeout_seconds=args.timeout_s))
+  initialize.init()
+  table = sharded_table.ShardedTable(strategy, name=lib.TABLE, dim=args.dim,
+                                     rows_per_shard=lib.ROWS, emb_initializer=lib.initializer())
+  optimizer = factory.get_optimizer(args.optimizer, **lib.OPTIMIZERS[args.optimizer])
+  with strategy.scope():
+    dense = lib.make_dense()
+    dense_opt = lib.dense_optimizer()
+  if args.restore:
+    checkpoint.restore_shard(args.restore, table, [optimizer])
+
+  def step_fn(ids, labels):
+    with tf.GradientTape() as tape:
+      loss = lib.loss_of(table.lookup(ids), labels, dense)
+    grads = tape.gradient(loss, [*dense, table.variable])
+    dense_opt.apply_gradients(zip(grads[:2], dense))
+    return loss, grads[2]
+
+  @tf.function
+  def train_step(ids, labels):
+    loss, table_grad = strategy.run(step_fn, (ids, labels))
+    sharded_table.apply_gradients(optimizer, [(table_grad, table)])
+    return strategy.reduce(tf.distribute.ReduceOp.SUM, loss, axis=None)
+
+  losses = []
+  for step in range(args.first_step, args.first_step + args.steps):
+    if step == args.die_at_step:
+      os._exit(3)  # A crash: no cleanup, no goodbye to the other workers.
+    ids, labels = lib.worker_slice(step, table.shard_id, table.num_shards)
+    losses.append(float(train_step(tf.constant(ids), tf.constant(labels))))
+  if args.save:
+    checkpoint.save_shard(args.save, table, [optimizer])
+  keys, rows = table.shard.key_index.export()
+  stats = table.exchange_stats()
+  np.savez(args.out, losses=np.array(losses), keys=keys.numpy(),
+           rows=tf.gather(table.variable, rows).numpy(),
+           w=dense[0].numpy(), b=dense[1].numpy(), shard=table.shard_id,
+           bytes=np.array([stats["ids"], stats["rows"], stats["gradients"]]))
+
+
+if __name__ == "__main__":
+  main()
