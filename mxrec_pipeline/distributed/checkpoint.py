@@ -80,8 +80,7 @@ def save_shard(directory: str, table, optimizers=()) -> str:
     for slot_name in optimizer.slot_initial_values:
       slot = optimizer.get_slot(shard.table_name, slot_name)
       tensors[f"slot/{optimizer.optimizer_name}/{slot_name}"] = tf.gather(slot, rows)
-    tensors[f"iterations/{optimizer.optimizer_name}"] = tf.convert_to_tensor(
-        optimizer.iterations)
+    tensors[f"iterations/{optimizer.optimizer_name}"] = tf.convert_to_tensor(optimizer.iterations)
   prefix = shard_prefix(directory, shard.table_name, shard_id, num_shards)
   os.makedirs(os.path.dirname(prefix), exist_ok=True)
   names = sorted(tensors)
@@ -180,8 +179,8 @@ def restore_shard(directory: str, table, optimizers=()) -> int:
       "counters": saved["counters"],
   }
   state.update({n: saved[n][pending] for n in _PENDING})
-  shard.key_index.import_state({n: tf.constant(state[n], tf.int64) for n in
-                                key_index_lib.STATE_NAMES})
+  shard.key_index.import_state(
+      {n: tf.constant(state[n], tf.int64) for n in key_index_lib.STATE_NAMES})
   indices = tf.constant(rows[:, None])
   shard.variable.assign(
       tf.tensor_scatter_nd_update(shard.initial_rows(), indices, saved["values"][keep][order]))

@@ -119,8 +119,7 @@ def _bytes(counts: tf.Tensor, dim: int, dtype: tf.DType) -> ExchangeBytes:
   padded = workers * tf.cast(tf.reduce_max(counts), tf.int64)
   total = tf.cast(tf.reduce_sum(counts), tf.int64)
   row_bytes = dim * dtype.size
-  return ExchangeBytes(ids=padded * KEY_BYTES + 2 * workers * COUNT_BYTES,
-                       rows=padded * row_bytes,
+  return ExchangeBytes(ids=padded * KEY_BYTES + 2 * workers * COUNT_BYTES, rows=padded * row_bytes,
                        gradients=total * row_bytes + workers * COUNT_BYTES)
 
 

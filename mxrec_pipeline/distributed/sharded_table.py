@@ -64,8 +64,9 @@ def shard_of_worker(strategy: tf.distribute.Strategy) -> tuple[int, int]:
   if num_shards == 1:
     return 0, 1
   if len(strategy.extended.worker_devices) != 1:
-    raise ValueError(f"ShardedTable: one replica per worker is supported, this worker has "
-                     f"{len(strategy.extended.worker_devices)} ({strategy.extended.worker_devices})")
+    raise ValueError(
+        f"ShardedTable: one replica per worker is supported, this worker has "
+        f"{len(strategy.extended.worker_devices)} ({strategy.extended.worker_devices})")
   resolver = strategy.cluster_resolver
   cluster = resolver.cluster_spec().as_dict()
   task_id = int(resolver.task_id)
@@ -109,8 +110,8 @@ class ShardedTable(tf.Module):
       the field and both values).
   """
 
-  def __init__(self, strategy: tf.distribute.Strategy, *, name: str, dim: int,
-               rows_per_shard: int, emb_initializer: Callable, key_dtype: tf.DType = tf.int64,
+  def __init__(self, strategy: tf.distribute.Strategy, *, name: str, dim: int, rows_per_shard: int,
+               emb_initializer: Callable, key_dtype: tf.DType = tf.int64,
                value_dtype: tf.DType = tf.float32, init_param: float = 1.0):
     super().__init__(name=None)
     if tf.distribute.has_strategy():
@@ -226,8 +227,8 @@ def _config_vector(config: dict) -> np.ndarray:
   digest = hashlib.sha256(config["name"].encode()).digest()
   name_code = int.from_bytes(digest[:8], "little", signed=True)
   dtypes = [tf.as_dtype(config[f]).as_datatype_enum for f in ("key_dtype", "value_dtype")]
-  return np.array([name_code, config["dim"], config["rows_per_shard"], *dtypes,
-                   config["num_shards"]], np.int64)
+  return np.array(
+      [name_code, config["dim"], config["rows_per_shard"], *dtypes, config["num_shards"]], np.int64)
 
 
 def check_same_config(strategy: tf.distribute.Strategy, config: dict) -> None:

@@ -135,13 +135,8 @@ def free_ports(count: int) -> list[int]:
 def tf_config(ports: list[int], index: int) -> str:
   """TF_CONFIG of worker `index` of a localhost cluster of len(ports) workers."""
   return json.dumps({
-      "cluster": {
-          "worker": [f"localhost:{p}" for p in ports]
-      },
-      "task": {
-          "type": "worker",
-          "index": index
-      },
+      "cluster": {"worker": [f"localhost:{p}" for p in ports]},
+      "task": {"type": "worker", "index": index},
   })
 
 
@@ -179,16 +174,23 @@ def kill_all(processes) -> None:
       p.wait(timeout=30)
 
 
-def run_cluster(num_workers: int, args_of: list[list[str]], logs: pathlib.Path,
-                deadline_s: float = 50) -> None:
-  """Runs the workers to the end; raises with their logs when one fails or hangs."""
+def run_workers(num_workers: int, args_of: list[list[str]], logs: pathlib.Path,
+                deadline_s: float = 50) -> tuple[list[int | None], list[str]]:
+  """Runs the workers; (exit codes, None for a hung one killed at the deadline; their logs)."""
   processes = start_cluster(num_workers, args_of, logs)
   try:
     codes = wait_all(processes, deadline_s)
   finally:
     kill_all(processes)
+  texts = [(logs / f"worker{i}.log").read_text(errors="replace") for i in range(num_workers)]
+  return codes, texts
+
+
+def run_cluster(num_workers: int, args_of: list[list[str]], logs: pathlib.Path,
+                deadline_s: float = 50) -> None:
+  """Runs the workers to the end; raises with their logs when one fails or hangs."""
+  codes, texts = run_workers(num_workers, args_of, logs, deadline_s)
   if any(code != 0 for code in codes):
-    tails = "\n".join(f"--- worker {i} (exit {code}):\n" +
-                      (logs / f"worker{i}.log").read_text(errors="replace")[-3000:]
-                      for i, code in enumerate(codes))
+    tails = "\n".join(
+        f"--- worker {i} (exit {code}):\n" + texts[i][-3000:] for i, code in enumerate(codes))
     raise AssertionError(f"a worker failed or hung (exit codes {codes}):\n{tails}")

@@ -7,13 +7,17 @@ and rows, the dense weights and the bytes exchanged.
 
 Flags: --optimizer KEY, --steps N, --out PATH, --dim D (to make a worker
 disagree), --timeout_s S (collective timeout), --die_at_step N (this worker
-exits at that step, as a crash), --restore DIR / --save DIR (per-shard
+exits at that step, as a crash),
+--stall_at_step N (this worker stops answering at that step), --restore DIR / --save DIR (per-shard
 checkpoints, distributed/checkpoint.py).
 """
 
 import argparse
+import json
 import os
 import sys
+import time
+import traceback
 
 import numpy as np
 import tensorflow as tf
@@ -36,6 +40,7 @@ def main():
   parser.add_argument("--dim", type=int, default=lib.DIM)
   parser.add_argument("--timeout_s", type=float, default=60)
   parser.add_argument("--die_at_step", type=int, default=-1)
+  parser.add_argument("--stall_at_step", type=int, default=-1)
   parser.add_argument("--restore", default="")
   parser.add_argument("--save", default="")
   parser.add_argument("--first_step", type=int, default=0)
@@ -71,6 +76,8 @@ def main():
   for step in range(args.first_step, args.first_step + args.steps):
     if step == args.die_at_step:
       os._exit(3)  # A crash: no cleanup, no goodbye to the other workers.
+    if step == args.stall_at_step:
+      time.sleep(600)  # A hung worker, alive but silent (the test kills it).
     ids, labels = lib.worker_slice(step, table.shard_id, table.num_shards)
     losses.append(float(train_step(tf.constant(ids), tf.constant(labels))))
   if args.save:
@@ -78,10 +85,19 @@ def main():
   keys, rows = table.shard.key_index.export()
   stats = table.exchange_stats()
   np.savez(args.out, losses=np.array(losses), keys=keys.numpy(),
-           rows=tf.gather(table.variable, rows).numpy(),
-           w=dense[0].numpy(), b=dense[1].numpy(), shard=table.shard_id,
-           bytes=np.array([stats["ids"], stats["rows"], stats["gradients"]]))
+           rows=tf.gather(table.variable, rows).numpy(), w=dense[0].numpy(), b=dense[1].numpy(),
+           shard=table.shard_id, bytes=np.array([stats["ids"], stats["rows"], stats["gradients"]]))
 
 
 if __name__ == "__main__":
-  main()
+  try:
+    main()
+  except Exception as e:  # pylint: disable=broad-except
+    # The test reads the error from here (its type and message), not from logs.
+    out = sys.argv[sys.argv.index("--out") + 1]
+    with open(out + ".error.json", "w", encoding="utf-8") as f:
+      json.dump({"type": type(e).__name__, "message": str(e)}, f)
+    traceback.print_exc()
+    sys.stdout.flush()
+    # TF 2.15 may crash while tearing down aborted collectives at exit: skip it.
+    os._exit(1)

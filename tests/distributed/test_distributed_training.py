@@ -18,8 +18,11 @@ STEPS = 4
 
 
 def _train(tmp_path, optimizer_key, num_workers=2):
-  args = [["--optimizer", optimizer_key, "--steps",
-           str(STEPS), "--out", str(tmp_path / f"out{i}.npz")] for i in range(num_workers)]
+  args = [[
+      "--optimizer", optimizer_key, "--steps",
+      str(STEPS), "--out",
+      str(tmp_path / f"out{i}.npz")
+  ] for i in range(num_workers)]
   lib.run_cluster(num_workers, args, tmp_path)
   return [np.load(tmp_path / f"out{i}.npz") for i in range(num_workers)]
 
