@@ -81,9 +81,16 @@ def dense_optimizer():
   return tf.keras.optimizers.Adam(0.01)
 
 
-def reference_run(optimizer_key: str, steps: int) -> dict:
-  """One process on the global batches: losses, final rows by key, dense weights."""
+def reference_run(optimizer_key: str, steps: int, first_step: int = 0, restore: str = "",
+                  save: str = "") -> dict:
+  """One process on the global batches: losses, final rows by key, dense weights.
+
+  Trains global batches first_step..first_step + steps - 1; restores the table
+  (distributed/checkpoint.py) and the dense model from `restore` first, saves
+  them to `save` at the end, as sharded_worker.py does (shard 0 of 1).
+  """
   from mxrec_pipeline.core import embedding
+  from mxrec_pipeline.distributed import checkpoint
   from mxrec_pipeline.optimizers import factory
   from mxrec_pipeline.util import initialize
 
@@ -94,8 +101,13 @@ def reference_run(optimizer_key: str, steps: int) -> dict:
     optimizer = factory.get_optimizer(optimizer_key, **OPTIMIZERS[optimizer_key])
     dense = make_dense()
     dense_opt = dense_optimizer()
+    dense_opt.build(list(dense))  # Its slots exist before a restore.
+    dense_checkpoint = tf.train.Checkpoint(w=dense[0], b=dense[1], optimizer=dense_opt)
+    if restore:
+      checkpoint.restore_shard(restore, table, [optimizer])
+      dense_checkpoint.read(os.path.join(restore, "dense-0")).assert_consumed()
     losses = []
-    for step in range(steps):
+    for step in range(first_step, first_step + steps):
       ids, labels = batch(step)
       with tf.GradientTape() as tape:
         loss = loss_of(embedding.sparse_lookup(table, tf.constant(ids)), labels, dense)
@@ -103,6 +115,9 @@ def reference_run(optimizer_key: str, steps: int) -> dict:
       dense_opt.apply_gradients(zip(grads[:2], dense))
       optimizer.apply_gradients([(grads[2], table.variable)])
       losses.append(float(loss))
+    if save:
+      checkpoint.save_shard(save, table, [optimizer])
+      dense_checkpoint.write(os.path.join(save, "dense-0"))
     keys, rows = table.key_index.export()
     return {
         "losses": np.array(losses),

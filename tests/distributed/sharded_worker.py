@@ -56,8 +56,11 @@ def main():
   with strategy.scope():
     dense = lib.make_dense()
     dense_opt = lib.dense_optimizer()
+    dense_opt.build(list(dense))  # Its slots exist before a restore.
+  dense_checkpoint = tf.train.Checkpoint(w=dense[0], b=dense[1], optimizer=dense_opt)
   if args.restore:
     checkpoint.restore_shard(args.restore, table, [optimizer])
+    dense_checkpoint.read(os.path.join(args.restore, "dense-0")).assert_consumed()
 
   def step_fn(ids, labels):
     with tf.GradientTape() as tape:
@@ -82,6 +85,7 @@ def main():
     losses.append(float(train_step(tf.constant(ids), tf.constant(labels))))
   if args.save:
     checkpoint.save_shard(args.save, table, [optimizer])
+    dense_checkpoint.write(os.path.join(args.save, f"dense-{table.shard_id}"))
   keys, rows = table.shard.key_index.export()
   stats = table.exchange_stats()
   np.savez(args.out, losses=np.array(losses), keys=keys.numpy(),
