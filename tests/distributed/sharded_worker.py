@@ -9,7 +9,8 @@ Flags: --optimizer KEY, --steps N, --out PATH, --dim D (to make a worker
 disagree), --timeout_s S (collective timeout), --die_at_step N (this worker
 exits at that step, as a crash),
 --stall_at_step N (this worker stops answering at that step), --restore DIR / --save DIR (per-shard
-checkpoints, distributed/checkpoint.py).
+checkpoints, distributed/checkpoint.py), --export DIR (the chief writes the
+gathered serving snapshot, distributed/export.py).
 """
 
 import argparse
@@ -27,6 +28,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import distributed_testlib as lib  # noqa: E402  pylint: disable=wrong-import-position
 
 from mxrec_pipeline.distributed import checkpoint  # noqa: E402  pylint: disable=wrong-import-position
+from mxrec_pipeline.distributed import export  # noqa: E402  pylint: disable=wrong-import-position
 from mxrec_pipeline.distributed import sharded_table  # noqa: E402  pylint: disable=wrong-import-position
 from mxrec_pipeline.optimizers import factory  # noqa: E402  pylint: disable=wrong-import-position
 from mxrec_pipeline.util import initialize  # noqa: E402  pylint: disable=wrong-import-position
@@ -44,6 +46,7 @@ def main():
   parser.add_argument("--restore", default="")
   parser.add_argument("--save", default="")
   parser.add_argument("--first_step", type=int, default=0)
+  parser.add_argument("--export", default="")
   args = parser.parse_args()
 
   strategy = tf.distribute.MultiWorkerMirroredStrategy(
@@ -86,6 +89,10 @@ def main():
   if args.save:
     checkpoint.save_shard(args.save, table, [optimizer])
     dense_checkpoint.write(os.path.join(args.save, f"dense-{table.shard_id}"))
+  if args.export:
+    all_keys, all_rows = export.gather_shards(strategy, table)
+    if table.shard_id == 0:  # The chief writes.
+      export.TableSnapshot([(lib.TABLE, tf.int64, all_keys, all_rows)]).save(args.export)
   keys, rows = table.shard.key_index.export()
   stats = table.exchange_stats()
   np.savez(args.out, losses=np.array(losses), keys=keys.numpy(),
