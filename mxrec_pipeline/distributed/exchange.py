@@ -55,7 +55,7 @@ class ExchangeBytes:
 
   Attributes:
     ids: int64 scalar: the all-gathered keys plus the counts (W * max n * 8
-      + 2 * W * 4).
+      + 2 * W * 4), and with admission the keys' weights (W * max n * 8).
     rows: int64 scalar: the all-gathered rows (W * max n * dim * itemsize).
     gradients: int64 scalar: the all-reduced gradient of the rows in the
       backward pass (N * dim * itemsize) plus its counts (W * 4); counted
@@ -72,8 +72,9 @@ class ExchangeBytes:
     return tf.stack([self.ids, self.rows, self.gradients])
 
 
-def exchange_lookup(unique_keys: tf.Tensor, lookup_owned: Callable[[tf.Tensor], tf.Tensor],
-                    num_shards: int, dim: int, dtype: tf.DType) -> tuple[tf.Tensor, ExchangeBytes]:
+def exchange_lookup(unique_keys: tf.Tensor, lookup_owned: Callable[..., tf.Tensor], num_shards: int,
+                    dim: int, dtype: tf.DType,
+                    weights: tf.Tensor | None = None) -> tuple[tf.Tensor, ExchangeBytes]:
   """The rows of this worker's distinct keys, read from their owners' shards.
 
   Must run in a replica context (`strategy.run`) on every worker at the same
@@ -83,10 +84,13 @@ def exchange_lookup(unique_keys: tf.Tensor, lookup_owned: Callable[[tf.Tensor], 
     unique_keys: [n] int64 distinct keys of this worker's batch.
     lookup_owned: The owner side: [m] int64 keys this worker owns (may
       repeat when several workers ask) -> [m, dim] their rows; its gradient
-      goes to this worker's shard.
+      goes to this worker's shard. With `weights`, called as
+      lookup_owned(keys, weights) with their [m] int64 weights.
     num_shards: W, the number of workers (replicas in sync).
     dim: Embedding dimension.
     dtype: The rows' dtype.
+    weights: Optional [n] int64 per key (admission sightings), routed with
+      the keys to their owners (8 more bytes per key, counted in `ids`).
 
   Returns:
     ([n, dim] rows of unique_keys, ExchangeBytes of this call).
@@ -103,7 +107,11 @@ def exchange_lookup(unique_keys: tf.Tensor, lookup_owned: Callable[[tf.Tensor], 
   all_keys = context.all_gather(unique_keys, axis=0)  # [N], worker-major.
   owners = sharding.owner(all_keys, num_shards)
   owned = tf.reshape(tf.where(tf.equal(owners, shard_id)), [-1])
-  own_rows = lookup_owned(tf.gather(all_keys, owned))  # [n_own, dim]
+  if weights is None:
+    own_rows = lookup_owned(tf.gather(all_keys, owned))  # [n_own, dim]
+  else:
+    all_weights = context.all_gather(weights, axis=0)
+    own_rows = lookup_owned(tf.gather(all_keys, owned), tf.gather(all_weights, owned))
   gathered = context.all_gather(own_rows, axis=0)  # [N, dim], owner-major.
   # Back to K's order: the gathered parts follow the stable sort by owner.
   by_owner = tf.argsort(owners, stable=True)
@@ -111,15 +119,16 @@ def exchange_lookup(unique_keys: tf.Tensor, lookup_owned: Callable[[tf.Tensor], 
   in_key_order = tf.scatter_nd(tf.expand_dims(by_owner, -1), gathered, tf.stack([total, dim]))
   begin = tf.reduce_sum(counts[:shard_id])
   mine = in_key_order[begin:begin + count]
-  return mine, _bytes(counts, dim, dtype)
+  return mine, _bytes(counts, dim, dtype, weights is not None)
 
 
-def _bytes(counts: tf.Tensor, dim: int, dtype: tf.DType) -> ExchangeBytes:
+def _bytes(counts: tf.Tensor, dim: int, dtype: tf.DType, weighted: bool) -> ExchangeBytes:
   workers = tf.size(counts, out_type=tf.int64)
   padded = workers * tf.cast(tf.reduce_max(counts), tf.int64)
   total = tf.cast(tf.reduce_sum(counts), tf.int64)
   row_bytes = dim * dtype.size
-  return ExchangeBytes(ids=padded * KEY_BYTES + 2 * workers * COUNT_BYTES, rows=padded * row_bytes,
+  key_bytes = KEY_BYTES * (2 if weighted else 1)
+  return ExchangeBytes(ids=padded * key_bytes + 2 * workers * COUNT_BYTES, rows=padded * row_bytes,
                        gradients=total * row_bytes + workers * COUNT_BYTES)
 
 

@@ -40,13 +40,16 @@ from typing import Callable, Sequence
 import numpy as np
 import tensorflow as tf
 
+from mxrec_pipeline.core import admission
 from mxrec_pipeline.core import embedding
 from mxrec_pipeline.core import key_index as key_index_lib
 from mxrec_pipeline.core import lookup
 from mxrec_pipeline.distributed import exchange
+from mxrec_pipeline.util import initialize
 
 # What must agree across workers, in the order compared.
-CONFIG_FIELDS = ("name", "dim", "rows_per_shard", "key_dtype", "value_dtype", "num_shards")
+CONFIG_FIELDS = ("name", "dim", "rows_per_shard", "key_dtype", "value_dtype", "num_shards",
+                 "access_threshold")
 
 
 def shard_of_worker(strategy: tf.distribute.Strategy) -> tuple[int, int]:
@@ -97,6 +100,12 @@ class ShardedTable(tf.Module):
       does).
     value_dtype: Floating dtype of the rows.
     init_param: Factor on the initial values (create_table's).
+    access_threshold: Admission (core/admission.py, mxRec's
+      access_threshold): sightings a key needs, over all workers' batches,
+      before its owner gives it a row; None admits every key at once. Each
+      worker sends its keys' occurrence counts with them; the owner counts
+      them as one process counts the global batch. Eviction is not available
+      on sharded tables yet.
 
   Attributes:
     shard: This worker's SparseEmbedding.
@@ -112,7 +121,8 @@ class ShardedTable(tf.Module):
 
   def __init__(self, strategy: tf.distribute.Strategy, *, name: str, dim: int, rows_per_shard: int,
                emb_initializer: Callable, key_dtype: tf.DType = tf.int64,
-               value_dtype: tf.DType = tf.float32, init_param: float = 1.0):
+               value_dtype: tf.DType = tf.float32, init_param: float = 1.0,
+               access_threshold: int | None = None):
     super().__init__(name=None)
     if tf.distribute.has_strategy():
       raise ValueError(f"ShardedTable('{name}'): create it outside strategy.scope(): its rows are "
@@ -123,6 +133,9 @@ class ShardedTable(tf.Module):
                                         emb_initializer=emb_initializer,
                                         device_vocabulary_size=rows_per_shard,
                                         init_param=init_param, value_dtype=value_dtype)
+    if access_threshold is not None:
+      admission.configure(name, admission.AdmitEvictConfig(access_threshold=access_threshold),
+                          f"ShardedTable('{name}')")
     self.bytes_exchanged = tf.Variable(tf.zeros([3], tf.int64), trainable=False,
                                        name=f"{name}/bytes_exchanged")
     check_same_config(strategy, self.config())
@@ -149,7 +162,14 @@ class ShardedTable(tf.Module):
         "key_dtype": self.shard.key_dtype.name,
         "value_dtype": self.shard.variable.dtype.name,
         "num_shards": self.num_shards,
+        "access_threshold": self.access_threshold,
     }
+
+  @property
+  def access_threshold(self) -> int:
+    """Sightings a key needs before it gets a row (0: no admission)."""
+    config = admission.config_of(self.table_name)
+    return 0 if config is None else (config.access_threshold or 0)
 
   def lookup(self, ids, training: bool = True, default_value=None) -> tf.Tensor:
     """Every id's row, read from its owner's shard. Call inside `strategy.run`.
@@ -158,8 +178,8 @@ class ShardedTable(tf.Module):
       ids: [any shape] tensor of the table's key_dtype, this worker's ids.
       training: True inserts keys absent from their owner's shard (a full
         shard fails naming the table); False reads `default_value` for them.
-      default_value: Scalar or [dim] row of absent keys when not training
-        (zeros by default).
+      default_value: Scalar or [dim] row of absent keys when not training,
+        and in training of keys not admitted yet (zeros by default).
 
     Returns:
       [*ids.shape, dim] of the rows' dtype; differentiable with respect to
@@ -170,16 +190,21 @@ class ShardedTable(tf.Module):
       raise ValueError(f"ShardedTable('{self.table_name}'): ids must be "
                        f"{self.shard.key_dtype.name}, got {ids.dtype.name}")
     keys = key_index_lib.to_keys(ids, f"table '{self.table_name}'")
-    unique_keys, restore = tf.unique(tf.reshape(keys, [-1]), out_idx=tf.int32)
+    unique_keys, restore, occurrences = tf.unique_with_counts(tf.reshape(keys, [-1]),
+                                                              out_idx=tf.int32)
+    admitting = training and self.access_threshold > 1
+    container = initialize.get_config_initializer().container
 
-    def lookup_owned(owned_keys):
-      rows, restore_owned, _ = self.shard.key_index.insert(owned_keys, training=training)
+    def lookup_owned(owned_keys, weights=None):
+      rows, restore_owned = admission.insert(container, self.table_name, owned_keys, training,
+                                             counts=weights)
       unique_emb = lookup.gather_rows(self.shard.variable, rows, training=training,
-                                      default_value=default_value)
+                                      default_value=default_value, admitting=admitting)
       return lookup.per_id(unique_emb, restore_owned)
 
+    weights = tf.cast(occurrences, tf.int64) if admitting else None
     unique_emb, counted = exchange.exchange_lookup(unique_keys, lookup_owned, self.num_shards,
-                                                   self.dim, self.shard.variable.dtype)
+                                                   self.dim, self.shard.variable.dtype, weights)
     with tf.control_dependencies([self.bytes_exchanged.assign_add(counted.as_vector())]):
       out = lookup.per_id(unique_emb, tf.reshape(restore, tf.shape(ids)))
     return out
@@ -227,8 +252,10 @@ def _config_vector(config: dict) -> np.ndarray:
   digest = hashlib.sha256(config["name"].encode()).digest()
   name_code = int.from_bytes(digest[:8], "little", signed=True)
   dtypes = [tf.as_dtype(config[f]).as_datatype_enum for f in ("key_dtype", "value_dtype")]
-  return np.array(
-      [name_code, config["dim"], config["rows_per_shard"], *dtypes, config["num_shards"]], np.int64)
+  return np.array([
+      name_code, config["dim"], config["rows_per_shard"], *dtypes, config["num_shards"],
+      config["access_threshold"]
+  ], np.int64)
 
 
 def check_same_config(strategy: tf.distribute.Strategy, config: dict) -> None:

@@ -82,12 +82,13 @@ def dense_optimizer():
 
 
 def reference_run(optimizer_key: str, steps: int, first_step: int = 0, restore: str = "",
-                  save: str = "") -> dict:
+                  save: str = "", access_threshold: int | None = None) -> dict:
   """One process on the global batches: losses, final rows by key, dense weights.
 
   Trains global batches first_step..first_step + steps - 1; restores the table
   (distributed/checkpoint.py) and the dense model from `restore` first, saves
-  them to `save` at the end, as sharded_worker.py does (shard 0 of 1).
+  them to `save` at the end, as sharded_worker.py does (shard 0 of 1). With
+  access_threshold, the lookups admit keys as core/admission.py does.
   """
   from mxrec_pipeline.core import embedding
   from mxrec_pipeline.distributed import checkpoint
@@ -110,7 +111,9 @@ def reference_run(optimizer_key: str, steps: int, first_step: int = 0, restore: 
     for step in range(first_step, first_step + steps):
       ids, labels = batch(step)
       with tf.GradientTape() as tape:
-        loss = loss_of(embedding.sparse_lookup(table, tf.constant(ids)), labels, dense)
+        config = None if access_threshold is None else {"access_threshold": access_threshold}
+        emb = embedding.sparse_lookup(table, tf.constant(ids), access_and_evict_config=config)
+        loss = loss_of(emb, labels, dense)
       grads = tape.gradient(loss, [*dense, table.variable])
       dense_opt.apply_gradients(zip(grads[:2], dense))
       optimizer.apply_gradients([(grads[2], table.variable)])

@@ -5,12 +5,13 @@ MultiWorkerMirroredStrategy in a custom loop (strategy.run), and writes
 this worker's shard and results to `--out` (.npz): losses, the shard's keys
 and rows, the dense weights and the bytes exchanged.
 
-Flags: --optimizer KEY, --steps N, --out PATH, --dim D (to make a worker
-disagree), --timeout_s S (collective timeout), --die_at_step N (this worker
-exits at that step, as a crash),
---stall_at_step N (this worker stops answering at that step), --restore DIR / --save DIR (per-shard
-checkpoints, distributed/checkpoint.py), --export DIR (the chief writes the
-gathered serving snapshot, distributed/export.py).
+Flags: --optimizer KEY, --access_threshold N (admission), --steps N,
+--first_step N, --out PATH, --dim D (to make a worker disagree), --timeout_s S
+(collective timeout), --die_at_step N (this worker exits at that step, as a
+crash), --stall_at_step N (this worker stops answering at that step),
+--restore DIR / --save DIR (per-shard checkpoints, distributed/checkpoint.py),
+--export DIR (the chief writes the gathered serving snapshot,
+distributed/export.py).
 """
 
 import argparse
@@ -47,6 +48,7 @@ def main():
   parser.add_argument("--save", default="")
   parser.add_argument("--first_step", type=int, default=0)
   parser.add_argument("--export", default="")
+  parser.add_argument("--access_threshold", type=int, default=None)
   args = parser.parse_args()
 
   strategy = tf.distribute.MultiWorkerMirroredStrategy(
@@ -54,7 +56,8 @@ def main():
           timeout_seconds=args.timeout_s))
   initialize.init()
   table = sharded_table.ShardedTable(strategy, name=lib.TABLE, dim=args.dim,
-                                     rows_per_shard=lib.ROWS, emb_initializer=lib.initializer())
+                                     rows_per_shard=lib.ROWS, emb_initializer=lib.initializer(),
+                                     access_threshold=args.access_threshold)
   optimizer = factory.get_optimizer(args.optimizer, **lib.OPTIMIZERS[args.optimizer])
   with strategy.scope():
     dense = lib.make_dense()

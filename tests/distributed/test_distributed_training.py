@@ -17,11 +17,11 @@ pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 STEPS = 4
 
 
-def _train(tmp_path, optimizer_key, num_workers=2):
+def _train(tmp_path, optimizer_key, num_workers=2, extra=()):
   args = [[
       "--optimizer", optimizer_key, "--steps",
       str(STEPS), "--out",
-      str(tmp_path / f"out{i}.npz")
+      str(tmp_path / f"out{i}.npz"), *extra
   ] for i in range(num_workers)]
   lib.run_cluster(num_workers, args, tmp_path)
   return [np.load(tmp_path / f"out{i}.npz") for i in range(num_workers)]
@@ -31,6 +31,22 @@ def _train(tmp_path, optimizer_key, num_workers=2):
 def test_two_workers_equal_one_process(tmp_path, optimizer_key):
   outs = _train(tmp_path, optimizer_key)
   want = lib.reference_run(optimizer_key, STEPS)
+  _check_equal(outs, want)
+  if optimizer_key == "lazy_adam":
+    _check_bytes(outs)
+
+
+def test_two_workers_equal_one_process_with_admission(tmp_path):
+  # Keys need 3 sightings over all workers' batches: some are seen by both
+  # workers before either alone saw them 3 times.
+  outs = _train(tmp_path, "lazy_adam", extra=["--access_threshold", "3"])
+  want = lib.reference_run("lazy_adam", STEPS, access_threshold=3)
+  assert 0 < len(want["keys"]) < len(
+      np.unique(np.concatenate([lib.batch(s)[0] for s in range(STEPS)])))
+  _check_equal(outs, want)
+
+
+def _check_equal(outs, want):
   got = {}
   for shard, out in enumerate(outs):
     assert int(out["shard"]) == shard
@@ -45,8 +61,6 @@ def test_two_workers_equal_one_process(tmp_path, optimizer_key):
   assert sorted(got) == sorted(reference)
   for key, row in reference.items():
     np.testing.assert_allclose(got[key], row, rtol=1e-5, atol=1e-6, err_msg=f"key {key}")
-  if optimizer_key == "lazy_adam":
-    _check_bytes(outs)
 
 
 def _check_bytes(outs):
