@@ -122,6 +122,12 @@ def exchange_lookup(unique_keys: tf.Tensor, lookup_owned: Callable[..., tf.Tenso
   return mine, _bytes(counts, dim, dtype, weights is not None)
 
 
+def max_over_workers(value: tf.Tensor) -> tf.Tensor:
+  """The largest of every worker's int64 scalar (all-gathers W * 8 bytes); in replica context."""
+  gathered = tf.distribute.get_replica_context().all_gather(tf.reshape(value, [1]), axis=0)
+  return tf.reduce_max(gathered)
+
+
 def _bytes(counts: tf.Tensor, dim: int, dtype: tf.DType, weighted: bool) -> ExchangeBytes:
   workers = tf.size(counts, out_type=tf.int64)
   padded = workers * tf.cast(tf.reduce_max(counts), tf.int64)

@@ -49,7 +49,7 @@ from mxrec_pipeline.util import initialize
 
 # What must agree across workers, in the order compared.
 CONFIG_FIELDS = ("name", "dim", "rows_per_shard", "key_dtype", "value_dtype", "num_shards",
-                 "access_threshold")
+                 "access_threshold", "eviction_threshold_s")
 
 
 def shard_of_worker(strategy: tf.distribute.Strategy) -> tuple[int, int]:
@@ -104,8 +104,10 @@ class ShardedTable(tf.Module):
       access_threshold): sightings a key needs, over all workers' batches,
       before its owner gives it a row; None admits every key at once. Each
       worker sends its keys' occurrence counts with them; the owner counts
-      them as one process counts the global batch. Eviction is not available
-      on sharded tables yet.
+      them as one process counts the global batch.
+    eviction_threshold_s: Eviction (core/admission.py): `evict` removes keys
+      unseen for longer than this many seconds of the batches' timestamps
+      (`lookup(..., timestamp=)`); None never evicts.
 
   Attributes:
     shard: This worker's SparseEmbedding.
@@ -122,7 +124,7 @@ class ShardedTable(tf.Module):
   def __init__(self, strategy: tf.distribute.Strategy, *, name: str, dim: int, rows_per_shard: int,
                emb_initializer: Callable, key_dtype: tf.DType = tf.int64,
                value_dtype: tf.DType = tf.float32, init_param: float = 1.0,
-               access_threshold: int | None = None):
+               access_threshold: int | None = None, eviction_threshold_s: int | None = None):
     super().__init__(name=None)
     if tf.distribute.has_strategy():
       raise ValueError(f"ShardedTable('{name}'): create it outside strategy.scope(): its rows are "
@@ -133,8 +135,8 @@ class ShardedTable(tf.Module):
                                         emb_initializer=emb_initializer,
                                         device_vocabulary_size=rows_per_shard,
                                         init_param=init_param, value_dtype=value_dtype)
-    if access_threshold is not None:
-      admission.configure(name, admission.AdmitEvictConfig(access_threshold=access_threshold),
+    if access_threshold is not None or eviction_threshold_s is not None:
+      admission.configure(name, admission.AdmitEvictConfig(access_threshold, eviction_threshold_s),
                           f"ShardedTable('{name}')")
     self.bytes_exchanged = tf.Variable(tf.zeros([3], tf.int64), trainable=False,
                                        name=f"{name}/bytes_exchanged")
@@ -163,6 +165,7 @@ class ShardedTable(tf.Module):
         "value_dtype": self.shard.variable.dtype.name,
         "num_shards": self.num_shards,
         "access_threshold": self.access_threshold,
+        "eviction_threshold_s": self.eviction_threshold_s,
     }
 
   @property
@@ -171,7 +174,35 @@ class ShardedTable(tf.Module):
     config = admission.config_of(self.table_name)
     return 0 if config is None else (config.access_threshold or 0)
 
-  def lookup(self, ids, training: bool = True, default_value=None) -> tf.Tensor:
+  @property
+  def eviction_threshold_s(self) -> int:
+    """Idle seconds after which `evict` removes a key (-1: no eviction)."""
+    config = admission.config_of(self.table_name)
+    if config is None or config.eviction_threshold_s is None:
+      return -1
+    return config.eviction_threshold_s
+
+  def evict(self, optimizers=()) -> tf.Tensor:
+    """Evicts this shard's idle keys (core/admission.evict); every worker calls it.
+
+    No collective: each owner knows its keys' last-seen times, the global
+    batches' timestamps (see `lookup`).
+
+    Args:
+      optimizers: The hash optimizers whose slots of the table to reset.
+
+    Returns:
+      [num_evicted] int64 freed rows of this shard.
+
+    Raises:
+      ValueError: the table has no eviction_threshold_s.
+    """
+    if self.eviction_threshold_s < 0:
+      raise ValueError(f"ShardedTable('{self.table_name}'): evict needs eviction_threshold_s")
+    return admission.evict(self.shard, self.eviction_threshold_s, optimizers)
+
+  def lookup(self, ids, training: bool = True, default_value=None,
+             timestamp: tf.Tensor | None = None) -> tf.Tensor:
     """Every id's row, read from its owner's shard. Call inside `strategy.run`.
 
     Args:
@@ -180,10 +211,22 @@ class ShardedTable(tf.Module):
         shard fails naming the table); False reads `default_value` for them.
       default_value: Scalar or [dim] row of absent keys when not training,
         and in training of keys not admitted yet (zeros by default).
+      timestamp: int64 scalar, this worker's batch time in seconds
+        (core/admission.batch_timestamp of its timestamps); required in
+        training with eviction_threshold_s. The owners record the largest
+        over the workers as the keys' last-seen time, as one process does
+        for the global batch.
 
     Returns:
       [*ids.shape, dim] of the rows' dtype; differentiable with respect to
       `variable` (IndexedSlices on the owner's rows).
+
+    Raises:
+      ValueError: ids of another dtype than the table's key_dtype, a
+        training lookup without `timestamp` on a table with eviction (both
+        naming the table), a call outside `strategy.run`.
+      tf.errors.ResourceExhaustedError (at run time): an owner's shard is
+        full (naming the table).
     """
     ids = tf.convert_to_tensor(ids)
     if ids.dtype != self.shard.key_dtype:
@@ -195,9 +238,16 @@ class ShardedTable(tf.Module):
     admitting = training and self.access_threshold > 1
     container = initialize.get_config_initializer().container
 
+    batch_time = None
+    if training and self.eviction_threshold_s >= 0:
+      if timestamp is None:
+        raise ValueError(f"ShardedTable('{self.table_name}'): eviction_threshold_s needs the "
+                         "batch's `timestamp` in training lookups")
+      batch_time = exchange.max_over_workers(tf.cast(timestamp, tf.int64))
+
     def lookup_owned(owned_keys, weights=None):
       rows, restore_owned = admission.insert(container, self.table_name, owned_keys, training,
-                                             counts=weights)
+                                             counts=weights, timestamp=batch_time)
       unique_emb = lookup.gather_rows(self.shard.variable, rows, training=training,
                                       default_value=default_value, admitting=admitting)
       return lookup.per_id(unique_emb, restore_owned)
@@ -205,7 +255,10 @@ class ShardedTable(tf.Module):
     weights = tf.cast(occurrences, tf.int64) if admitting else None
     unique_emb, counted = exchange.exchange_lookup(unique_keys, lookup_owned, self.num_shards,
                                                    self.dim, self.shard.variable.dtype, weights)
-    with tf.control_dependencies([self.bytes_exchanged.assign_add(counted.as_vector())]):
+    counted = counted.as_vector()
+    if batch_time is not None:  # The timestamps' all-gather.
+      counted += tf.constant([exchange.KEY_BYTES * self.num_shards, 0, 0], tf.int64)
+    with tf.control_dependencies([self.bytes_exchanged.assign_add(counted)]):
       out = lookup.per_id(unique_emb, tf.reshape(restore, tf.shape(ids)))
     return out
 
@@ -254,7 +307,7 @@ def _config_vector(config: dict) -> np.ndarray:
   dtypes = [tf.as_dtype(config[f]).as_datatype_enum for f in ("key_dtype", "value_dtype")]
   return np.array([
       name_code, config["dim"], config["rows_per_shard"], *dtypes, config["num_shards"],
-      config["access_threshold"]
+      config["access_threshold"], config["eviction_threshold_s"]
   ], np.int64)
 
 

@@ -53,6 +53,11 @@ def batch(step: int) -> tuple[np.ndarray, np.ndarray]:
   return ids, labels
 
 
+def step_time(step: int) -> int:
+  """Timestamp (seconds) of global batch `step`, for eviction."""
+  return 100 + 6 * step
+
+
 def worker_slice(step: int, shard: int, num_shards: int):
   ids, labels = batch(step)
   per = GLOBAL_BATCH // num_shards
@@ -82,15 +87,21 @@ def dense_optimizer():
 
 
 def reference_run(optimizer_key: str, steps: int, first_step: int = 0, restore: str = "",
-                  save: str = "", access_threshold: int | None = None) -> dict:
+                  save: str = "", access_threshold: int | None = None,
+                  eviction_threshold_s: int | None = None) -> dict:
   """One process on the global batches: losses, final rows by key, dense weights.
 
   Trains global batches first_step..first_step + steps - 1; restores the table
   (distributed/checkpoint.py) and the dense model from `restore` first, saves
   them to `save` at the end, as sharded_worker.py does (shard 0 of 1). With
-  access_threshold, the lookups admit keys as core/admission.py does.
+  access_threshold, the lookups admit keys as core/admission.py does; with
+  eviction_threshold_s, global batch `step` has time step_time(step) and idle
+  keys are evicted after every step.
   """
+  from mxrec_pipeline.core import admission
   from mxrec_pipeline.core import embedding
+  from mxrec_pipeline.core import key_index
+  from mxrec_pipeline.core import lookup
   from mxrec_pipeline.distributed import checkpoint
   from mxrec_pipeline.optimizers import factory
   from mxrec_pipeline.util import initialize
@@ -107,16 +118,30 @@ def reference_run(optimizer_key: str, steps: int, first_step: int = 0, restore: 
     if restore:
       checkpoint.restore_shard(restore, table, [optimizer])
       dense_checkpoint.read(os.path.join(restore, "dense-0")).assert_consumed()
+    if access_threshold is not None or eviction_threshold_s is not None:
+      admission.configure(TABLE, admission.AdmitEvictConfig(access_threshold, eviction_threshold_s),
+                          "reference")
+    admitting = (access_threshold or 0) > 1
+
+    def lookup_batch(ids, step):
+      # The core's training lookup of tensor ids, with the batch's timestamp.
+      keys = key_index.to_keys(tf.constant(ids))
+      rows, restore = admission.insert(initialize.get_config_initializer().container, TABLE,
+                                       tf.reshape(keys, [-1]), True,
+                                       timestamp=tf.constant(step_time(step), tf.int64))
+      unique = lookup.unique_embeddings(table, rows, training=True, admitting=admitting)
+      return lookup.per_id(unique, tf.reshape(restore, ids.shape))
+
     losses = []
     for step in range(first_step, first_step + steps):
       ids, labels = batch(step)
       with tf.GradientTape() as tape:
-        config = None if access_threshold is None else {"access_threshold": access_threshold}
-        emb = embedding.sparse_lookup(table, tf.constant(ids), access_and_evict_config=config)
-        loss = loss_of(emb, labels, dense)
+        loss = loss_of(lookup_batch(ids, step), labels, dense)
       grads = tape.gradient(loss, [*dense, table.variable])
       dense_opt.apply_gradients(zip(grads[:2], dense))
       optimizer.apply_gradients([(grads[2], table.variable)])
+      if eviction_threshold_s is not None:
+        admission.evict(table, eviction_threshold_s, [optimizer])
       losses.append(float(loss))
     if save:
       checkpoint.save_shard(save, table, [optimizer])

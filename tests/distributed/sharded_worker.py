@@ -5,7 +5,8 @@ MultiWorkerMirroredStrategy in a custom loop (strategy.run), and writes
 this worker's shard and results to `--out` (.npz): losses, the shard's keys
 and rows, the dense weights and the bytes exchanged.
 
-Flags: --optimizer KEY, --access_threshold N (admission), --steps N,
+Flags: --optimizer KEY, --access_threshold N (admission),
+--eviction_threshold_s S (eviction after every step), --steps N,
 --first_step N, --out PATH, --dim D (to make a worker disagree), --timeout_s S
 (collective timeout), --die_at_step N (this worker exits at that step, as a
 crash), --stall_at_step N (this worker stops answering at that step),
@@ -49,6 +50,7 @@ def main():
   parser.add_argument("--first_step", type=int, default=0)
   parser.add_argument("--export", default="")
   parser.add_argument("--access_threshold", type=int, default=None)
+  parser.add_argument("--eviction_threshold_s", type=int, default=None)
   args = parser.parse_args()
 
   strategy = tf.distribute.MultiWorkerMirroredStrategy(
@@ -57,7 +59,8 @@ def main():
   initialize.init()
   table = sharded_table.ShardedTable(strategy, name=lib.TABLE, dim=args.dim,
                                      rows_per_shard=lib.ROWS, emb_initializer=lib.initializer(),
-                                     access_threshold=args.access_threshold)
+                                     access_threshold=args.access_threshold,
+                                     eviction_threshold_s=args.eviction_threshold_s)
   optimizer = factory.get_optimizer(args.optimizer, **lib.OPTIMIZERS[args.optimizer])
   with strategy.scope():
     dense = lib.make_dense()
@@ -68,16 +71,16 @@ def main():
     checkpoint.restore_shard(args.restore, table, [optimizer])
     dense_checkpoint.read(os.path.join(args.restore, "dense-0")).assert_consumed()
 
-  def step_fn(ids, labels):
+  def step_fn(ids, labels, timestamp):
     with tf.GradientTape() as tape:
-      loss = lib.loss_of(table.lookup(ids), labels, dense)
+      loss = lib.loss_of(table.lookup(ids, timestamp=timestamp), labels, dense)
     grads = tape.gradient(loss, [*dense, table.variable])
     dense_opt.apply_gradients(zip(grads[:2], dense))
     return loss, grads[2]
 
   @tf.function
-  def train_step(ids, labels):
-    loss, table_grad = strategy.run(step_fn, (ids, labels))
+  def train_step(ids, labels, timestamp):
+    loss, table_grad = strategy.run(step_fn, (ids, labels, timestamp))
     sharded_table.apply_gradients(optimizer, [(table_grad, table)])
     return strategy.reduce(tf.distribute.ReduceOp.SUM, loss, axis=None)
 
@@ -88,7 +91,11 @@ def main():
     if step == args.stall_at_step:
       time.sleep(600)  # A hung worker, alive but silent (the test kills it).
     ids, labels = lib.worker_slice(step, table.shard_id, table.num_shards)
-    losses.append(float(train_step(tf.constant(ids), tf.constant(labels))))
+    # Workers' clocks differ: the owners keep the largest, the global batch's time.
+    timestamp = tf.constant(lib.step_time(step) - table.shard_id, tf.int64)
+    losses.append(float(train_step(tf.constant(ids), tf.constant(labels), timestamp)))
+    if args.eviction_threshold_s is not None:
+      table.evict([optimizer])
   if args.save:
     checkpoint.save_shard(args.save, table, [optimizer])
     dense_checkpoint.write(os.path.join(args.save, f"dense-{table.shard_id}"))

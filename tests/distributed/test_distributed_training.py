@@ -46,6 +46,15 @@ def test_two_workers_equal_one_process_with_admission(tmp_path):
   _check_equal(outs, want)
 
 
+def test_two_workers_equal_one_process_with_eviction(tmp_path):
+  # Batches 6 s apart; keys unseen for 2 batches (12 s > 10 s) are evicted.
+  outs = _train(tmp_path, "lazy_adam", extra=["--eviction_threshold_s", "10"])
+  want = lib.reference_run("lazy_adam", STEPS, eviction_threshold_s=10)
+  seen = np.unique(np.concatenate([lib.batch(s)[0].ravel() for s in range(STEPS)]))
+  assert 0 < len(want["keys"]) < len(seen)
+  _check_equal(outs, want)
+
+
 def _check_equal(outs, want):
   got = {}
   for shard, out in enumerate(outs):
