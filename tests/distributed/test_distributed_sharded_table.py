@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from mxrec_pipeline.core import key_index
 from mxrec_pipeline.distributed import exchange
 from mxrec_pipeline.distributed import sharded_table
 from mxrec_pipeline.optimizers import gradient_descent
@@ -70,3 +71,12 @@ def test_lookup_errors():
   with tf.distribute.MirroredStrategy(["/cpu:0"]).scope(), pytest.raises(
       ValueError, match="call it inside strategy.run"):
     table.lookup(tf.constant([1], tf.int64))
+
+
+def test_string_ids_are_fingerprinted_as_the_core_does():
+  table = _table(key_dtype=tf.string)
+  ids = tf.constant([["a", "b"], ["a", "c"]])
+  assert table.lookup(ids).shape == [2, 2, 2]
+  keys, _ = table.shard.key_index.export()
+  want = key_index.to_keys(tf.constant(["a", "b", "c"])).numpy()
+  assert sorted(keys.numpy().tolist()) == sorted(want.tolist())
