@@ -53,6 +53,15 @@ def batch(step: int) -> tuple[np.ndarray, np.ndarray]:
   return ids, labels
 
 
+EVAL_DEFAULT = -1.0  # Row read by ids never trained in evaluation lookups.
+
+
+def eval_ids(shard: int) -> np.ndarray:
+  """[2, 4] int64 ids worker `shard` evaluates: ids of batch 0, then 2 never seen."""
+  seen = batch(0)[0].ravel()[shard * 6:shard * 6 + 6]
+  return np.concatenate([seen, [7 + shard, -7]]).reshape(2, 4).astype(np.int64)
+
+
 def step_time(step: int) -> int:
   """Timestamp (seconds) of global batch `step`, for eviction."""
   return 100 + 6 * step

@@ -105,9 +105,16 @@ def main():
       export.TableSnapshot([(lib.TABLE, tf.int64, all_keys, all_rows)]).save(args.export)
   keys, rows = table.shard.key_index.export()
   stats = table.exchange_stats()
+  # Evaluation lookups (after the counted training ones): each worker asks
+  # trained ids of both shards and ids never seen, which read the default.
+  eval_ids = lib.eval_ids(table.shard_id)
+  eval_fn = tf.function(lambda ids: strategy.run(
+      lambda i: table.lookup(i, training=False, default_value=lib.EVAL_DEFAULT), (ids,)))
+  eval_emb = eval_fn(tf.constant(eval_ids)).numpy()
   np.savez(args.out, losses=np.array(losses), keys=keys.numpy(),
            rows=tf.gather(table.variable, rows).numpy(), w=dense[0].numpy(), b=dense[1].numpy(),
-           shard=table.shard_id, bytes=np.array([stats["ids"], stats["rows"], stats["gradients"]]))
+           shard=table.shard_id, bytes=np.array([stats["ids"], stats["rows"], stats["gradients"]]),
+           eval_ids=eval_ids, eval_emb=eval_emb)
 
 
 if __name__ == "__main__":

@@ -70,6 +70,13 @@ def _check_equal(outs, want):
   assert sorted(got) == sorted(reference)
   for key, row in reference.items():
     np.testing.assert_allclose(got[key], row, rtol=1e-5, atol=1e-6, err_msg=f"key {key}")
+  # Evaluation lookups read every trained key from its owner, the default otherwise.
+  for out in outs:
+    ids = out["eval_ids"].ravel()
+    emb = out["eval_emb"].reshape(ids.size, lib.DIM)
+    want_emb = [reference.get(int(i), np.full(lib.DIM, lib.EVAL_DEFAULT)) for i in ids]
+    assert sum(int(i) in reference for i in ids) >= 3
+    np.testing.assert_allclose(emb, want_emb, rtol=1e-5, atol=1e-6)
 
 
 def _check_bytes(outs):
