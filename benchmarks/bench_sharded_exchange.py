@@ -3,7 +3,7 @@
 Starts `--workers` processes on localhost (TF_CONFIG on free ports,
 MultiWorkerMirroredStrategy, one replica each), each training a synthetic job:
 `--batch` examples per worker of `--ids` Zipf(`--zipf`) ids among `--keys`
-keys, one ShardedTable of `--dim` float32 columns, lazy Adam, score = sum of
+keys, one ShardedTable of `--dim` float32 columns (`--routing`), lazy Adam, score = sum of
 the embeddings, squared error. Each worker prints, over the steps after the
 first (tracing), its bytes received per step from the exchange's collectives
 (`ShardedTable.exchange_stats`: ids, rows, gradients), the formula
@@ -12,6 +12,7 @@ and its examples/s.
 
 Usage:
   python benchmarks/bench_sharded_exchange.py --workers 2
+  python benchmarks/bench_sharded_exchange.py --workers 2 --routing all_to_all
   python benchmarks/bench_sharded_exchange.py --workers 1 --batch 512 --dim 32
 """
 
@@ -39,7 +40,8 @@ def _worker(args) -> None:
   strategy = tf.distribute.MultiWorkerMirroredStrategy()
   initialize.init()
   table = sharded_table.ShardedTable(strategy, name="item", dim=args.dim, rows_per_shard=args.keys,
-                                     emb_initializer=tf.keras.initializers.Constant(0.01))
+                                     emb_initializer=tf.keras.initializers.Constant(0.01),
+                                     routing=args.routing)
   optimizer = lazy_adam.create_hash_optimizer(0.01)
   global_batch = args.batch * table.num_shards
 
@@ -73,7 +75,9 @@ def _worker(args) -> None:
           "distinct_ids_per_step": distinct,
           "measured_bytes_per_step": dict(zip(("ids", "rows", "gradients"), per_step.tolist())),
           "measured_total": float(per_step.sum()),
-          "formula_total": exchange.bytes_per_step_formula(distinct, args.dim, table.num_shards),
+          "routing": args.routing,
+          "formula_total": exchange.bytes_per_step_formula(distinct, args.dim, table.num_shards,
+                                                           routing=args.routing),
           "examples_per_s": args.batch * args.steps / seconds,
       }))
 
@@ -110,6 +114,7 @@ def main() -> None:
   parser.add_argument("--keys", type=int, default=100_000)
   parser.add_argument("--zipf", type=float, default=1.2)
   parser.add_argument("--steps", type=int, default=20)
+  parser.add_argument("--routing", default="all_gather", choices=("all_gather", "all_to_all"))
   parser.add_argument("--timeout_s", type=float, default=600)
   parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
   args = parser.parse_args()

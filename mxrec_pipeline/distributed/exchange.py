@@ -139,17 +139,28 @@ def _bytes(counts: tf.Tensor, dim: int, dtype: tf.DType, weighted: bool) -> Exch
 
 
 def bytes_per_step_formula(unique_ids_per_worker: float, dim: int, num_workers: int,
-                           itemsize: int = 4) -> float:
-  """Bytes one worker receives per step and table, by the formula of docs/distributed.md.
+                           itemsize: int = 4, routing: str = "all_gather") -> float:
+  """Bytes one worker receives per step and table, by the formulas of docs/distributed.md.
 
-  W * n * (8 + 2 * dim * itemsize) + 3 * W * 4, for n distinct ids per
-  worker and step (no padding: equal n on every worker).
+  all_gather (this module): W * n * (8 + 2 * dim * itemsize) + 3 * W * 4.
+  all_to_all (distributed/all_to_all.py): n * (8 + 2 * dim * itemsize)
+  + W * W * 4. For n distinct ids per worker and step, no padding (equal n
+  on every worker, keys spread evenly over the owners).
 
   Args:
     unique_ids_per_worker: n, distinct ids of the table in a worker's batch.
     dim: Embedding dimension.
     num_workers: W.
     itemsize: Bytes per embedding value (4 for float32).
+    routing: "all_gather" or "all_to_all" (ShardedTable's routing).
+
+  Raises:
+    ValueError: another routing.
   """
   w, n = num_workers, unique_ids_per_worker
-  return w * n * (KEY_BYTES + 2 * dim * itemsize) + 3 * w * COUNT_BYTES
+  per_id = KEY_BYTES + 2 * dim * itemsize
+  if routing == "all_gather":
+    return w * n * per_id + 3 * w * COUNT_BYTES
+  if routing == "all_to_all":
+    return n * per_id + w * w * COUNT_BYTES
+  raise ValueError(f"`routing` must be 'all_gather' or 'all_to_all', got {routing!r}")

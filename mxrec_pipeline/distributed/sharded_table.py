@@ -4,7 +4,8 @@ Each worker holds one shard: an ordinary single-process table of the core
 (core/embedding.create_table: a KeyIndex plus a [rows_per_shard, dim] rows
 variable), created outside the strategy's scope so that its rows are this
 worker's own variable, neither mirrored nor all-reduced. A lookup routes the
-batch's ids to their owners and the rows back (distributed/exchange.py); the
+batch's ids to their owners and the rows back (distributed/exchange.py, or
+distributed/all_to_all.py with routing="all_to_all"); the
 gradient comes back to the owners as IndexedSlices on their shard variable,
 and `apply_gradients` hands it to a hash optimizer (lazy Adam, Adagrad, SGD,
 FTRL of mxrec_pipeline.optimizers) with no cross-worker aggregation: the
@@ -44,12 +45,16 @@ from mxrec_pipeline.core import admission
 from mxrec_pipeline.core import embedding
 from mxrec_pipeline.core import key_index as key_index_lib
 from mxrec_pipeline.core import lookup
+from mxrec_pipeline.distributed import all_to_all
 from mxrec_pipeline.distributed import exchange
 from mxrec_pipeline.util import initialize
 
 # What must agree across workers, in the order compared.
 CONFIG_FIELDS = ("name", "dim", "rows_per_shard", "key_dtype", "value_dtype", "num_shards",
-                 "access_threshold", "eviction_threshold_s")
+                 "access_threshold", "eviction_threshold_s", "routing")
+# How a lookup reaches the owners: distributed/exchange.py (all-gathers, the
+# public ReplicaContext API) or distributed/all_to_all.py (all-to-alls).
+ROUTINGS = ("all_gather", "all_to_all")
 
 
 def shard_of_worker(strategy: tf.distribute.Strategy) -> tuple[int, int]:
@@ -108,6 +113,12 @@ class ShardedTable(tf.Module):
     eviction_threshold_s: Eviction (core/admission.py): `evict` removes keys
       unseen for longer than this many seconds of the batches' timestamps
       (`lookup(..., timestamp=)`); None never evicts.
+    routing: "all_gather" (distributed/exchange.py: public ReplicaContext
+      all-gathers; each worker receives every worker's ids and rows) or
+      "all_to_all" (distributed/all_to_all.py: each worker receives only its
+      own, about W times fewer bytes).
+    collective_timeout_s: Timeout of the all-to-alls in seconds (0: none);
+      the all-gathers take the strategy's CommunicationOptions timeout.
 
   Attributes:
     shard: This worker's SparseEmbedding.
@@ -124,8 +135,18 @@ class ShardedTable(tf.Module):
   def __init__(self, strategy: tf.distribute.Strategy, *, name: str, dim: int, rows_per_shard: int,
                emb_initializer: Callable, key_dtype: tf.DType = tf.int64,
                value_dtype: tf.DType = tf.float32, init_param: float = 1.0,
-               access_threshold: int | None = None, eviction_threshold_s: int | None = None):
+               access_threshold: int | None = None, eviction_threshold_s: int | None = None,
+               routing: str = "all_gather", collective_timeout_s: float = 0.0):
     super().__init__(name=None)
+    if routing not in ROUTINGS:
+      raise ValueError(f"ShardedTable('{name}'): `routing` must be one of {ROUTINGS}, "
+                       f"got {routing!r}")
+    self.routing = routing
+    self._collective_timeout_s = float(collective_timeout_s)
+    # The all-to-alls' instance keys: by the table's creation index, the same
+    # on every worker (the config check below refuses another order).
+    self._all_to_all_keys = (all_to_all.AllToAllKeys(len(
+        initialize.get_config_initializer().tables)) if routing == "all_to_all" else None)
     if tf.distribute.has_strategy():
       raise ValueError(f"ShardedTable('{name}'): create it outside strategy.scope(): its rows are "
                        "this worker's shard, not a mirrored variable")
@@ -166,6 +187,7 @@ class ShardedTable(tf.Module):
         "num_shards": self.num_shards,
         "access_threshold": self.access_threshold,
         "eviction_threshold_s": self.eviction_threshold_s,
+        "routing": self.routing,
     }
 
   @property
@@ -253,8 +275,14 @@ class ShardedTable(tf.Module):
       return lookup.per_id(unique_emb, restore_owned)
 
     weights = tf.cast(occurrences, tf.int64) if admitting else None
-    unique_emb, counted = exchange.exchange_lookup(unique_keys, lookup_owned, self.num_shards,
-                                                   self.dim, self.shard.variable.dtype, weights)
+    if self.routing == "all_to_all":
+      unique_emb, counted = all_to_all.exchange_lookup(unique_keys, lookup_owned, self.num_shards,
+                                                       self.dim, self.shard.variable.dtype,
+                                                       self._all_to_all_keys,
+                                                       self._collective_timeout_s, weights)
+    else:
+      unique_emb, counted = exchange.exchange_lookup(unique_keys, lookup_owned, self.num_shards,
+                                                     self.dim, self.shard.variable.dtype, weights)
     counted = counted.as_vector()
     if batch_time is not None:  # The timestamps' all-gather.
       counted += tf.constant([exchange.KEY_BYTES * self.num_shards, 0, 0], tf.int64)
@@ -307,7 +335,8 @@ def _config_vector(config: dict) -> np.ndarray:
   dtypes = [tf.as_dtype(config[f]).as_datatype_enum for f in ("key_dtype", "value_dtype")]
   return np.array([
       name_code, config["dim"], config["rows_per_shard"], *dtypes, config["num_shards"],
-      config["access_threshold"], config["eviction_threshold_s"]
+      config["access_threshold"], config["eviction_threshold_s"],
+      ROUTINGS.index(config["routing"])
   ], np.int64)
 
 
@@ -337,7 +366,9 @@ def check_same_config(strategy: tf.distribute.Strategy, config: dict) -> None:
           for v in values
       ]
       if field == "name":
-        shown = "a different table name" if len(set(values)) > 1 else shown
+        shown = "a different table name"
+      elif field == "routing":
+        shown = [ROUTINGS[int(v)] for v in values]
       raise ValueError(f"ShardedTable('{config['name']}'): the workers disagree on `{field}`: "
                        f"{shown} by shard (this worker is shard "
                        f"{shard_of_worker(strategy)[0]}); create the same tables with the same "

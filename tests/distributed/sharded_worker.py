@@ -6,7 +6,8 @@ this worker's shard and results to `--out` (.npz): losses, the shard's keys
 and rows, the dense weights and the bytes exchanged.
 
 Flags: --optimizer KEY, --access_threshold N (admission),
---eviction_threshold_s S (eviction after every step), --steps N,
+--eviction_threshold_s S (eviction after every step), --routing R
+(all_gather or all_to_all), --steps N,
 --first_step N, --out PATH, --dim D (to make a worker disagree), --timeout_s S
 (collective timeout), --die_at_step N (this worker exits at that step, as a
 crash), --stall_at_step N (this worker stops answering at that step),
@@ -51,6 +52,7 @@ def main():
   parser.add_argument("--export", default="")
   parser.add_argument("--access_threshold", type=int, default=None)
   parser.add_argument("--eviction_threshold_s", type=int, default=None)
+  parser.add_argument("--routing", default="all_gather")
   args = parser.parse_args()
 
   strategy = tf.distribute.MultiWorkerMirroredStrategy(
@@ -60,7 +62,8 @@ def main():
   table = sharded_table.ShardedTable(strategy, name=lib.TABLE, dim=args.dim,
                                      rows_per_shard=lib.ROWS, emb_initializer=lib.initializer(),
                                      access_threshold=args.access_threshold,
-                                     eviction_threshold_s=args.eviction_threshold_s)
+                                     eviction_threshold_s=args.eviction_threshold_s,
+                                     routing=args.routing, collective_timeout_s=args.timeout_s)
   optimizer = factory.get_optimizer(args.optimizer, **lib.OPTIMIZERS[args.optimizer])
   with strategy.scope():
     dense = lib.make_dense()

@@ -36,9 +36,11 @@ def test_mismatched_table_config_refused_naming_the_table(tmp_path):
     assert "ShardedTable('item'): the workers disagree on `dim`: [4, 8]" in error["message"]
 
 
-def _survivor_error(tmp_path, failing_flag):
+def _survivor_error(tmp_path, failing_flag, routing="all_gather"):
+  route = ["--routing", routing]
   processes = lib.start_cluster(
-      2, [_args(tmp_path, 0), _args(tmp_path, 1, failing_flag, "2")], tmp_path)
+      2, [_args(tmp_path, 0, *route),
+          _args(tmp_path, 1, failing_flag, "2", *route)], tmp_path)
   try:
     code = lib.wait_all(processes[:1], DEADLINE_S)[0]
   finally:
@@ -53,7 +55,8 @@ def test_crashed_worker_ends_the_job_naming_it(tmp_path):
   assert "task:1" in error["message"], error
 
 
-def test_silent_worker_ends_the_job_at_the_collective_timeout(tmp_path):
-  error = _survivor_error(tmp_path, "--stall_at_step")
+@pytest.mark.parametrize("routing", ["all_gather", "all_to_all"])
+def test_silent_worker_ends_the_job_at_the_collective_timeout(tmp_path, routing):
+  error = _survivor_error(tmp_path, "--stall_at_step", routing)
   assert error["type"] == "DeadlineExceededError", error
   assert "Collective has timed out" in error["message"], error

@@ -46,6 +46,15 @@ def test_one_shard_lookup_gradient_and_update():
 
 def test_bytes_formula():
   assert exchange.bytes_per_step_formula(1000, 16, 2) == 2 * 1000 * (8 + 2 * 16 * 4) + 3 * 2 * 4
+  assert exchange.bytes_per_step_formula(
+      1000, 16, 2, routing="all_to_all") == (1000 * (8 + 2 * 16 * 4) + 2 * 2 * 4)
+  with pytest.raises(ValueError, match="`routing` must be"):
+    exchange.bytes_per_step_formula(1000, 16, 2, routing="ring")
+
+
+def test_bad_routing_is_refused():
+  with pytest.raises(ValueError, match=r"ShardedTable\('item'\): `routing` must be one of"):
+    _table(routing="ring")
 
 
 def test_created_inside_a_strategy_scope_is_refused():

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import distributed_testlib as lib
+from mxrec_pipeline.distributed import sharding
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -46,6 +47,16 @@ def test_two_workers_equal_one_process_with_admission(tmp_path):
   _check_equal(outs, want)
 
 
+@pytest.mark.parametrize("access_threshold", [None, 3])
+def test_all_to_all_routing_equals_one_process(tmp_path, access_threshold):
+  extra = ["--routing", "all_to_all"]
+  if access_threshold is not None:
+    extra += ["--access_threshold", str(access_threshold)]
+  outs = _train(tmp_path, "lazy_adam", extra=extra)
+  _check_equal(outs, lib.reference_run("lazy_adam", STEPS, access_threshold=access_threshold))
+  _check_all_to_all_bytes(outs, weighted=access_threshold is not None)
+
+
 def test_two_workers_equal_one_process_with_eviction(tmp_path):
   # Batches 6 s apart; keys unseen for 2 batches (12 s > 10 s) are evicted.
   outs = _train(tmp_path, "lazy_adam", extra=["--eviction_threshold_s", "10"])
@@ -63,7 +74,6 @@ def _check_equal(outs, want):
     np.testing.assert_allclose(out["w"], want["w"], rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(out["b"], want["b"], rtol=1e-5, atol=1e-6)
     # Each shard holds exactly the keys it owns.
-    from mxrec_pipeline.distributed import sharding  # pylint: disable=import-outside-toplevel
     np.testing.assert_array_equal(sharding.owner_numpy(out["keys"], 2), shard)
     got.update(lib.by_key(out["keys"], out["rows"]))
   reference = lib.by_key(want["keys"], want["rows"])
@@ -90,3 +100,18 @@ def _check_bytes(outs):
     grad_bytes += sum(counts) * row_bytes + workers * 4
   for out in outs:
     np.testing.assert_array_equal(out["bytes"], [ids_bytes, rows_bytes, grad_bytes])
+
+
+def _check_all_to_all_bytes(outs, weighted):
+  """Counted bytes == W chunks of the largest worker-to-owner count M, per step."""
+  ids_bytes = rows_bytes = 0
+  workers, row_bytes = 2, lib.DIM * 4
+  for step in range(STEPS):
+    chunk = 0
+    for w in range(workers):
+      owners = sharding.owner_numpy(np.unique(lib.worker_slice(step, w, workers)[0]), workers)
+      chunk = max(chunk, np.bincount(owners, minlength=workers).max())
+    ids_bytes += workers * chunk * 8 * (2 if weighted else 1) + workers * workers * 4
+    rows_bytes += workers * chunk * row_bytes
+  for out in outs:
+    np.testing.assert_array_equal(out["bytes"], [ids_bytes, rows_bytes, rows_bytes])
