@@ -354,10 +354,21 @@ def check_same_config(strategy: tf.distribute.Strategy, config: dict) -> None:
   if strategy.num_replicas_in_sync == 1:
     return
   vector = tf.constant(_config_vector(config))
-  gathered = strategy.run(
-      lambda: tf.distribute.get_replica_context().all_gather(vector[tf.newaxis], axis=0))
-  (gathered,) = strategy.experimental_local_results(gathered)
+
+  def gather():
+    context = tf.distribute.get_replica_context()
+    # The replica id, which the exchange uses as the shard: it must be the
+    # shard_of_worker that names this worker's checkpoint files.
+    replica = tf.cast(tf.reshape(context.replica_id_in_sync_group, [1]), tf.int64)
+    return context.all_gather(tf.concat([vector, replica], 0)[tf.newaxis], axis=0)
+
+  (gathered,) = strategy.experimental_local_results(strategy.run(gather))
   gathered = gathered.numpy()
+  shard_id = shard_of_worker(strategy)[0]
+  if gathered[shard_id, -1] != shard_id:
+    raise ValueError(f"ShardedTable('{config['name']}'): this worker is replica "
+                     f"{gathered[shard_id, -1]} of the strategy but shard {shard_id} by its "
+                     "cluster spec; one replica per worker, chief first, is supported")
   for i, field in enumerate(CONFIG_FIELDS):
     values = gathered[:, i]
     if (values != values[0]).any():
@@ -369,7 +380,7 @@ def check_same_config(strategy: tf.distribute.Strategy, config: dict) -> None:
         shown = "a different table name"
       elif field == "routing":
         shown = [ROUTINGS[int(v)] for v in values]
-      raise ValueError(f"ShardedTable('{config['name']}'): the workers disagree on `{field}`: "
-                       f"{shown} by shard (this worker is shard "
-                       f"{shard_of_worker(strategy)[0]}); create the same tables with the same "
-                       "arguments, in the same order, on every worker")
+      raise ValueError(
+          f"ShardedTable('{config['name']}'): the workers disagree on `{field}`: "
+          f"{shown} by shard (this worker is shard {shard_id}); create the same tables with "
+          "the same arguments, in the same order, on every worker")
