@@ -32,6 +32,7 @@ IDS_PER_EXAMPLE = 3
 DIM = 4
 ROWS = 256  # Rows of one process's table and of each shard.
 TABLE = "item"
+SECOND_TABLE = "user"
 # Hyperparameters of each hash optimizer (optimizers/factory.py keys).
 OPTIMIZERS = {
     "lazy_adam": {"learning_rate": 0.05},
@@ -60,6 +61,11 @@ def eval_ids(shard: int) -> np.ndarray:
   """[2, 4] int64 ids worker `shard` evaluates: ids of batch 0, then 2 never seen."""
   seen = batch(0)[0].ravel()[shard * 6:shard * 6 + 6]
   return np.concatenate([seen, [7 + shard, -7]]).reshape(2, 4).astype(np.int64)
+
+
+def second_table_ids(ids):
+  """Ids of the second table: other keys, with the first table's repeats."""
+  return ids * 7 + 3
 
 
 def step_time(step: int) -> int:
@@ -97,7 +103,7 @@ def dense_optimizer():
 
 def reference_run(optimizer_key: str, steps: int, first_step: int = 0, restore: str = "",
                   save: str = "", access_threshold: int | None = None,
-                  eviction_threshold_s: int | None = None) -> dict:
+                  eviction_threshold_s: int | None = None, second_table: bool = False) -> dict:
   """One process on the global batches: losses, final rows by key, dense weights.
 
   Trains global batches first_step..first_step + steps - 1; restores the table
@@ -105,7 +111,8 @@ def reference_run(optimizer_key: str, steps: int, first_step: int = 0, restore: 
   them to `save` at the end, as sharded_worker.py does (shard 0 of 1). With
   access_threshold, the lookups admit keys as core/admission.py does; with
   eviction_threshold_s, global batch `step` has time step_time(step) and idle
-  keys are evicted after every step.
+  keys are evicted after every step. With second_table, a second table on
+  second_table_ids(ids) adds its embeddings to the first's (keys2, rows2).
   """
   from mxrec_pipeline.core import admission
   from mxrec_pipeline.core import embedding
@@ -119,6 +126,10 @@ def reference_run(optimizer_key: str, steps: int, first_step: int = 0, restore: 
   try:
     table = embedding.create_table(key_dtype=tf.int64, dim=DIM, name=TABLE,
                                    emb_initializer=initializer(), device_vocabulary_size=ROWS)
+    second = None
+    if second_table:
+      second = embedding.create_table(key_dtype=tf.int64, dim=DIM, name=SECOND_TABLE,
+                                      emb_initializer=initializer(), device_vocabulary_size=ROWS)
     optimizer = factory.get_optimizer(optimizer_key, **OPTIMIZERS[optimizer_key])
     dense = make_dense()
     dense_opt = dense_optimizer()
@@ -145,10 +156,14 @@ def reference_run(optimizer_key: str, steps: int, first_step: int = 0, restore: 
     for step in range(first_step, first_step + steps):
       ids, labels = batch(step)
       with tf.GradientTape() as tape:
-        loss = loss_of(lookup_batch(ids, step), labels, dense)
-      grads = tape.gradient(loss, [*dense, table.variable])
+        emb = lookup_batch(ids, step)
+        if second is not None:
+          emb += embedding.sparse_lookup(second, tf.constant(second_table_ids(ids)))
+        loss = loss_of(emb, labels, dense)
+      variables = [table.variable] + ([] if second is None else [second.variable])
+      grads = tape.gradient(loss, [*dense, *variables])
       dense_opt.apply_gradients(zip(grads[:2], dense))
-      optimizer.apply_gradients([(grads[2], table.variable)])
+      optimizer.apply_gradients(zip(grads[2:], variables))
       if eviction_threshold_s is not None:
         admission.evict(table, eviction_threshold_s, [optimizer])
       losses.append(float(loss))
@@ -156,7 +171,12 @@ def reference_run(optimizer_key: str, steps: int, first_step: int = 0, restore: 
       checkpoint.save_shard(save, table, [optimizer])
       dense_checkpoint.write(os.path.join(save, "dense-0"))
     keys, rows = table.key_index.export()
+    extra = {}
+    if second is not None:
+      keys2, rows2 = second.key_index.export()
+      extra = {"keys2": keys2.numpy(), "rows2": tf.gather(second.variable, rows2).numpy()}
     return {
+        **extra,
         "losses": np.array(losses),
         "keys": keys.numpy(),
         "rows": tf.gather(table.variable, rows).numpy(),
@@ -169,6 +189,13 @@ def reference_run(optimizer_key: str, steps: int, first_step: int = 0, restore: 
 
 def by_key(keys: np.ndarray, rows: np.ndarray) -> dict[int, np.ndarray]:
   return {int(k): r for k, r in zip(keys, rows)}
+
+
+def assert_rows_equal(got: dict, want: dict) -> None:
+  """Same keys, and rows equal to 1e-5, of two {key: row} dicts."""
+  assert sorted(got) == sorted(want)
+  for key, row in want.items():
+    np.testing.assert_allclose(got[key], row, rtol=1e-5, atol=1e-6, err_msg=f"key {key}")
 
 
 def free_ports(count: int) -> list[int]:

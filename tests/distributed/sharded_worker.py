@@ -7,7 +7,8 @@ and rows, the dense weights and the bytes exchanged.
 
 Flags: --optimizer KEY, --access_threshold N (admission),
 --eviction_threshold_s S (eviction after every step), --routing R
-(all_gather or all_to_all), --steps N,
+(all_gather or all_to_all), --second_table_routing R (a second table, on
+other keys of the same ids, added to the first's embeddings), --steps N,
 --first_step N, --out PATH, --dim D (to make a worker disagree), --timeout_s S
 (collective timeout), --die_at_step N (this worker exits at that step, as a
 crash), --stall_at_step N (this worker stops answering at that step),
@@ -37,6 +38,14 @@ from mxrec_pipeline.optimizers import factory  # noqa: E402  pylint: disable=wro
 from mxrec_pipeline.util import initialize  # noqa: E402  pylint: disable=wrong-import-position
 
 
+def second_table_state(tables) -> dict:
+  """The second table's keys and rows (keys2, rows2), if any."""
+  if len(tables) < 2:
+    return {}
+  keys, rows = tables[1].shard.key_index.export()
+  return {"keys2": keys.numpy(), "rows2": tf.gather(tables[1].variable, rows).numpy()}
+
+
 def main():
   parser = argparse.ArgumentParser()
   parser.add_argument("--optimizer", default="lazy_adam")
@@ -53,6 +62,7 @@ def main():
   parser.add_argument("--access_threshold", type=int, default=None)
   parser.add_argument("--eviction_threshold_s", type=int, default=None)
   parser.add_argument("--routing", default="all_gather")
+  parser.add_argument("--second_table_routing", default="")
   args = parser.parse_args()
 
   strategy = tf.distribute.MultiWorkerMirroredStrategy(
@@ -64,6 +74,13 @@ def main():
                                      access_threshold=args.access_threshold,
                                      eviction_threshold_s=args.eviction_threshold_s,
                                      routing=args.routing, collective_timeout_s=args.timeout_s)
+  tables = [table]
+  if args.second_table_routing:
+    tables.append(
+        sharded_table.ShardedTable(strategy, name=lib.SECOND_TABLE, dim=args.dim,
+                                   rows_per_shard=lib.ROWS, emb_initializer=lib.initializer(),
+                                   routing=args.second_table_routing,
+                                   collective_timeout_s=args.timeout_s))
   optimizer = factory.get_optimizer(args.optimizer, **lib.OPTIMIZERS[args.optimizer])
   with strategy.scope():
     dense = lib.make_dense()
@@ -76,15 +93,18 @@ def main():
 
   def step_fn(ids, labels, timestamp):
     with tf.GradientTape() as tape:
-      loss = lib.loss_of(table.lookup(ids, timestamp=timestamp), labels, dense)
-    grads = tape.gradient(loss, [*dense, table.variable])
+      emb = table.lookup(ids, timestamp=timestamp)
+      for second in tables[1:]:
+        emb += second.lookup(lib.second_table_ids(ids))
+      loss = lib.loss_of(emb, labels, dense)
+    grads = tape.gradient(loss, [*dense, *[t.variable for t in tables]])
     dense_opt.apply_gradients(zip(grads[:2], dense))
-    return loss, grads[2]
+    return loss, grads[2:]
 
   @tf.function
   def train_step(ids, labels, timestamp):
-    loss, table_grad = strategy.run(step_fn, (ids, labels, timestamp))
-    sharded_table.apply_gradients(optimizer, [(table_grad, table)])
+    loss, table_grads = strategy.run(step_fn, (ids, labels, timestamp))
+    sharded_table.apply_gradients(optimizer, list(zip(table_grads, tables)))
     return strategy.reduce(tf.distribute.ReduceOp.SUM, loss, axis=None)
 
   losses = []
@@ -117,7 +137,7 @@ def main():
   np.savez(args.out, losses=np.array(losses), keys=keys.numpy(),
            rows=tf.gather(table.variable, rows).numpy(), w=dense[0].numpy(), b=dense[1].numpy(),
            shard=table.shard_id, bytes=np.array([stats["ids"], stats["rows"], stats["gradients"]]),
-           eval_ids=eval_ids, eval_emb=eval_emb)
+           eval_ids=eval_ids, eval_emb=eval_emb, **second_table_state(tables))
 
 
 if __name__ == "__main__":

@@ -30,12 +30,6 @@ def _cluster_args(tmp_path, *extra):
   ] for i in range(2)]
 
 
-def _assert_rows_equal(got: dict, want: dict):
-  assert sorted(got) == sorted(want)
-  for key, row in want.items():
-    np.testing.assert_allclose(got[key], row, rtol=1e-5, atol=1e-6, err_msg=f"key {key}")
-
-
 def test_two_workers_to_one_process_with_admission(tmp_path):
   # Keys seen fewer than 3 times by the save are pending: their counts must
   # reach their new owner (here the one process) for the runs to agree.
@@ -49,8 +43,8 @@ def test_two_workers_to_one_process_with_admission(tmp_path):
                               access_threshold=3)
   whole = lib.reference_run(OPTIMIZER, 2 * HALF, access_threshold=3)
   np.testing.assert_allclose(resumed["losses"], whole["losses"][HALF:], rtol=1e-5, atol=1e-6)
-  _assert_rows_equal(lib.by_key(resumed["keys"], resumed["rows"]),
-                     lib.by_key(whole["keys"], whole["rows"]))
+  lib.assert_rows_equal(lib.by_key(resumed["keys"], resumed["rows"]),
+                        lib.by_key(whole["keys"], whole["rows"]))
   np.testing.assert_allclose(resumed["w"], whole["w"], rtol=1e-5, atol=1e-6)
   # The restore itself: every saved key, with its saved row.
   initialize.init()
@@ -58,7 +52,7 @@ def test_two_workers_to_one_process_with_admission(tmp_path):
                                  emb_initializer=lib.initializer(), device_vocabulary_size=lib.ROWS)
   assert checkpoint.restore_shard(str(ckpt), table) == len(saved)
   keys, rows = table.key_index.export()
-  _assert_rows_equal(lib.by_key(keys.numpy(), tf.gather(table.variable, rows).numpy()), saved)
+  lib.assert_rows_equal(lib.by_key(keys.numpy(), tf.gather(table.variable, rows).numpy()), saved)
   assert table.key_index.export_state()["pending_keys"].shape[0] > 0
 
 
@@ -75,7 +69,7 @@ def test_one_process_to_two_workers(tmp_path):
     np.testing.assert_allclose(out["w"], whole["w"], rtol=1e-5, atol=1e-6)
     np.testing.assert_array_equal(sharding.owner_numpy(out["keys"], 2), shard)
     got.update(lib.by_key(out["keys"], out["rows"]))
-  _assert_rows_equal(got, lib.by_key(whole["keys"], whole["rows"]))
+  lib.assert_rows_equal(got, lib.by_key(whole["keys"], whole["rows"]))
   assert set(lib.by_key(first["keys"], first["rows"])) <= set(got)
 
 

@@ -57,6 +57,19 @@ def test_all_to_all_routing_equals_one_process(tmp_path, access_threshold):
   _check_all_to_all_bytes(outs, weighted=access_threshold is not None)
 
 
+def test_two_tables_with_both_routings(tmp_path):
+  # Two tables in one step: their collectives (and all-to-all instance keys)
+  # must not mix.
+  outs = _train(tmp_path, "lazy_adam", extra=["--second_table_routing", "all_to_all"])
+  want = lib.reference_run("lazy_adam", STEPS, second_table=True)
+  _check_equal(outs, want)
+  got = {}
+  for shard, out in enumerate(outs):
+    np.testing.assert_array_equal(sharding.owner_numpy(out["keys2"], 2), shard)
+    got.update(lib.by_key(out["keys2"], out["rows2"]))
+  lib.assert_rows_equal(got, lib.by_key(want["keys2"], want["rows2"]))
+
+
 def test_two_workers_equal_one_process_with_eviction(tmp_path):
   # Batches 6 s apart; keys unseen for 2 batches (12 s > 10 s) are evicted.
   outs = _train(tmp_path, "lazy_adam", extra=["--eviction_threshold_s", "10"])
@@ -77,9 +90,7 @@ def _check_equal(outs, want):
     np.testing.assert_array_equal(sharding.owner_numpy(out["keys"], 2), shard)
     got.update(lib.by_key(out["keys"], out["rows"]))
   reference = lib.by_key(want["keys"], want["rows"])
-  assert sorted(got) == sorted(reference)
-  for key, row in reference.items():
-    np.testing.assert_allclose(got[key], row, rtol=1e-5, atol=1e-6, err_msg=f"key {key}")
+  lib.assert_rows_equal(got, reference)
   # Evaluation lookups read every trained key from its owner, the default otherwise.
   for out in outs:
     ids = out["eval_ids"].ravel()
