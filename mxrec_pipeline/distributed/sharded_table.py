@@ -128,8 +128,9 @@ class ShardedTable(tf.Module):
 
   Raises:
     ValueError: created inside a strategy scope; arguments create_table
-      refuses; a config that differs on another worker (naming the table,
-      the field and both values).
+      refuses; an unknown routing; all_to_all routing for a table past the
+      run's first all_to_all.MAX_TABLES; a config that differs on another
+      worker (naming the table, the field and both values).
   """
 
   def __init__(self, strategy: tf.distribute.Strategy, *, name: str, dim: int, rows_per_shard: int,
@@ -138,6 +139,9 @@ class ShardedTable(tf.Module):
                access_threshold: int | None = None, eviction_threshold_s: int | None = None,
                routing: str = "all_gather", collective_timeout_s: float = 0.0):
     super().__init__(name=None)
+    if tf.distribute.has_strategy():
+      raise ValueError(f"ShardedTable('{name}'): create it outside strategy.scope(): its rows are "
+                       "this worker's shard, not a mirrored variable")
     if routing not in ROUTINGS:
       raise ValueError(f"ShardedTable('{name}'): `routing` must be one of {ROUTINGS}, "
                        f"got {routing!r}")
@@ -147,11 +151,7 @@ class ShardedTable(tf.Module):
     # on every worker (the config check below refuses another order).
     self._all_to_all_keys = (all_to_all.AllToAllKeys(len(
         initialize.get_config_initializer().tables)) if routing == "all_to_all" else None)
-    if tf.distribute.has_strategy():
-      raise ValueError(f"ShardedTable('{name}'): create it outside strategy.scope(): its rows are "
-                       "this worker's shard, not a mirrored variable")
     self.shard_id, self.num_shards = shard_of_worker(strategy)
-    object.__setattr__(self, "_strategy", strategy)  # Not tracked: no state of its own.
     self.shard = embedding.create_table(key_dtype=key_dtype, dim=dim, name=name,
                                         emb_initializer=emb_initializer,
                                         device_vocabulary_size=rows_per_shard,
