@@ -24,6 +24,7 @@ the user's tf.train.Checkpoint as under any strategy.
 
 from __future__ import annotations
 
+import glob
 import os
 import re
 
@@ -53,6 +54,10 @@ def shard_prefix(directory: str, table_name: str, shard_id: int, num_shards: int
 
 def save_shard(directory: str, table, optimizers=()) -> str:
   """Saves this worker's shard of `table` (eagerly); every worker calls it.
+
+  Atomic per shard: the bundle appears complete or not at all. Give each
+  checkpoint its own directory (e.g. one per step): a job killed between two
+  workers' saves must not leave one directory holding shards of two steps.
 
   Args:
     directory: Checkpoint directory, shared by the workers (or each worker's
@@ -84,8 +89,15 @@ def save_shard(directory: str, table, optimizers=()) -> str:
   prefix = shard_prefix(directory, shard.table_name, shard_id, num_shards)
   os.makedirs(os.path.dirname(prefix), exist_ok=True)
   names = sorted(tensors)
-  tf.raw_ops.SaveV2(prefix=prefix, tensor_names=names, shape_and_slices=[""] * len(names),
+  # Written under a temporary prefix, then renamed data first, index last: a
+  # process killed while saving leaves no `.index`, so no shard restores from
+  # a partial bundle (saved_shards looks for the index files).
+  temporary = f"{prefix}_temp_{os.getpid()}"
+  tf.raw_ops.SaveV2(prefix=temporary, tensor_names=names, shape_and_slices=[""] * len(names),
                     tensors=[tensors[n] for n in names])
+  for path in glob.glob(glob.escape(temporary) + ".data-*"):
+    os.replace(path, prefix + path[len(temporary):])
+  os.replace(temporary + ".index", prefix + ".index")
   return prefix
 
 

@@ -84,3 +84,18 @@ def test_restore_errors_name_the_table(tmp_path):
   (tmp_path / "item" / "shard-0-of-1.index").rename(tmp_path / "item" / "shard-1-of-2.index")
   with pytest.raises(FileNotFoundError, match=r"table 'item': shard 0 of 2 is missing"):
     checkpoint.restore_shard(str(tmp_path), table)
+
+
+def test_save_is_atomic_per_shard(tmp_path):
+  initialize.init()
+  table = embedding.create_table(key_dtype=tf.int64, dim=lib.DIM, name=lib.TABLE,
+                                 emb_initializer=lib.initializer(), device_vocabulary_size=4)
+  table.key_index.insert(tf.constant([1, 2], tf.int64), training=True)
+  prefix = checkpoint.save_shard(str(tmp_path), table)
+  assert sorted(p.name for p in (tmp_path / "item").iterdir()) == [
+      "shard-0-of-1.data-00000-of-00001", "shard-0-of-1.index"
+  ]
+  # A save killed before its rename leaves a temporary bundle, which restores ignore.
+  (tmp_path / "item" / "shard-1-of-2_temp_99.data-00000-of-00001").write_bytes(b"partial")
+  assert checkpoint.saved_shards(str(tmp_path), lib.TABLE) == [prefix]
+  assert checkpoint.restore_shard(str(tmp_path), table) == 2
