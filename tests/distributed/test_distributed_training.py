@@ -57,6 +57,13 @@ def test_all_to_all_routing_equals_one_process(tmp_path, access_threshold):
   _check_all_to_all_bytes(outs, weighted=access_threshold is not None)
 
 
+def test_four_workers_all_to_all_equal_one_process(tmp_path):
+  # Four owners: chunks to and from every pair of workers.
+  outs = _train(tmp_path, "lazy_adam", num_workers=4, extra=["--routing", "all_to_all"])
+  _check_equal(outs, lib.reference_run("lazy_adam", STEPS))
+  _check_all_to_all_bytes(outs, weighted=False)
+
+
 def test_two_tables_with_both_routings(tmp_path):
   # Two tables in one step: their collectives (and all-to-all instance keys)
   # must not mix.
@@ -87,7 +94,7 @@ def _check_equal(outs, want):
     np.testing.assert_allclose(out["w"], want["w"], rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(out["b"], want["b"], rtol=1e-5, atol=1e-6)
     # Each shard holds exactly the keys it owns.
-    np.testing.assert_array_equal(sharding.owner_numpy(out["keys"], 2), shard)
+    np.testing.assert_array_equal(sharding.owner_numpy(out["keys"], len(outs)), shard)
     got.update(lib.by_key(out["keys"], out["rows"]))
   reference = lib.by_key(want["keys"], want["rows"])
   lib.assert_rows_equal(got, reference)
@@ -116,7 +123,7 @@ def _check_bytes(outs):
 def _check_all_to_all_bytes(outs, weighted):
   """Counted bytes == W chunks of the largest worker-to-owner count M, per step."""
   ids_bytes = rows_bytes = 0
-  workers, row_bytes = 2, lib.DIM * 4
+  workers, row_bytes = len(outs), lib.DIM * 4
   for step in range(STEPS):
     chunk = 0
     for w in range(workers):
