@@ -23,6 +23,7 @@ LAYERS = (
     ("hparams",),  # PipelineHparams (TF-free, checked against constant name lists).
     ("graph",),  # mx_rec's graph modification, on top of the core.
     ("embedding",),  # TPUEmbedding's mid-level API.
+    ("distributed",),  # Tables sharded by key over workers (MultiWorkerMirroredStrategy).
     ("keras",),  # tfr-shaped layers, models and pipelines.
     ("config", "evaluation", "serving", "jobs", "sweep", "cluster", "cli"),  # Jobs and commands.
 )
