@@ -186,11 +186,11 @@ def insert_ids(features: dict, by_table: dict[str, list[fs.FeatureSpec]], insert
     sizes = [tf.size(k) for k in flat_keys]
     parts = [restore] if len(sizes) == 1 else tf.split(restore, sizes)
     for spec, part in zip(table_specs, parts):
-      out[fs.restore_key(spec.name)] = _like(features[spec.index_key], part)
+      out[fs.restore_key(spec.name)] = like(features[spec.index_key], part)
   return out
 
 
-def _like(ids, flat_restore: tf.Tensor):
+def like(ids, flat_restore: tf.Tensor):
   """Restore indices shaped like `ids`: same dense shape, or same ragged rows."""
   if isinstance(ids, tf.RaggedTensor):
     return ids.with_flat_values(tf.reshape(flat_restore, tf.shape(ids.flat_values)))
