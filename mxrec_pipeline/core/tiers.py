@@ -297,12 +297,11 @@ class TieredStorage(tf.Module):
       The op (eagerly: after the moves are done) to run before the lookup.
     """
     context = tf.distribute.get_replica_context()
-    if (tf.distribute.has_strategy() and context is not None and
-        context.num_replicas_in_sync > 1):
+    if (tf.distribute.has_strategy() and context is not None and context.num_replicas_in_sync > 1):
       return context.merge_call(
-          lambda strategy, tokens: self._apply_once(
-              variable,
-              strategy.experimental_local_results(tokens)[0]), args=(token,))
+          lambda strategy, tokens: self._apply_once(variable,
+                                                    strategy.experimental_local_results(tokens)[0]),
+          args=(token,))
     return self._apply_once(variable, token)
 
   def _apply_once(self, variable: tf.Variable, token: tf.Tensor) -> tf.Operation:
@@ -337,8 +336,7 @@ class TieredStorage(tf.Module):
       in_rows = tf.reshape(in_rows, [-1, dim * len(variables)])
       updates = [
           copy.scatter_update(tf.IndexedSlices(in_rows[:, i * dim:(i + 1) * dim], in_slots))
-          for i, copies in enumerate(variables)
-          for copy in copies
+          for i, copies in enumerate(variables) for copy in copies
       ]
       applied = tf.group(updates)
     if key is not None:
@@ -440,8 +438,7 @@ class TieredStorage(tf.Module):
     dim = self._dim
     updates = [
         copy.scatter_update(tf.IndexedSlices(rows[:on_device, i * dim:(i + 1) * dim], slots))
-        for i, copies in enumerate(variables)
-        for copy in copies
+        for i, copies in enumerate(variables) for copy in copies
     ]
     if tf.executing_eagerly():
       return None

@@ -199,8 +199,8 @@ class BaseDatasetBuilder(tfr.keras.pipeline.BaseDatasetBuilder):
     # iterator twice for a tf.data.Dataset (once for a distributed one).
     dataset = tf.data.Dataset.range(1).flat_map(lambda _: self._build_dataset(
         file_pattern=self._hparams.train_input_pattern, batch_size=self._hparams.train_batch_size,
-        list_size=self._hparams.list_size, num_epochs=1 if num_steps is None else None,
-        shuffle_seed=epoch_seed(seed, epoch)))
+        list_size=self._hparams.list_size, num_epochs=1
+        if num_steps is None else None, shuffle_seed=epoch_seed(seed, epoch)))
     if num_steps is not None:
       dataset = dataset.take(num_steps)
     return self._insert(dataset, is_training=True)
@@ -414,6 +414,13 @@ class ModelFitPipeline(AbstractPipeline):
     that were trained, and a resumed run continues exactly where the
     checkpoint left off. Callbacks see one run (`RunCallbacks`).
 
+    Under a strategy of N > 1 replicas (one host), each global batch is
+    inserted once and split into N per-replica batches with their own unique
+    rows (core/asc/replicas.py); training, validation and evaluation then
+    equal one replica's on the same global batches (docs/distributed.md),
+    except for per-replica layers (batch normalization, dropout) and
+    partial final batches.
+
     Args:
       verbose: Keras fit verbosity (0, 1, 2).
       callbacks: Extra Keras callbacks, run after those of `build_callbacks`
@@ -445,7 +452,8 @@ class ModelFitPipeline(AbstractPipeline):
     run_callbacks = callbacks_lib.RunCallbacks(
         self.build_callbacks(model) + list(callbacks), model, verbose, epochs=len(plan))
     valid = self._distribute(
-        strategy, self._dataset_builder.build_valid_dataset(
+        strategy,
+        self._dataset_builder.build_valid_dataset(
             num_epochs=None if hparams.num_valid_steps else 1))
     split = self._splits_batches(strategy)
     # Keras needs the steps of a distributed dataset.
@@ -456,10 +464,10 @@ class ModelFitPipeline(AbstractPipeline):
     run_callbacks.begin_run()
     for epoch in range(start_epoch, len(plan)):
       run_callbacks.set_epoch_steps(plan[epoch])
-      model.fit(self._distribute(strategy, self._train_epoch(epoch, plan[epoch])),
-                initial_epoch=epoch, epochs=epoch + 1, steps_per_epoch=plan[epoch] or one_pass,
-                validation_data=valid, validation_steps=valid_steps, callbacks=run_callbacks,
-                verbose=verbose)
+      model.fit(self._distribute(strategy, self._train_epoch(epoch,
+                                                             plan[epoch])), initial_epoch=epoch,
+                epochs=epoch + 1, steps_per_epoch=plan[epoch] or one_pass, validation_data=valid,
+                validation_steps=valid_steps, callbacks=run_callbacks, verbose=verbose)
       if model.stop_training:  # e.g. EarlyStopping.
         break
     run_callbacks.end_run()
@@ -498,9 +506,9 @@ class ModelFitPipeline(AbstractPipeline):
     """
     if not self._splits_batches(strategy):
       return dataset
-    return replicas.distribute_dataset(strategy, dataset, [
-        fs.FeatureSpec(f.name, table_name=f.table) for f in self._dataset_builder.sparse_features
-    ])
+    return replicas.distribute_dataset(
+        strategy, dataset,
+        [fs.FeatureSpec(f.name, table_name=f.table) for f in self._dataset_builder.sparse_features])
 
   def _splits_batches(self, strategy: tf.distribute.Strategy) -> bool:
     """Whether global batches are split per replica (N > 1 and sparse features)."""

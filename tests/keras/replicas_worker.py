@@ -1,12 +1,13 @@
-"""Trains the Keras test task with N replicas and with one; saves both results.
+"""Trains the Keras test task with N replicas and with one; saves the results.
 
 Run in a fresh process (logical CPU devices must be set before TensorFlow
-initializes them): `python replicas_worker.py N OUT.npz DIR [tiered]`. The same
-global batches train SimplePipeline under a MirroredStrategy over N logical
-CPUs and under no strategy; the test compares per-step and epoch losses,
-validation metrics, dense weights and every table's rows by key. With
-`tiered`, the item table is tiered (keras_testlib.tiered_tables) and training
-batches hold 2 lists.
+initializes them): `python replicas_worker.py OUT.npz DIR CASE N [N ...]`.
+The same global batches train SimplePipeline under MirroredStrategy with one
+replica (logical CPU 0) and with each N (logical CPUs 0..N-1); the test
+compares per-step and epoch losses, validation metrics, dense weights and
+every table's rows by key. CASE "flat" uses keras_testlib's tables; "tiered"
+makes the item table tiered (keras_testlib.tiered_tables), with training
+batches of 2 lists.
 
 The loss is tfr's mean_squared_loss (with Adam and lazy Adam): a listwise
 softmax loss is invariant to a per-list shift of the scores, so some gradients
@@ -21,10 +22,10 @@ import sys
 import numpy as np
 import tensorflow as tf
 
-NUM_REPLICAS = int(sys.argv[1])
+REPLICA_COUNTS = [int(n) for n in sys.argv[4:]]
 CPU = tf.config.list_physical_devices("CPU")[0]
-tf.config.set_logical_device_configuration(CPU,
-                                           [tf.config.LogicalDeviceConfiguration()] * NUM_REPLICAS)
+tf.config.set_logical_device_configuration(CPU, [tf.config.LogicalDeviceConfiguration()] *
+                                           max(REPLICA_COUNTS))
 
 # pylint: disable=wrong-import-position
 import keras_testlib as lib  # noqa: E402
@@ -41,8 +42,8 @@ def model_builder(tables):
   statistics, per-replica random masks), so they differ from one replica.
   """
   return model_lib.ModelBuilder(
-      input_creator=model_lib.FeatureSpecInputCreator(lib.CONTEXT_SPEC, lib.EXAMPLE_SPEC),
-      preprocessor={},
+      input_creator=model_lib.FeatureSpecInputCreator(lib.CONTEXT_SPEC,
+                                                      lib.EXAMPLE_SPEC), preprocessor={},
       scorer=model_lib.DNNScorer(hidden_layer_dims=[8], output_units=1, use_batch_norm=False,
                                  dropout=0.0), mask_feature_name=lib.MASK,
       sparse_features=lib.SPARSE_FEATURES, tables=tables or lib.TABLES, seed=1)
@@ -67,8 +68,7 @@ def train(strategy, tmp: pathlib.Path, tiered: bool) -> dict:
   initialize.terminate_config_initializer()
   hparams = pipeline_lib.PipelineHparams(model_dir=str(tmp / "model"), num_epochs=2,
                                          num_train_steps=6, learning_rate=0.05, seed=3,
-                                         export_best_model=False,
-                                         loss="mean_squared_loss")
+                                         export_best_model=False, loss="mean_squared_loss")
   pipe = pipeline_lib.SimplePipeline(
       model_builder(tables),
       lib.dataset_builder(train_path, valid_path, train_batch_size=2 if tiered else 8), hparams,
@@ -100,14 +100,15 @@ def train(strategy, tmp: pathlib.Path, tiered: bool) -> dict:
 
 
 def main():
-  out_path, work = sys.argv[2], pathlib.Path(sys.argv[3])
-  tiered = sys.argv[4:] == ["tiered"]
+  out_path, work, case = sys.argv[1], pathlib.Path(sys.argv[2]), sys.argv[3]
   devices = [d.name for d in tf.config.list_logical_devices("CPU")]
-  assert len(devices) == NUM_REPLICAS, devices
-  many = train(pipeline_lib.get_strategy("MirroredStrategy"), work / "many", tiered)
-  one = train(tf.distribute.MirroredStrategy(devices[:1]), work / "one", tiered)
-  np.savez(out_path, **{f"many_{k}": v for k, v in many.items()},
-           **{f"one_{k}": v for k, v in one.items()})
+  states = {}
+  for n in [1] + REPLICA_COUNTS:
+    strategy = tf.distribute.MirroredStrategy(devices[:n])
+    assert strategy.num_replicas_in_sync == n
+    state = train(strategy, work / f"replicas_{n}", case == "tiered")
+    states.update({f"{n}_{k}": v for k, v in state.items()})
+  np.savez(out_path, **states)
 
 
 if __name__ == "__main__":

@@ -20,38 +20,47 @@ pytestmark = pytest.mark.slow
 WORKER = pathlib.Path(__file__).with_name("replicas_worker.py")
 
 
-def run_worker(tmp_path, num_replicas: int, *args: str) -> dict:
+def run_worker(tmp_path, case: str, *replica_counts: int) -> dict:
   out = tmp_path / "states.npz"
   env = {
       **os.environ, "CUDA_VISIBLE_DEVICES": "", "TF_CPP_MIN_LOG_LEVEL": "2",
-      "PYTHONPATH": os.pathsep.join([str(WORKER.parent), os.environ.get("PYTHONPATH", "")])
+      "PYTHONPATH": os.pathsep.join([str(WORKER.parent),
+                                     os.environ.get("PYTHONPATH", "")])
   }
   result = subprocess.run(
-      [sys.executable, str(WORKER), str(num_replicas), str(out), str(tmp_path), *args],
-      capture_output=True, text=True, timeout=300, env=env)
+      [sys.executable,
+       str(WORKER),
+       str(out),
+       str(tmp_path), case, *map(str, replica_counts)], capture_output=True, text=True, timeout=300,
+      env=env)
   assert result.returncode == 0, result.stderr[-3000:]
   return dict(np.load(out))
 
 
-def assert_same_training(states: dict) -> None:
-  names = sorted(key[len("many_"):] for key in states if key.startswith("many_"))
-  assert {"step_losses", "epoch_losses", "metrics", "dense_0", "item_rows", "word_keys"} <= set(names)
+def assert_same_training(states: dict, num_replicas: int) -> None:
+  """N replicas' results (keys "N_...") equal one replica's ("1_...")."""
+  prefix = f"{num_replicas}_"
+  names = sorted(key[len(prefix):] for key in states if key.startswith(prefix))
+  assert {"step_losses", "epoch_losses", "metrics", "dense_0", "item_rows",
+          "word_keys"} <= set(names)
   for name in names:
-    many, one = states[f"many_{name}"], states[f"one_{name}"]
-    if name.endswith("_keys"):  # Every key trained, in both runs.
-      np.testing.assert_array_equal(many, one, err_msg=name)
+    many, one = states[prefix + name], states[f"1_{name}"]
+    message = f"{num_replicas} replicas: {name}"
+    if name.endswith("_keys"):  # The same keys trained.
+      np.testing.assert_array_equal(many, one, err_msg=message)
     else:
-      np.testing.assert_allclose(many, one, rtol=1e-5, atol=1e-5, err_msg=name)
-  assert len(states["many_step_losses"]) == 6
-  assert np.all(np.isfinite(states["many_step_losses"]))
+      np.testing.assert_allclose(many, one, rtol=1e-5, atol=1e-5, err_msg=message)
+  assert len(states[prefix + "step_losses"]) == 6
+  assert np.all(np.isfinite(states[prefix + "step_losses"]))
 
 
-@pytest.mark.parametrize("num_replicas", [2, 4])
-def test_replicas_equal_one_replica(tmp_path, num_replicas):
-  assert_same_training(run_worker(tmp_path, num_replicas))
+def test_two_and_four_replicas_equal_one_replica(tmp_path):
+  states = run_worker(tmp_path, "flat", 2, 4)
+  assert_same_training(states, 2)
+  assert_same_training(states, 4)
 
 
-def test_replicas_equal_one_replica_with_a_tiered_table(tmp_path):
-  states = run_worker(tmp_path, 2, "tiered")
-  assert_same_training(states)
-  assert states["many_item_swap_ins"] > 0  # Rows moved between the tiers.
+def test_two_replicas_equal_one_replica_with_a_tiered_table(tmp_path):
+  states = run_worker(tmp_path, "tiered", 2)
+  assert_same_training(states, 2)
+  assert states["2_item_swap_ins"] > 0  # Rows moved between the tiers.

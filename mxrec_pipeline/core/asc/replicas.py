@@ -33,8 +33,7 @@ from mxrec_pipeline.core.asc import feature_spec as fs
 from mxrec_pipeline.core.asc import helper
 
 
-def split_batch(batch, by_table: dict[str, list[fs.FeatureSpec]], replica_id,
-                num_replicas: int):
+def split_batch(batch, by_table: dict[str, list[fs.FeatureSpec]], replica_id, num_replicas: int):
   """Replica `replica_id`'s part of an inserted global batch.
 
   Args:
@@ -66,8 +65,9 @@ def split_batch(batch, by_table: dict[str, list[fs.FeatureSpec]], replica_id,
         raise ValueError(f"split_batch: the batch has no '{key}' (table '{table_name}'); map "
                          "the dataset with get_asc_insert_func of the same FeatureSpecs first")
   restore_keys = {fs.restore_key(s.name) for specs in by_table.values() for s in specs}
-  batch_major = [v for k, v in sorted(features.items())
-                 if not fs.is_insertion_key(k) or k in restore_keys]
+  batch_major = [
+      v for k, v in sorted(features.items()) if not fs.is_insertion_key(k) or k in restore_keys
+  ]
   size = _num_rows(batch_major[0])
   replica_id = tf.cast(replica_id, tf.int64)
   start = size * replica_id // num_replicas
@@ -81,8 +81,9 @@ def split_batch(batch, by_table: dict[str, list[fs.FeatureSpec]], replica_id,
       out[key] = value
   for table_name, specs in by_table.items():
     restores = [out[fs.restore_key(s.name)] for s in specs]
-    flat = [tf.reshape(r.flat_values if isinstance(r, tf.RaggedTensor) else r, [-1])
-            for r in restores]
+    flat = [
+        tf.reshape(r.flat_values if isinstance(r, tf.RaggedTensor) else r, [-1]) for r in restores
+    ]
     positions, local = tf.unique(flat[0] if len(flat) == 1 else tf.concat(flat, 0),
                                  out_idx=tf.int32)
     out[fs.unique_rows_key(table_name)] = tf.gather(features[fs.unique_rows_key(table_name)],
