@@ -1,13 +1,14 @@
 """Trains the Keras test task with N replicas and with one; saves the results.
 
 Run in a fresh process (logical CPU devices must be set before TensorFlow
-initializes them): `python replicas_worker.py OUT.npz DIR CASE N [N ...]`.
-The same global batches train SimplePipeline under MirroredStrategy with one
-replica (logical CPU 0) and with each N (logical CPUs 0..N-1); the test
-compares per-step and epoch losses, validation metrics, dense weights and
-every table's rows by key. CASE "flat" uses keras_testlib's tables; "tiered"
-makes the item table tiered (keras_testlib.tiered_tables), with training
-batches of 2 lists.
+initializes them): `python replicas_worker.py OUT.npz DIR N CASE [CASE ...]`.
+For each CASE the same global batches train SimplePipeline under
+MirroredStrategy with one replica (logical CPU 0) and with N (logical CPUs
+0..N-1); the test compares per-step and epoch losses, validation metrics,
+dense weights and every table's rows by key. CASE "flat" uses keras_testlib's
+tables; "tiered" makes the item table tiered (keras_testlib.tiered_tables),
+with training batches of 2 lists. (One N per process: MirroredStrategies over
+different device counts in one process collide in TF's collective groups.)
 
 The loss is tfr's mean_squared_loss (with Adam and lazy Adam): a listwise
 softmax loss is invariant to a per-list shift of the scores, so some gradients
@@ -22,10 +23,10 @@ import sys
 import numpy as np
 import tensorflow as tf
 
-REPLICA_COUNTS = [int(n) for n in sys.argv[4:]]
+NUM_REPLICAS = int(sys.argv[3])
 CPU = tf.config.list_physical_devices("CPU")[0]
-tf.config.set_logical_device_configuration(CPU, [tf.config.LogicalDeviceConfiguration()] *
-                                           max(REPLICA_COUNTS))
+tf.config.set_logical_device_configuration(CPU,
+                                           [tf.config.LogicalDeviceConfiguration()] * NUM_REPLICAS)
 
 # pylint: disable=wrong-import-position
 import keras_testlib as lib  # noqa: E402
@@ -100,14 +101,18 @@ def train(strategy, tmp: pathlib.Path, tiered: bool) -> dict:
 
 
 def main():
-  out_path, work, case = sys.argv[1], pathlib.Path(sys.argv[2]), sys.argv[3]
+  out_path, work, cases = sys.argv[1], pathlib.Path(sys.argv[2]), sys.argv[4:]
   devices = [d.name for d in tf.config.list_logical_devices("CPU")]
+  strategies = {
+      1: tf.distribute.MirroredStrategy(devices[:1]),
+      NUM_REPLICAS: tf.distribute.MirroredStrategy(devices)
+  }
   states = {}
-  for n in [1] + REPLICA_COUNTS:
-    strategy = tf.distribute.MirroredStrategy(devices[:n])
-    assert strategy.num_replicas_in_sync == n
-    state = train(strategy, work / f"replicas_{n}", case == "tiered")
-    states.update({f"{n}_{k}": v for k, v in state.items()})
+  for case in cases:
+    for n, strategy in strategies.items():
+      assert strategy.num_replicas_in_sync == n
+      state = train(strategy, work / f"{case}_{n}", case == "tiered")
+      states.update({f"{case}_{n}_{k}": v for k, v in state.items()})
   np.savez(out_path, **states)
 
 
