@@ -199,6 +199,6 @@ def test_sparse_features_are_refused_on_two_workers_naming_the_strategy(tmp_path
   assert launcher.returncode != 0
   # The first worker to stop printed the error (the other may be stopped before it does).
   text = launcher.stderr + (model_dir / "local_cluster" / "worker-1.log").read_text()
-  assert ("MultiWorkerMirroredStrategy with 2 replicas: the pipeline's sparse features need one "
-          "replica") in text, text[-3000:]
+  assert ("MultiWorkerMirroredStrategy with 2 replicas: the Keras pipeline's sparse features "
+          "train on the replicas of one host") in text, text[-3000:]
   assert not (model_dir / "checkpoints").exists()
