@@ -68,10 +68,11 @@ def child_replicas(num_replicas: int, epochs: int, model_dir: str) -> dict:
       strategy=strategy)
   metrics = pipe.train_and_validate(callbacks=[timer])
   lists = examples = 0
-  _, label_spec = ranker.feature_specs()[2]
+  label_name, label_spec = ranker.feature_specs()[2]
   for serialized in tf.data.TFRecordDataset(paths.train).batch(512):
     labels = tfr.data.parse_from_example_list(serialized,
-                                              example_feature_spec={"label": label_spec})["label"]
+                                              example_feature_spec={label_name: label_spec
+                                                                   })[label_name]
     lists += int(labels.shape[0])
     examples += int(tf.reduce_sum(tf.cast(labels >= 0, tf.int32)))
   examples_per_step = config.dataset.train_batch_size * examples / lists
@@ -279,7 +280,7 @@ def main(argv=None) -> int:
   parser.add_argument("--zipf-steps", type=int, default=20, help="timed steps of the Zipf job")
   parser.add_argument("--replicas", type=int, nargs="+", default=[1, 2],
                       help="replica counts of the replicas trials")
-  parser.add_argument("--epochs", type=int, default=2,
+  parser.add_argument("--epochs", type=int, default=4,
                       help="epochs per trial; the first (tracing) is not timed")
   parser.add_argument("--json", help="also write the figures to this file")
   parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)

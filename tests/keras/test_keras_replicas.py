@@ -3,7 +3,7 @@
 replicas_worker.py trains the keras_testlib task in a fresh process (logical
 devices must be set before TensorFlow starts) with N replicas and with one on
 the same global batches; per-step and epoch losses, validation metrics, dense
-weights and every table's rows by key must agree, and keys get the same rows.
+weights and every table's rows by key must agree, over the same trained keys.
 """
 
 import os
