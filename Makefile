@@ -16,6 +16,7 @@ ROW_STORE_TEST := native/build/row_store_test
 TIER_STORE_TEST := native/build/tier_store_test
 DEVICE_CACHE_TEST := native/build/device_cache_test
 ROW_INIT_TEST := native/build/row_init_test
+KEY_INDEX_PROPERTY_TEST := native/build/key_index_property_test
 SANITIZE  := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all
 
 .PHONY: all system-deps venv native native-test test test-fast pytest lint format demo bench clean
@@ -81,8 +82,17 @@ $(ROW_INIT_TEST): native/core/row_init.cc native/core/row_init.h native/tests/ro
 	  -lgtest -lgtest_main -pthread -o $@
 
 # GoogleTest unit tests of the TF-free core, under ASan and UBSan.
-native-test: $(GTEST_BIN) $(ROW_STORE_TEST) $(TIER_STORE_TEST) $(DEVICE_CACHE_TEST) $(ROW_INIT_TEST)
+$(KEY_INDEX_PROPERTY_TEST): native/core/key_index.cc native/core/key_index.h native/core/status.h \
+    native/tests/key_index_property_test.cc | system-deps
+	mkdir -p native/build
+	g++ -std=c++20 -O1 -g -Wall -Wextra -Werror $(SANITIZE) \
+	  native/core/key_index.cc native/tests/key_index_property_test.cc \
+	  -lgtest -lgtest_main -pthread -o $@
+
+native-test: $(GTEST_BIN) $(ROW_STORE_TEST) $(TIER_STORE_TEST) $(DEVICE_CACHE_TEST) $(ROW_INIT_TEST) \
+    $(KEY_INDEX_PROPERTY_TEST)
 	$(GTEST_BIN)
+	$(KEY_INDEX_PROPERTY_TEST)
 	$(ROW_STORE_TEST)
 	$(TIER_STORE_TEST)
 	$(DEVICE_CACHE_TEST)

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-from typing import Callable, ClassVar
+from typing import Callable, ClassVar, Mapping
 
 import tensorflow as tf
 
@@ -35,10 +35,19 @@ MASK_FEATURE = "example_list_mask"
 
 @dataclasses.dataclass(frozen=True)
 class DataPaths:
-  """ELWC TFRecord file patterns of a task's splits."""
+  """ELWC TFRecord file patterns of a task's splits.
+
+  Attributes:
+    train: File pattern of the training ELWC TFRecords.
+    valid: File pattern of the validation ELWC TFRecords.
+    bad_records: Per split ("train", "valid"), what converting its source
+      skipped (`mxrec_pipeline.data.validation.BadRecords.report()`); empty
+      for data that was not converted. Logged and written to metrics.json.
+  """
 
   train: str
   valid: str
+  bad_records: Mapping[str, dict] = dataclasses.field(default_factory=dict, compare=False)
 
 
 class RankerBuilder(abc.ABC):
@@ -50,7 +59,11 @@ class RankerBuilder(abc.ABC):
 
   @abc.abstractmethod
   def prepare_data(self, data) -> DataPaths:
-    """Fetches and converts the data to ELWC if needed; returns its paths."""
+    """Fetches and converts the data to ELWC if needed; returns its paths.
+
+    Conversion checks every value once (mxrec_pipeline.data.validation,
+    `data.on_bad_record`); the job CRC-checks the ELWC files before training.
+    """
 
   @abc.abstractmethod
   def feature_specs(self) -> tuple[dict, dict, tuple[str, tf.io.FixedLenFeature]]:

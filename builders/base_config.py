@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import math
+
+from mxrec_pipeline.data import validation
 
 
 @dataclasses.dataclass
@@ -27,3 +30,18 @@ class DatasetConfig:
       value = getattr(self, name)
       if value is not None and (not isinstance(value, int) or value <= 0):
         raise ValueError(f"dataset.{name} must be a positive int, got {value!r}")
+
+
+def check_bad_record_options(on_bad_record: str, label_range, key: str) -> None:
+  """Validates a DataConfig's `on_bad_record` and label range (`key`: e.g. data.label_range).
+
+  Raises:
+    ValueError: naming the key: an unknown policy, or a range that is not
+      two finite numbers low <= high.
+  """
+  validation.check_on_bad_record(on_bad_record)
+  if (not isinstance(label_range, (list, tuple)) or len(label_range) != 2 or
+      not all(isinstance(v, (int, float)) and math.isfinite(v) for v in label_range) or
+      label_range[0] > label_range[1]):
+    raise ValueError(f"{key} must be [low, high], two finite numbers with low <= high, "
+                     f"got {label_range!r}")

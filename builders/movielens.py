@@ -34,6 +34,7 @@ for movies never rated in training), evaluated on the same labels.
 from __future__ import annotations
 
 import dataclasses
+import json
 import pathlib
 
 import tensorflow as tf
@@ -175,13 +176,22 @@ class MovieLensListwise(RankerBuilder):
   ModelConfig = MovieLensModelConfig
 
   def prepare_data(self, data: MovieLensDataConfig) -> MovieLensPaths:
+    """See `RankerBuilder`. ELWC files already in the output directory are used as they are."""
     data_dir = pathlib.Path(data.data_dir) if data.data_dir else fetch_lib.fetch("movielens_100k")
+    checks = "" if (data.rating_range, data.on_bad_record) == ([1.0, 5.0], "error") else (
+        f"_r{data.rating_range[0]:g}-{data.rating_range[1]:g}_{data.on_bad_record}")
     out = pathlib.Path(data.elwc_dir) if data.elwc_dir else data_dir / (
-        f"elwc_v{data.valid_fraction}_l{data.max_list_size}")
+        f"elwc_v{data.valid_fraction}_l{data.max_list_size}{checks}")
     train, valid = out / "train.tfrecord", out / "valid.tfrecord"
+    report = out / "bad_records.json"
     if not (train.exists() and valid.exists()):
-      movielens.build_movielens_elwc(data_dir, out, data.valid_fraction, data.max_list_size)
-    return MovieLensPaths(str(train), str(valid), relevance=data.relevance)
+      written = movielens.build_movielens_elwc(data_dir, out,
+                                               data.valid_fraction, data.max_list_size,
+                                               tuple(data.rating_range), data.on_bad_record)
+      report.write_text(json.dumps(written.bad_records), encoding="utf-8")
+    # The ratings file's skipped rows, reported with the training split.
+    skipped = {"train": json.loads(report.read_text(encoding="utf-8"))} if report.is_file() else {}
+    return MovieLensPaths(str(train), str(valid), bad_records=skipped, relevance=data.relevance)
 
   def feature_specs(self):
     return dict(CONTEXT_SPEC), dict(EXAMPLE_SPEC), LABEL_SPEC

@@ -8,6 +8,8 @@ from __future__ import annotations
 import dataclasses
 import pathlib
 
+from builders.base_config import check_bad_record_options
+
 RELEVANCES = ("graded", "liked")
 
 
@@ -24,6 +26,11 @@ class MovieLensDataConfig:
       most this many movies (no rating dropped); None keeps them whole.
     relevance: "graded" (rating - 1) or "liked" (max(rating - 3, 0)); see
       builders/movielens.py. Model and baseline are scored on the same labels.
+    rating_range: [low, high]: the allowed ratings, inclusive (ml-100k: 1-5).
+    on_bad_record: "error" (a rating row with a non-integer id, a
+      non-finite timestamp or a rating that is not finite or outside
+      rating_range stops the job, naming file:line) or "skip" (such rows
+      are dropped and counted in the log and metrics.json).
   """
 
   data_dir: str | None = None
@@ -31,8 +38,11 @@ class MovieLensDataConfig:
   valid_fraction: float = 0.2
   max_list_size: int | None = 100
   relevance: str = "graded"
+  rating_range: list[float] = dataclasses.field(default_factory=lambda: [1.0, 5.0])
+  on_bad_record: str = "error"
 
   def __post_init__(self):
+    check_bad_record_options(self.on_bad_record, self.rating_range, "data.rating_range")
     if not 0.0 < self.valid_fraction < 1.0:
       raise ValueError(f"data.valid_fraction must be in (0, 1), got {self.valid_fraction}")
     if self.data_dir is not None and not pathlib.Path(self.data_dir).is_dir():

@@ -28,6 +28,7 @@ list, https://www.microsoft.com/en-us/research/project/mslr/).
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import pathlib
 
@@ -38,6 +39,7 @@ from builders.base import MASK_FEATURE, DataPaths, RankerBuilder
 from builders.mslr_config import FETCHED, NUM_FEATURES, MslrDataConfig, MslrModelConfig
 from mxrec_pipeline.data import fetch as fetch_lib
 from mxrec_pipeline.data import letor
+from mxrec_pipeline.data import validation
 from mxrec_pipeline.keras import model as model_lib
 
 FETCHED_TRAIN = "msn1.fold1.train.5k.txt"
@@ -87,28 +89,44 @@ class Log1pConcatPreprocessor(tfr.keras.model.Preprocessor):
     }
 
 
-def cached_elwc(src: str | os.PathLike, elwc_dir: str | os.PathLike, num_features: int) -> str:
-  """The ELWC conversion of a LETOR file, converted on first use.
+def cached_elwc(src: str | os.PathLike, elwc_dir: str | os.PathLike, num_features: int,
+                label_range: tuple[float,
+                                   float] = letor.LABEL_RANGE, on_bad_record: str = "error") -> str:
+  """The ELWC conversion of a LETOR file, converted (and checked) on first use.
 
-  The cache name holds a digest of the source's absolute path, size, mtime
-  and `num_features`, so an edited or replaced source is converted again.
-  Conversion is atomic (letor_to_elwc writes a temporary file, then renames).
+  The cache name holds a digest of the source's absolute path, size, mtime,
+  `num_features`, `label_range` and `on_bad_record`, so an edited or replaced
+  source, or other checks, convert again. Conversion is atomic (letor_to_elwc
+  writes a temporary file, then renames); what it skipped is kept beside the
+  ELWC file (`bad_records`).
 
   Returns:
     Path of the ELWC TFRecord file.
 
   Raises:
-    ValueError: a malformed LETOR line (see letor.iter_letor).
+    ValueError: a bad LETOR line (see letor.iter_letor), or no line left.
   """
   src = pathlib.Path(src).resolve()
   stat = src.stat()
-  key = hashlib.sha256(
-      f"{src}|{stat.st_size}|{stat.st_mtime_ns}|{num_features}".encode()).hexdigest()[:16]
+  key = hashlib.sha256(f"{src}|{stat.st_size}|{stat.st_mtime_ns}|{num_features}|"
+                       f"{list(label_range)}|{on_bad_record}".encode()).hexdigest()[:16]
   out = pathlib.Path(elwc_dir) / f"{src.stem}.{key}.tfrecord"
   if not out.is_file():
     out.parent.mkdir(parents=True, exist_ok=True)
-    letor.letor_to_elwc(src, out, num_features)
+    skipped = validation.BadRecords(str(src), on_bad_record)
+    letor.letor_to_elwc(src, out, num_features, tuple(label_range), skipped)
+    _report_path(out).write_text(json.dumps(skipped.report()), encoding="utf-8")
   return str(out)
+
+
+def bad_records(elwc_path: str) -> dict:
+  """What the conversion to `elwc_path` skipped (`validation.BadRecords.report()`), or {}."""
+  path = _report_path(pathlib.Path(elwc_path))
+  return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+
+
+def _report_path(elwc_path: pathlib.Path) -> pathlib.Path:
+  return elwc_path.with_suffix(".bad_records.json")
 
 
 class MslrDnn(RankerBuilder):
@@ -131,8 +149,12 @@ class MslrDnn(RankerBuilder):
     else:
       train, valid = data.train_path, data.valid_path
       elwc_dir = data.elwc_dir or fetch_lib.default_cache_dir("mslr_elwc")
-    return DataPaths(cached_elwc(train, elwc_dir, self.num_features),
-                     cached_elwc(valid, elwc_dir, self.num_features))
+    converted = [
+        cached_elwc(src, elwc_dir, self.num_features, data.label_range, data.on_bad_record)
+        for src in (train, valid)
+    ]
+    skipped = {split: bad_records(path) for split, path in zip(("train", "valid"), converted)}
+    return DataPaths(*converted, bad_records=skipped)
 
   def feature_specs(self):
     return {}, example_feature_spec(self.num_features), LABEL_SPEC

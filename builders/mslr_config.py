@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 import pathlib
 
+from builders.base_config import check_bad_record_options
+
 NUM_FEATURES = 136
 BM25_WHOLE_DOCUMENT = 110
 FETCHED = "mslr_5k"
@@ -23,12 +25,20 @@ class MslrDataConfig:
       the fetched files, or ~/.cache/mxrec_pipeline/mslr_elwc for given files.
     baseline_feature: 1-based id of the feature the baseline ranks by, in
       [1, 136] (110: BM25 of the whole document).
+    label_range: [low, high]: the allowed labels, inclusive (MSLR-WEB's
+      graded relevance 0-4).
+    on_bad_record: "error" (a line with a non-finite feature or label, a
+      label outside label_range or a malformed token stops the job, naming
+      file:line) or "skip" (such lines are dropped and counted in the log
+      and metrics.json).
   """
 
   train_path: str | None = None
   valid_path: str | None = None
   elwc_dir: str | None = None
   baseline_feature: int = BM25_WHOLE_DOCUMENT
+  label_range: list[float] = dataclasses.field(default_factory=lambda: [0.0, 4.0])
+  on_bad_record: str = "error"
 
   def __post_init__(self):
     if (self.train_path is None) != (self.valid_path is None):
@@ -39,6 +49,7 @@ class MslrDataConfig:
       path = getattr(self, name)
       if path is not None and not pathlib.Path(path).is_file():
         raise ValueError(f"data.{name}: no such file: {path}")
+    check_bad_record_options(self.on_bad_record, self.label_range, "data.label_range")
     if not 1 <= self.baseline_feature <= NUM_FEATURES:
       raise ValueError(f"data.baseline_feature must be in [1, {NUM_FEATURES}], "
                        f"got {self.baseline_feature}")

@@ -39,11 +39,16 @@ def evaluate_scores(dataset: tf.data.Dataset, score_fn: Callable[[dict],
   return {key: by_name[metric_name(key)] for key in RANKING_METRICS}
 
 
-def write_metrics(model_dir: str, model: dict[str, float], baseline: dict[str, float]) -> str:
-  """Writes `{"model": {...}, "baseline": {...}}` to model_dir/metrics.json atomically."""
+def write_metrics(model_dir: str, model: dict[str, float], baseline: dict[str, float],
+                  data: dict | None = None) -> str:
+  """Writes `{"model": .., "baseline": ..[, "data": data]}` to model_dir/metrics.json atomically.
+
+  `data` is the report of the data checks (mxrec_pipeline.data.checks.check_splits).
+  """
   path = os.path.join(model_dir, METRICS_FILE)
   tmp = path + ".tmp"
+  contents = {"model": model, "baseline": baseline, **({"data": data} if data else {})}
   with open(tmp, "w", encoding="utf-8") as f:
-    json.dump({"model": model, "baseline": baseline}, f, indent=2, sort_keys=True)
+    json.dump(contents, f, indent=2, sort_keys=True)
   os.replace(tmp, path)
   return path

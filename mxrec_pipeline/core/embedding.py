@@ -83,7 +83,8 @@ class SparseEmbedding(tf.Module):
       index_capacity = tier_config.total_rows
       create_ops += self.tiers.make_create_ops(
           sum(len(o.slot_initial_values) for o in optimizer_list))
-    self.key_index = key_index_lib.KeyIndex(container, table_name, index_capacity)
+    self.key_index = key_index_lib.KeyIndex(container, table_name, index_capacity,
+                                            **_full_table_text(tier_config))
     create_ops = [op for op in [self.key_index.create_op, *create_ops] if op is not None]
 
     def initial_rows():
@@ -354,7 +355,8 @@ def sparse_lookup(hashtable: SparseEmbedding, ids, send_count: int | None = None
             is_train, counts=tf.fill(tf.shape(keys, out_type=tf.int64),
                                      tf.constant(faae_coefficient, tf.int64)))
         if hashtable.is_tiered and is_train:
-          unique_rows, token = tiers.plan(run.container, table, unique_rows)
+          # Planned by the training thread: waiting for room cannot help.
+          unique_rows, token = tiers.plan(run.container, table, unique_rows, wait=False)
     if send_count is not None:
       message = f"table '{table}': more distinct ids in one batch than send_count={send_count}"
       deps.append(
@@ -401,6 +403,19 @@ def _configure_admission(table, ids, config: dict | None, modify_graph: bool) ->
       admission.AdmitEvictConfig(config.get("access_threshold"), config.get("eviction_threshold")),
       where)
   return coefficient
+
+
+def _full_table_text(tier_config: tiers.TierConfig | None) -> dict:
+  """KeyIndex's "table is full" wording: a tiered table's rows are device + host + SSD."""
+  if tier_config is None:
+    return {}
+  c = tier_config
+  return dict(
+      rows_text=(f"{c.total_rows} rows in all (device_vocabulary_size={c.device_vocabulary_size} "
+                 f"device-cache rows + host_vocabulary_size={c.host_vocabulary_size} host rows + "
+                 f"ssd_vocabulary_size={c.ssd_vocabulary_size} SSD rows)"),
+      grow_text=("Raise host_vocabulary_size or ssd_vocabulary_size: they add rows in cheaper "
+                 "memory than device_vocabulary_size, the device cache"))
 
 
 def _check_key_dtype(table: SparseEmbedding, dtype: tf.DType, what: str) -> None:

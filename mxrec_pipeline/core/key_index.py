@@ -93,20 +93,26 @@ class KeyIndex(tf.Module):
     capacity: Rows of the table (device_vocabulary_size), > 0.
     growable: Rows are handed out past `capacity` instead of failing when the
       table is full (dynamic-expansion tables, see core/expansion.py).
+    rows_text, grow_text: How the "table is full" error states the rows and
+      the remedy (a tiered table's device + host + SSD rows); empty: the
+      device_vocabulary_size wording (MxKeyIndexCreate).
   """
 
-  def __init__(self, container: str, table_name: str, capacity: int, growable: bool = False):
+  def __init__(self, container: str, table_name: str, capacity: int, growable: bool = False,
+               rows_text: str = "", grow_text: str = ""):
     super().__init__(name=None)
     self._container = container
     self._table_name = table_name
     self._capacity = capacity
     self._growable = growable
+    self._text = dict(rows_text=rows_text, grow_text=grow_text)
     self._handle = handle(container, table_name)
     with tf.device(HOST_DEVICE):
       # Eagerly: the index exists from here on. In a graph: the op that creates
       # (or empties) it, run by the table variable's initializer.
       self.create_op = ops.load().mx_key_index_create(self._handle, capacity=capacity,
-                                                      growable=growable, table_name=table_name)
+                                                      growable=growable, table_name=table_name,
+                                                      **self._text)
     if not tf.executing_eagerly():
       tf.compat.v1.add_to_collection(tf.compat.v1.GraphKeys.SAVEABLE_OBJECTS,
                                      _KeyIndexSaveable(self))
@@ -195,7 +201,8 @@ class KeyIndex(tf.Module):
     """
     with tf.device(HOST_DEVICE):
       return ops.load().mx_key_index_import(self._handle, keys, rows, capacity=self._capacity,
-                                            growable=self._growable, table_name=self._table_name)
+                                            growable=self._growable, table_name=self._table_name,
+                                            **self._text)
 
   def release(self) -> None:
     """Frees an eagerly created index; later uses fail with FailedPrecondition.
@@ -218,7 +225,7 @@ class KeyIndex(tf.Module):
       return ops.load().mx_key_index_import_state(self._handle,
                                                   *[state[name] for name in STATE_NAMES],
                                                   capacity=self._capacity, growable=self._growable,
-                                                  table_name=self._table_name)
+                                                  table_name=self._table_name, **self._text)
 
   def _serialize_to_tensors(self):
     return self.export_state()

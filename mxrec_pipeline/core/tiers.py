@@ -137,13 +137,18 @@ def store_handle(container: str, table_name: str) -> tf.Tensor:
     return ops.load().mx_tier_store_handle(container=container, shared_name=table_name)
 
 
-def plan(container: str, table_name: str, global_rows: tf.Tensor):
+def plan(container: str, table_name: str, global_rows: tf.Tensor, wait: bool = True):
   """The key process's half: device slots for a batch's global rows.
 
   Args:
     container: The run's resource container.
     table_name: A tiered table.
     global_rows: [num_unique] int64 distinct global rows (-1: no row).
+    wait: Without room, wait up to `TierConfig.wait_seconds` for training
+      steps to free pinned rows (the key process on tf.data threads). False
+      for a plan made by the training thread itself (an eager or in-step
+      lookup with tensor ids): nothing can free rows while it waits, so it
+      fails at once, naming the unfinished training lookups.
 
   Returns:
     (slots [num_unique] int64, -1 where global_rows is -1;
@@ -154,7 +159,8 @@ def plan(container: str, table_name: str, global_rows: tf.Tensor):
       batch and the batches in flight (names the table).
   """
   with tf.device(HOST_DEVICE):
-    slots, token = ops.load().mx_device_cache_plan(cache_handle(container, table_name), global_rows)
+    slots, token = ops.load().mx_device_cache_plan(cache_handle(container, table_name), global_rows,
+                                                   wait=wait)
   return slots, tf.reshape(token, [1])
 
 

@@ -16,6 +16,7 @@ Example:
 import numbers
 import os
 import pathlib
+import re
 import tempfile
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
@@ -127,6 +128,53 @@ def read_elwc_tfrecord(path: PathLike) -> Iterator[input_pb2.ExampleListWithCont
     elwc = input_pb2.ExampleListWithContext()
     elwc.ParseFromString(record)
     yield elwc
+
+
+def check_tfrecord(path: PathLike) -> int:
+  """Checks every record of an ELWC TFRecord file; returns the number of records.
+
+  One pass with TensorFlow's TFRecord reader, which checks each record's
+  framing (length, masked CRC-32C of the length, data, masked CRC-32C of the
+  data; tensorflow/core/lib/io/record_reader.cc), then parses the data as an
+  `ExampleListWithContext`. Run before training, so a bad file fails at once
+  with its name instead of as a `DataLossError` inside `IteratorGetNext`.
+
+  Raises:
+    ValueError: "<path>: record N at byte offset X is corrupt" (a CRC
+      mismatch), "... is truncated" (the file ends inside the record) or
+      "... is not an ExampleListWithContext"; N counts from 1, X is the
+      record's first byte.
+    tf.errors.NotFoundError: no such file.
+  """
+  from google.protobuf import message  # pylint: disable=import-outside-toplevel
+
+  count, offset = 0, 0
+  size = tf.io.gfile.stat(str(path)).length
+  records = iter(tf.data.TFRecordDataset(str(path)).as_numpy_iterator())
+  while True:
+    where = f"{path}: record {count + 1} at byte offset {offset}"
+    try:
+      record = next(records)
+    except StopIteration:
+      if offset != size:  # TF's reader stops silently inside a record's length header.
+        raise ValueError(f"{where} is truncated (the file ends after {size} bytes, inside the "
+                         "record's header); write the file again") from None
+      return count
+    except tf.errors.DataLossError as e:
+      what = "truncated" if "truncated" in e.message else "corrupt"
+      detail = re.search(r"(corrupted|truncated) record at \d+", e.message)
+      raise ValueError(f"{where} is {what} ({detail.group(0) if detail else e.message}); "
+                       "write the file again") from None
+    try:
+      input_pb2.ExampleListWithContext().ParseFromString(record)
+    except message.DecodeError:
+      raise ValueError(f"{where} is not an ExampleListWithContext") from None
+    count += 1
+    offset += len(record) + _TFRECORD_FRAMING_BYTES
+
+
+# Bytes around a TFRecord's data: uint64 length, uint32 CRC of the length, uint32 CRC of the data.
+_TFRECORD_FRAMING_BYTES = 16
 
 
 def _fill_feature(feature: tf.train.Feature, value: Any) -> None:

@@ -8,6 +8,12 @@ e.g. `2 qid:1 1:3 2:3 ... 136:0` in MSLR-WEB (136 features, ids 1-136,
 graded labels 0-4). Feature ids are 1-based; a missing feature is 0. Source of
 the files: `fetch("mslr_5k")`, or MSLR-WEB10K/30K from Microsoft
 (docs/data.md). Lines may end in CRLF, as in the MSLR files.
+
+Every value is checked once, while reading (`mxrec_pipeline.data.validation`):
+labels must be finite and in `label_range` (MSLR-WEB's grades 0-4 by default),
+features finite float32. A bad line raises `BadRecordError` naming `file:line`,
+the feature and its value, or is skipped and counted under
+`data.on_bad_record: skip`.
 """
 
 import dataclasses
@@ -15,6 +21,8 @@ import os
 from typing import Iterator
 
 import numpy as np
+
+from mxrec_pipeline.data import validation
 
 PathLike = str | os.PathLike
 
@@ -26,6 +34,8 @@ PathLike = str | os.PathLike
 FEATURE_NAME_PREFIX = "custom_features_"
 LABEL_FEATURE = "utility"
 QID_FEATURE = "qid"
+# MSLR-WEB's graded relevance: 0 (irrelevant) to 4 (perfectly relevant).
+LABEL_RANGE = (0.0, 4.0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,23 +59,35 @@ def feature_names(num_features: int = 136) -> list[str]:
   return [f"{FEATURE_NAME_PREFIX}{i}" for i in range(1, num_features + 1)]
 
 
-def iter_letor(path: PathLike, num_features: int = 136) -> Iterator[QueryList]:
+def iter_letor(path: PathLike, num_features: int = 136, label_range: tuple[float,
+                                                                           float] = LABEL_RANGE,
+               bad_records: validation.BadRecords | None = None) -> Iterator[QueryList]:
   """Yields one `QueryList` per query of a LETOR text file, in file order.
 
   Args:
     path: the text file (ASCII / UTF-8).
     num_features: the largest allowed feature id; also the width of
       `QueryList.features`.
+    label_range: (low, high): the allowed labels, inclusive.
+    bad_records: policy for bad lines and the counts of skipped ones; None:
+      `BadRecords(path, "error")`.
 
   Raises:
-    ValueError: a malformed line: a bad label, missing or bad `qid:`, a
-      token that is not `<int id>:<float value>`, a feature id outside
-      [1, num_features] or repeated in a line, or a qid whose lines are
-      not consecutive. The message names the file, the 1-based line
-      number and the offending token.
+    validation.BadRecordError (a ValueError), under the "error" policy: a
+      malformed line (a bad label, missing or bad `qid:`, a token that is
+      not `<int id>:<float value>`, a feature id outside [1, num_features]
+      or repeated in a line), a label that is not finite or outside
+      `label_range`, a feature value that is not a finite float32. The
+      message names the file, the 1-based line number and the token, or
+      the feature and its value. Under either policy: a file without any
+      (valid) line.
+    ValueError: a qid whose lines are not consecutive.
   """
   if num_features < 1:
     raise ValueError(f"`num_features` must be positive, got {num_features}")
+  if bad_records is None:
+    bad_records = validation.BadRecords(str(path))
+  num_lists = 0
   qid: int | None = None
   labels: list[float] = []
   rows: list[np.ndarray] = []
@@ -76,27 +98,38 @@ def iter_letor(path: PathLike, num_features: int = 136) -> Iterator[QueryList]:
       if not tokens:
         continue
       where = f"{path}:{lineno}"
-      label, line_qid, row = _parse_line(tokens, num_features, where)
+      try:
+        label, line_qid, row = _parse_line(tokens, num_features, label_range)
+      except validation.BadRecord as e:
+        bad_records.reject(where, e)
+        continue
       if line_qid != qid:
         if line_qid in seen:
           raise ValueError(f"{where}: qid {line_qid} appears again after other "
                            "queries; a query's lines must be consecutive")
         if qid is not None:
+          num_lists += 1
           yield _make_list(qid, labels, rows)
         qid, labels, rows = line_qid, [], []
         seen.add(line_qid)
       labels.append(label)
       rows.append(row)
   if qid is not None:
+    num_lists += 1
     yield _make_list(qid, labels, rows)
+  bad_records.check_not_empty(num_lists)
 
 
-def read_letor(path: PathLike, num_features: int = 136) -> list[QueryList]:
-  """Returns `list(iter_letor(path, num_features))`; see `iter_letor`."""
-  return list(iter_letor(path, num_features))
+def read_letor(path: PathLike, num_features: int = 136, label_range: tuple[float,
+                                                                           float] = LABEL_RANGE,
+               bad_records: validation.BadRecords | None = None) -> list[QueryList]:
+  """Returns `list(iter_letor(path, ...))`; see `iter_letor`."""
+  return list(iter_letor(path, num_features, label_range, bad_records))
 
 
-def letor_to_elwc(src: PathLike, dst: PathLike, num_features: int = 136) -> int:
+def letor_to_elwc(src: PathLike, dst: PathLike, num_features: int = 136,
+                  label_range: tuple[float, float] = LABEL_RANGE,
+                  bad_records: validation.BadRecords | None = None) -> int:
   """Converts a LETOR text file to an ELWC TFRecord file, one list a query.
 
   Names follow TF-Ranking's DNN example (see `FEATURE_NAME_PREFIX`), so its
@@ -104,6 +137,11 @@ def letor_to_elwc(src: PathLike, dst: PathLike, num_features: int = 136) -> int:
   "custom_features_1" .. f"custom_features_{num_features}" (all of them,
   missing ones 0) and the float label "utility"; the context has the int64
   feature "qid". Writing is atomic (`elwc.write_elwc_tfrecord`).
+
+  Args:
+    src, num_features, label_range, bad_records: as `iter_letor`.
+    dst: the ELWC TFRecord file; not written if `src` has a bad line (under
+      the "error" policy) or no list.
 
   Returns:
     The number of lists (queries) written.
@@ -116,7 +154,7 @@ def letor_to_elwc(src: PathLike, dst: PathLike, num_features: int = 136) -> int:
   names = feature_names(num_features)
 
   def lists():
-    for query in iter_letor(src, num_features):
+    for query in iter_letor(src, num_features, label_range, bad_records):
       examples = []
       for label, row in zip(query.labels, query.features):
         example = dict(zip(names, row.tolist()))
@@ -127,19 +165,21 @@ def letor_to_elwc(src: PathLike, dst: PathLike, num_features: int = 136) -> int:
   return elwc.write_elwc_tfrecord(dst, lists())
 
 
-def _parse_line(tokens: list[str], num_features: int, where: str):
-  """Returns (label, qid, [num_features] float32 row) of one line."""
+def _parse_line(tokens: list[str], num_features: int, label_range: tuple[float, float]):
+  """Returns (label, qid, [num_features] float32 row) of one line; raises `BadRecord`."""
+  bad = validation.BadRecord
   try:
     label = float(tokens[0])
   except ValueError:
-    raise ValueError(f"{where}: bad label {tokens[0]!r}") from None
+    raise bad(f"bad label {tokens[0]!r}") from None
+  validation.check_label(LABEL_FEATURE, label, label_range)
   if len(tokens) < 2 or not tokens[1].startswith("qid:"):
     got = tokens[1] if len(tokens) > 1 else "end of line"
-    raise ValueError(f"{where}: expected 'qid:<int>', got {got!r}")
+    raise bad(f"expected 'qid:<int>', got {got!r}")
   try:
     qid = int(tokens[1][len("qid:"):])
   except ValueError:
-    raise ValueError(f"{where}: bad qid token {tokens[1]!r}") from None
+    raise bad(f"bad qid token {tokens[1]!r}") from None
   row = np.zeros([num_features], np.float32)
   seen = set()
   for token in tokens[2:]:
@@ -149,15 +189,13 @@ def _parse_line(tokens: list[str], num_features: int, where: str):
         raise ValueError
       fid, value = int(fid_text), float(value_text)
     except ValueError:
-      raise ValueError(f"{where}: bad feature token {token!r}, expected "
-                       "'<int id>:<float value>'") from None
+      raise bad(f"bad feature token {token!r}, expected '<int id>:<float value>'") from None
     if not 1 <= fid <= num_features:
-      raise ValueError(f"{where}: feature id out of range [1, "
-                       f"{num_features}] in token {token!r}")
+      raise bad(f"feature id out of range [1, {num_features}] in token {token!r}")
     if fid in seen:
-      raise ValueError(f"{where}: repeated feature id in token {token!r}")
+      raise bad(f"repeated feature id in token {token!r}")
     seen.add(fid)
-    row[fid - 1] = value
+    row[fid - 1] = validation.check_feature(f"{FEATURE_NAME_PREFIX}{fid}", value)
   return label, qid, row
 
 

@@ -28,6 +28,11 @@ ELWC features (all per the names below):
               (lower-cased, split on white space, punctuation stripped from
               each end, empty ones dropped), year int64 (0 if missing),
               timestamp int64 (Unix seconds), rating float (the label, 1-5)
+
+Every rating is checked once, while reading (`mxrec_pipeline.data.validation`):
+integer ids, a finite timestamp, a finite rating in `rating_range` (1-5). A bad
+row raises `BadRecordError` naming `ml-100k.inter:line`, the feature and its
+value, or is skipped and counted under `data.on_bad_record: skip`.
 """
 
 import dataclasses
@@ -38,6 +43,7 @@ import string
 from typing import Mapping, Sequence
 
 from mxrec_pipeline.data import elwc
+from mxrec_pipeline.data import validation
 
 PathLike = str | os.PathLike
 
@@ -52,6 +58,8 @@ LABEL_FEATURE = "rating"
 # Placeholders the real ml-100k.item uses for unknown values ("unkonwn" [sic]
 # for item 267's title and year); item 1412 has release_year "V".
 _MISSING_TITLES = ("unkonwn", "unknown")
+# GroupLens ml-100k ratings: 1 to 5 stars.
+RATING_RANGE = (1.0, 5.0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,6 +90,8 @@ class MovieLensElwc:
     num_valid_lists: records in `valid_path`.
     num_train_ratings: examples in `train_path`.
     num_valid_ratings: examples in `valid_path`.
+    bad_records: `validation.BadRecords.report()` of `ml-100k.inter`
+      (records skipped under `on_bad_record="skip"`).
   """
 
   train_path: pathlib.Path
@@ -90,6 +100,7 @@ class MovieLensElwc:
   num_valid_lists: int
   num_train_ratings: int
   num_valid_ratings: int
+  bad_records: dict = dataclasses.field(default_factory=dict)
 
 
 def read_atomic_file(path: PathLike) -> list[dict[str, str]]:
@@ -101,6 +112,11 @@ def read_atomic_file(path: PathLike) -> list[dict[str, str]]:
     ValueError: a header field without `:type`, or a row whose number of
       fields differs from the header's; the message names file and line.
   """
+  return [row for _, row in iter_atomic_rows(path)]
+
+
+def iter_atomic_rows(path: PathLike):
+  """Yields (1-based line number, `{column name: text}`) per row; see `read_atomic_file`."""
   with open(path, encoding="utf-8") as f:
     header = f.readline().rstrip("\r\n").split("\t")
     names = []
@@ -110,7 +126,6 @@ def read_atomic_file(path: PathLike) -> list[dict[str, str]]:
         raise ValueError(f"{path}:1: header field {field!r} is not "
                          "'name:type'")
       names.append(name)
-    rows = []
     for lineno, line in enumerate(f, start=2):
       line = line.rstrip("\r\n")
       if not line:
@@ -119,27 +134,65 @@ def read_atomic_file(path: PathLike) -> list[dict[str, str]]:
       if len(fields) != len(names):
         raise ValueError(f"{path}:{lineno}: {len(fields)} fields, the "
                          f"header has {len(names)} ({names})")
-      rows.append(dict(zip(names, fields)))
-  return rows
+      yield lineno, dict(zip(names, fields))
 
 
-def read_ratings(data_dir: PathLike) -> list[Rating]:
-  """Reads `ml-100k.inter` in file order.
+def read_ratings(data_dir: PathLike, rating_range: tuple[float, float] = RATING_RANGE,
+                 bad_records: validation.BadRecords | None = None) -> list[Rating]:
+  """Reads `ml-100k.inter` in file order, checking every row.
+
+  Args:
+    data_dir: directory of `ml-100k.inter`.
+    rating_range: (low, high): the allowed ratings, inclusive.
+    bad_records: policy for bad rows and the counts of skipped ones; None:
+      `BadRecords(path, "error")`.
 
   Raises:
-    ValueError: a missing column or a non-numeric value; see
-      `read_atomic_file` for format errors.
+    validation.BadRecordError (a ValueError): under the "error" policy, a
+      row whose user_id or item_id is not an integer, whose timestamp is
+      not a finite number, or whose rating is not a finite number in
+      `rating_range` (the message names `file:line`, the column and its
+      value); under either policy, a file with no (valid) row.
+    ValueError: a missing column; see `read_atomic_file` for format errors.
   """
   path = pathlib.Path(data_dir) / INTER_FILE
-  rows = read_atomic_file(path)
-  _require_columns(path, rows, ("user_id", "item_id", "rating", "timestamp"))
+  if bad_records is None:
+    bad_records = validation.BadRecords(str(path))
+  rows = list(iter_atomic_rows(path))
+  _require_columns(path, [row for _, row in rows[:1]],
+                   ("user_id", "item_id", "rating", "timestamp"))
+  ratings = []
+  for lineno, row in rows:
+    try:
+      ratings.append(_rating(row, rating_range))
+    except validation.BadRecord as e:
+      bad_records.reject(f"{path}:{lineno}", e)
+  bad_records.check_not_empty(len(ratings))
+  return ratings
+
+
+def _rating(row: Mapping[str, str], rating_range: tuple[float, float]) -> Rating:
+  """The `Rating` of one `.inter` row; raises `validation.BadRecord` naming the bad column."""
+  user_id, item_id = _integer(row, "user_id"), _integer(row, "item_id")
+  rating = validation.check_label("rating", _number(row, "rating", "label"), rating_range)
+  timestamp = validation.check_feature("timestamp", _number(row, "timestamp", "feature"))
+  return Rating(user_id, item_id, rating, int(timestamp))
+
+
+def _integer(row: Mapping[str, str], column: str) -> int:
   try:
-    return [
-        Rating(int(r["user_id"]), int(r["item_id"]), float(r["rating"]), int(float(r["timestamp"])))
-        for r in rows
-    ]
-  except ValueError as e:
-    raise ValueError(f"{path}: {e}") from None
+    return int(row[column])
+  except ValueError:
+    raise validation.BadRecord(f"feature {column!r} is {row[column]!r}, expected an "
+                               "integer") from None
+
+
+def _number(row: Mapping[str, str], column: str, kind: str) -> float:
+  try:
+    return float(row[column])
+  except ValueError:
+    raise validation.BadRecord(f"{kind} {column!r} is {row[column]!r}, expected a "
+                               "number") from None
 
 
 def read_users(data_dir: PathLike) -> dict[int, dict[str, object]]:
@@ -246,7 +299,9 @@ def split_by_time(
 
 
 def build_movielens_elwc(data_dir: PathLike, out_dir: PathLike, valid_fraction: float = 0.2,
-                         max_list_size: int | None = None) -> MovieLensElwc:
+                         max_list_size: int | None = None,
+                         rating_range: tuple[float, float] = RATING_RANGE,
+                         on_bad_record: str = "error") -> MovieLensElwc:
   """Writes `train.tfrecord` and `valid.tfrecord` (ELWC) for ml-100k.
 
   One list per user and split (see the module docstring for the features
@@ -260,19 +315,27 @@ def build_movielens_elwc(data_dir: PathLike, out_dir: PathLike, valid_fraction: 
     max_list_size: if set, a longer list is cut into consecutive
       time-ordered chunks of at most this many examples, each with the
       user's context, so no rating is dropped.
+    rating_range, on_bad_record: the allowed ratings and what a bad row of
+      `ml-100k.inter` does (`read_ratings`, `validation.ON_BAD_RECORD`).
 
   Returns:
-    A `MovieLensElwc` with the paths and the list and rating counts.
+    A `MovieLensElwc` with the paths, the list and rating counts and the
+    skipped rows.
 
   Raises:
     ValueError: bad `valid_fraction` or `max_list_size`, malformed files,
-      or a rating of a user or item the other files do not have.
+      a rating of a user or item the other files do not have, a bad rating
+      row (`read_ratings`), or no validation list (no user with 2 ratings).
   """
   if max_list_size is not None and max_list_size < 1:
     raise ValueError(f"`max_list_size` must be positive, got {max_list_size}")
   data_dir, out_dir = pathlib.Path(data_dir), pathlib.Path(out_dir)
   users, items = read_users(data_dir), read_items(data_dir)
-  train, valid = split_by_time(read_ratings(data_dir), valid_fraction)
+  bad_records = validation.BadRecords(str(data_dir / INTER_FILE), on_bad_record)
+  train, valid = split_by_time(read_ratings(data_dir, rating_range, bad_records), valid_fraction)
+  if not valid:
+    raise validation.BadRecordError(f"{data_dir / INTER_FILE}: no validation list: every user has "
+                                    "fewer than 2 ratings")
   out_dir.mkdir(parents=True, exist_ok=True)
   counts = []
   for name, split in (("train", train), ("valid", valid)):
@@ -281,7 +344,8 @@ def build_movielens_elwc(data_dir: PathLike, out_dir: PathLike, valid_fraction: 
     num_lists = elwc.write_elwc_tfrecord(path, lists)
     counts.append((path, num_lists, sum(map(len, split.values()))))
   (train_path, n_train, r_train), (valid_path, n_valid, r_valid) = counts
-  return MovieLensElwc(train_path, valid_path, n_train, n_valid, r_train, r_valid)
+  return MovieLensElwc(train_path, valid_path, n_train, n_valid, r_train, r_valid,
+                       bad_records.report())
 
 
 def _user_lists(split: Mapping[int, list[Rating]], users: Mapping[int, dict[str, object]],

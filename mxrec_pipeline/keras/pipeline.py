@@ -31,7 +31,7 @@ from mxrec_pipeline.core.asc import feature_spec as fs
 from mxrec_pipeline.core.asc import helper
 # Re-exported: users import PipelineHparams and RANKING_METRICS from here.
 from mxrec_pipeline.hparams import (  # pylint: disable=unused-import
-    RANKING_METRICS, PipelineHparams)
+    MULTI_WORKER_MIRRORED, RANKING_METRICS, STRATEGIES, PipelineHparams)
 from mxrec_pipeline.keras import callbacks as callbacks_lib
 from mxrec_pipeline.keras import export as export_lib
 from mxrec_pipeline.keras import model as model_lib
@@ -145,6 +145,13 @@ class BaseDatasetBuilder(tfr.keras.pipeline.BaseDatasetBuilder):
     thread timing. Here files, records and batches keep their order; with
     `shuffle_seed` the shuffles of files and lists are seeded too, so the
     batch sequence is a function of the data and the seed.
+
+    Under MultiWorkerMirroredStrategy every worker builds this whole dataset
+    and keeps its part of each global batch (tf.data's DATA auto-sharding,
+    after the strategy splits every batch into one per replica): N workers
+    train on the batches one process would, with the same shuffles when
+    seeded. TF's default (AUTO: FILE sharding) would give the workers other
+    files, hence other batches, and fails with fewer files than workers.
     """
     dataset = tfr.data.build_ranking_dataset(
         file_pattern=file_pattern, data_format=tfr.data.ELWC, batch_size=batch_size,
@@ -155,7 +162,10 @@ class BaseDatasetBuilder(tfr.keras.pipeline.BaseDatasetBuilder):
         reader=self._hparams.dataset_reader, num_epochs=num_epochs, shuffle=randomize_input,
         shuffle_buffer_size=1000, shuffle_seed=shuffle_seed, sloppy_ordering=False,
         drop_final_batch=False, shuffle_examples=False)
-    return dataset.map(self._features_and_labels, num_parallel_calls=tf.data.AUTOTUNE)
+    options = tf.data.Options()
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
+    return dataset.map(self._features_and_labels,
+                       num_parallel_calls=tf.data.AUTOTUNE).with_options(options)
 
   def build_train_dataset(self, num_epochs: int | None = None) -> tf.data.Dataset:
     """See `AbstractDatasetBuilder`. Shuffled; new ids get rows.
@@ -251,11 +261,28 @@ class SimpleDatasetBuilder(BaseDatasetBuilder):
   _features_and_labels = tfr.keras.pipeline.SimpleDatasetBuilder._features_and_labels
 
 
-def get_strategy(name: str | None) -> tf.distribute.Strategy:
-  """None -> the default strategy; "MirroredStrategy" -> every local GPU or the CPU."""
+def get_strategy(name: str | None,
+                 collective_timeout_s: float | None = None) -> tf.distribute.Strategy:
+  """The strategy of PipelineHparams.strategy (hparams.STRATEGIES).
+
+  None -> the default strategy; "MirroredStrategy" -> every local GPU or the
+  CPU; "MultiWorkerMirroredStrategy" -> tf.distribute.MultiWorkerMirroredStrategy
+  over the cluster of the TF_CONFIG environment variable (jobs.train checks it
+  first with mxrec_pipeline.cluster.tf_config), its collective ops failing
+  after `collective_timeout_s` seconds without their peers
+  (CommunicationOptions.timeout_seconds; None: no timeout).
+
+  Raises:
+    ValueError: an unknown name.
+  """
   if name is None:
     return tf.distribute.get_strategy()
-  return tf.distribute.MirroredStrategy()
+  if name == "MirroredStrategy":
+    return tf.distribute.MirroredStrategy()
+  if name == MULTI_WORKER_MIRRORED:
+    options = tf.distribute.experimental.CommunicationOptions(timeout_seconds=collective_timeout_s)
+    return tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
+  raise ValueError(f"unknown strategy {name!r}; supported: {list(STRATEGIES)}")
 
 
 class ModelFitPipeline(AbstractPipeline):
@@ -397,13 +424,14 @@ class ModelFitPipeline(AbstractPipeline):
       tf.keras.utils.set_random_seed(hparams.seed)
     if not initialize.is_initialized():
       initialize.init()
-    strategy = get_strategy(hparams.strategy)
+    strategy = get_strategy(hparams.strategy, hparams.collective_timeout_s)
     if strategy.num_replicas_in_sync > 1 and getattr(self._dataset_builder, "sparse_features",
                                                      None):
       # A batch's unique rows are one vector per global batch; splitting the
       # batch across replicas would split it too (per-replica insertion: future work).
       raise ValueError(
-          f"{strategy.num_replicas_in_sync} replicas: the pipeline's sparse features need one "
+          f"{hparams.strategy} with {strategy.num_replicas_in_sync} replicas: the pipeline's "
+          "sparse features need one "
           "replica (one GPU, or the CPU); use strategy=None with a single device, or the "
           "TPUEmbedding-style API (mxrec_pipeline.embedding), which inserts per global batch")
     with strategy.scope(), _generator_rng(hparams.seed is not None):

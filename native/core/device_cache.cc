@@ -252,7 +252,7 @@ Status DeviceCache::OutOfRange(int64_t global, int64_t position, const char* wha
 // Plan.
 
 Status DeviceCache::Plan(const int64_t* globals, int64_t n, int64_t* slots, int64_t* token,
-                         const std::function<bool()>& cancelled) {
+                         const std::function<bool()>& cancelled, bool wait) {
   std::lock_guard<std::mutex> plan_lock(plan_mu_);
   std::unique_lock<std::mutex> lock(mu_);
 
@@ -305,7 +305,7 @@ Status DeviceCache::Plan(const int64_t* globals, int64_t n, int64_t* slots, int6
   if (misses > free) {
     const auto deadline = std::chrono::steady_clock::now() +
                           std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                              std::chrono::duration<double>(wait_seconds_));
+                              std::chrono::duration<double>(wait ? wait_seconds_ : 0.0));
     while (true) {
       const int64_t pinned = PinnedLocked();
       int64_t unpinned_hits = 0;
@@ -326,9 +326,16 @@ Status DeviceCache::Plan(const int64_t* globals, int64_t n, int64_t* slots, int6
         }
         std::ostringstream msg;
         msg << "table '" << name_ << "': the device cache (device_vocabulary_size=" << device_rows_
-            << ") has no room for the " << misses << " new ids of this batch: " << pinned
-            << " rows are held by batches in flight (planned, not trained yet); raise "
-               "device_vocabulary_size or lower the prefetch depth";
+            << ") has no room for the " << misses << " new ids of this batch: " << pinned;
+        if (wait) {
+          msg << " rows are held by batches in flight (planned, not trained yet); raise "
+                 "device_vocabulary_size or lower the prefetch depth";
+        } else {
+          msg << " rows are held by earlier training lookups whose optimizer step has not run "
+                 "yet. Each training lookup of a tiered table pins its rows until the optimizer "
+                 "applies its gradients: run the optimizer step between training lookups, look "
+                 "up with is_train=False for evaluation, or raise device_vocabulary_size";
+        }
         return Status::ResourceExhausted(msg.str());
       }
       // Wake at least every 100 ms to poll `cancelled`.

@@ -94,12 +94,15 @@ class DeviceCache {
   // ResourceExhausted when, after waiting up to wait_seconds for Apply, the
   // misses still exceed the free and unpinned slots; Cancelled when
   // `cancelled` (polled every 100 ms while waiting) returns true, e.g. the
-  // input pipeline was stopped.
+  // input pipeline was stopped. `wait` false: the caller is the thread that
+  // trains (an eager or in-step lookup), so no Apply or Finish can come while
+  // it waits: a plan without room fails at once, saying which batches hold the
+  // device rows.
   Status Plan(const int64_t* globals,  // (n)
               int64_t n,
               int64_t* slots,  // out: (n)
               int64_t* token,
-              const std::function<bool()>& cancelled = nullptr);
+              const std::function<bool()>& cancelled = nullptr, bool wait = true);
 
   // The moves the step applying plan `token` makes, composed over every pending
   // record with seq <= the token's seq. The step does, in this order: read the

@@ -81,12 +81,26 @@ void Deduplicate(const int64_t* keys, int64_t n, std::vector<int64_t>* unique,
   }
 }
 
-KeyIndex::KeyIndex(int64_t capacity, std::string name, bool growable)
+KeyIndex::KeyIndex(int64_t capacity, std::string name, bool growable, std::string rows_text,
+                   std::string grow_text)
     : capacity_(capacity),
       name_(std::move(name)),
       growable_(growable),
+      rows_text_(rows_text.empty()
+                     ? "device_vocabulary_size=" + std::to_string(capacity) + " rows"
+                     : std::move(rows_text)),
+      grow_text_(grow_text.empty() ? "Create the table with a larger device_vocabulary_size"
+                                   : std::move(grow_text)),
       mask_(SlotCount(capacity) - 1),
       slots_(mask_ + 1, Slot{0, kMissingRow}) {}
+
+std::string KeyIndex::FullMessage(int64_t new_keys, const char* verb) const {
+  std::ostringstream msg;
+  msg << "table '" << name_ << "' is full: " << rows_text_ << ", " << size_
+      << " used, and this batch " << verb << " " << new_keys << " new keys. Nothing was inserted. "
+      << grow_text_;
+  return msg.str();
+}
 
 Status KeyIndex::ReserveLocked(int64_t keys) {
   if (2 * static_cast<uint64_t>(keys) <= mask_ + 1) return Status::Ok();
@@ -152,12 +166,8 @@ Status KeyIndex::FindOrInsert(const int64_t* keys, int64_t n, int64_t* rows) {
     // `absent` may count a repeated key twice: recount exactly before failing.
     absent = CountDistinct(keys, rows, n, kMissingRow);
     if (size_ + absent > capacity_) {
-      std::ostringstream msg;
-      msg << "table '" << name_ << "' is full: device_vocabulary_size=" << capacity_
-          << " rows, " << size_ << " used, and this batch brings " << absent
-          << " new keys. Nothing was inserted. Create the table with a larger "
-             "device_vocabulary_size (or drop rare keys before the lookup).";
-      return Status::ResourceExhausted(msg.str());
+      return Status::ResourceExhausted(FullMessage(absent, "brings") +
+                                       " (or drop rare keys before the lookup).");
     }
   }
   // Pass 2: insert the absent keys in order of appearance.
@@ -209,12 +219,8 @@ Status KeyIndex::FindOrInsertAdmitting(const int64_t* keys, const int64_t* count
     } else if (size_ + admit > capacity_ &&
                size_ + CountDistinct(keys, rows, n, kAdmit) > capacity_) {
       // `admit` may count a repeated key twice: the recount is exact.
-      std::ostringstream msg;
-      msg << "table '" << name_ << "' is full: device_vocabulary_size=" << capacity_
-          << " rows, " << size_ << " used, and this batch admits " << admit
-          << " new keys. Nothing was inserted. Create the table with a larger "
-             "device_vocabulary_size, raise access_threshold, or evict idle keys more often.";
-      return Status::ResourceExhausted(msg.str());
+      return Status::ResourceExhausted(FullMessage(admit, "admits") +
+                                       ", raise access_threshold, or evict idle keys more often.");
     }
   }
   if (timestamp > now_) now_ = timestamp;

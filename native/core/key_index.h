@@ -60,7 +60,13 @@ class KeyIndex {
   // messages. `growable`: rows are handed out past `capacity` (the index grows,
   // up to kMaxCapacity keys). Allocates 32 bytes or more per row of capacity
   // (std::bad_alloc when the host cannot).
-  KeyIndex(int64_t capacity, std::string name, bool growable = false);
+  // `rows_text` and `grow_text` word the "table is full" errors when the rows
+  // are not just device_vocabulary_size (a tiered table's device + host + SSD
+  // rows): "is full: <rows_text>, N used, ... <grow_text>". Empty: the
+  // defaults "device_vocabulary_size=<capacity> rows" and "Create the table
+  // with a larger device_vocabulary_size".
+  KeyIndex(int64_t capacity, std::string name, bool growable = false, std::string rows_text = "",
+           std::string grow_text = "");
 
   KeyIndex(const KeyIndex&) = delete;
   KeyIndex& operator=(const KeyIndex&) = delete;
@@ -183,9 +189,14 @@ class KeyIndex {
     int64_t last_seen;
   };
 
+  // The "is full" error's start, with the table's rows and the remedy.
+  std::string FullMessage(int64_t new_keys, const char* verb) const;
+
   const int64_t capacity_;
   const std::string name_;
   const bool growable_;
+  const std::string rows_text_;
+  const std::string grow_text_;
 
   mutable std::shared_mutex mu_;
   uint64_t mask_;                  // guarded by mu_: slots_.size() - 1

@@ -150,7 +150,9 @@ class DeviceCacheCreateOp : public OpKernel {
 
 class DeviceCachePlanOp : public ExistingResourceOp<DeviceCacheResource> {
  public:
-  using ExistingResourceOp::ExistingResourceOp;
+  explicit DeviceCachePlanOp(OpKernelConstruction* ctx) : ExistingResourceOp(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("wait", &wait_));
+  }
 
   void ComputeWith(OpKernelContext* ctx, DeviceCacheResource& resource) override {
     DeviceCache& cache = resource.cache();
@@ -169,9 +171,12 @@ class DeviceCachePlanOp : public ExistingResourceOp<DeviceCacheResource> {
     OP_REQUIRES_OK(ctx, GuardAllocation(cache.name(), "the device cache plan (host memory)", [&] {
                      return cache.Plan(globals.flat<int64_t>().data(), globals.NumElements(),
                                        slots->flat<int64_t>().data(),
-                                       &token->scalar<int64_t>()(), cancelled);
+                                       &token->scalar<int64_t>()(), cancelled, wait_);
                    }));
   }
+
+ private:
+  bool wait_;
 };
 
 class DeviceCacheApplyOp : public ExistingResourceOp<DeviceCacheResource> {

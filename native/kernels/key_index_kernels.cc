@@ -31,8 +31,9 @@ class KeyIndexResource : public ::tensorflow::ResourceBase {
   static constexpr char kKind[] = "the key index of table";
   static constexpr char kFirstUse[] = "insertion or lookup";
 
-  KeyIndexResource(int64_t capacity, const std::string& table_name, bool growable)
-      : index_(capacity, table_name, growable) {}
+  KeyIndexResource(int64_t capacity, const std::string& table_name, bool growable,
+                   const std::string& rows_text, const std::string& grow_text)
+      : index_(capacity, table_name, growable, rows_text, grow_text) {}
 
   KeyIndex& index() { return index_; }
   const KeyIndex& index() const { return index_; }
@@ -55,11 +56,14 @@ struct IndexAttrs {
   int64_t capacity;
   bool growable;
   std::string table_name;
+  std::string rows_text, grow_text;  // Wording of the "table is full" error (KeyIndex).
 
   explicit IndexAttrs(OpKernelConstruction* ctx) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("capacity", &capacity));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("growable", &growable));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("table_name", &table_name));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("rows_text", &rows_text));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("grow_text", &grow_text));
   }
 };
 
@@ -82,7 +86,10 @@ struct IndexAttrs {
       "the key index of device_vocabulary_size=" + std::to_string(capacity) + " (at least " +
           std::to_string(32 * capacity) +
           " bytes of host memory); create the table with a smaller device_vocabulary_size",
-      [&] { return new KeyIndexResource(capacity, table_name, growable); },
+      [&] {
+        return new KeyIndexResource(capacity, table_name, growable, attrs.rows_text,
+                                    attrs.grow_text);
+      },
       [&](const KeyIndexResource& existing) -> ::tensorflow::Status {
         const int64_t existing_capacity = existing.index().capacity();
         const bool existing_growable = existing.index().growable();

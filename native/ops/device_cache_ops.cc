@@ -59,6 +59,7 @@ REGISTER_OP("MxDeviceCachePlan")
     .Input("globals: int64")
     .Output("slots: int64")
     .Output("token: int64")
+    .Attr("wait: bool = true")
     .SetIsStateful()
     .SetShapeFn([](InferenceContext* c) -> Status {
       TF_RETURN_IF_ERROR(GlobalsToSlots(c));
@@ -72,6 +73,9 @@ globals: [n] int64 distinct global rows of the batch; -1 (ids without a row)
   may repeat.
 slots: [n] int64 device slot of each global, -1 for -1.
 token: the plan, to give to MxDeviceCacheApply in the batch's training step.
+wait: without room, wait up to the cache's wait_seconds for training steps to
+  catch up (the key process on tf.data threads); false for a plan made by the
+  training thread itself (eager or in-step lookups), which fails at once.
 )doc");
 
 REGISTER_OP("MxDeviceCacheApply")

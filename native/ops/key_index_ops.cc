@@ -36,6 +36,8 @@ REGISTER_OP("MxKeyIndexCreate")
     .Attr("capacity: int >= 1")
     .Attr("growable: bool = false")
     .Attr("table_name: string")
+    .Attr("rows_text: string = ''")
+    .Attr("grow_text: string = ''")
     .SetIsStateful()
     .SetShapeFn(ScalarHandle)
     .Doc(R"doc(
@@ -43,6 +45,10 @@ Creates the key index with `capacity` rows, or empties an existing one.
 
 growable: rows are handed out past `capacity` (dynamic-expansion tables): the
   index grows instead of failing when full.
+rows_text: how the "table is full" error states the rows (a tiered table's
+  device + host + SSD rows); empty: "device_vocabulary_size=<capacity> rows".
+grow_text: the remedy that error gives; empty: "Create the table with a
+  larger device_vocabulary_size".
 )doc");
 
 REGISTER_OP("MxKeyIndexInsert")
@@ -92,6 +98,8 @@ REGISTER_OP("MxKeyIndexImport")
     .Attr("capacity: int >= 1")
     .Attr("growable: bool = false")
     .Attr("table_name: string")
+    .Attr("rows_text: string = ''")
+    .Attr("grow_text: string = ''")
     .SetIsStateful()
     .SetShapeFn([](InferenceContext* c) -> Status {
       TF_RETURN_IF_ERROR(ScalarHandle(c));
@@ -195,6 +203,8 @@ REGISTER_OP("MxKeyIndexImportState")
     .Attr("capacity: int >= 1")
     .Attr("growable: bool = false")
     .Attr("table_name: string")
+    .Attr("rows_text: string = ''")
+    .Attr("grow_text: string = ''")
     .SetIsStateful()
     .SetShapeFn([](InferenceContext* c) -> Status {
       TF_RETURN_IF_ERROR(ScalarHandle(c));

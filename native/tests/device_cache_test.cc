@@ -272,6 +272,34 @@ TEST(DeviceCacheTest, CancelledWaitStopsPromptly) {
   EXPECT_EQ(token, -9);
 }
 
+TEST(DeviceCacheTest, PlanWithoutWaitFailsAtOnceNamingUnfinishedLookups) {
+  // The training thread plans itself (eager lookups): a wait of 30 s could
+  // only end in failure, since no other thread applies or finishes a batch.
+  DeviceCache cache(2, 10, Policy::kLru, "t", 30.0);
+  Planned p1 = PlanOk(cache, {0, 1});
+  ApplyOk(cache, p1.token);  // Looked up, its optimizer step not run (no Finish).
+  const V batch = {2};
+  V slots(1, -9);
+  int64_t token = -9;
+  const auto start = std::chrono::steady_clock::now();
+  const Status status = cache.Plan(batch.data(), 1, slots.data(), &token, nullptr,
+                                   /*wait=*/false);
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 5.0);
+  ASSERT_EQ(status.code(), Status::Code::kResourceExhausted);
+  EXPECT_EQ(status.message(),
+            "table 't': the device cache (device_vocabulary_size=2) has no room for the 1 new ids "
+            "of this batch: 2 rows are held by earlier training lookups whose optimizer step has "
+            "not run yet. Each training lookup of a tiered table pins its rows until the "
+            "optimizer applies its gradients: run the optimizer step between training lookups, "
+            "look up with is_train=False for evaluation, or raise device_vocabulary_size");
+  EXPECT_EQ(token, -9);
+  EXPECT_EQ(slots, (V{-1}));
+  // Once that step finished, the same plan proceeds without waiting.
+  cache.Finish(p1.token);
+  ASSERT_TRUE(cache.Plan(batch.data(), 1, slots.data(), &token, nullptr, false).ok());
+  EXPECT_EQ(slots, (V{0}));
+}
+
 TEST(DeviceCacheTest, PlanSucceedsWhenAnotherThreadAppliesDuringTheWait) {
   DeviceCache cache(2, 10, Policy::kLru, "t", 30.0);
   Planned p1 = PlanOk(cache, {0, 1});

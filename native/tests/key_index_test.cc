@@ -102,6 +102,30 @@ TEST(KeyIndexTest, FullTableFailsWholeBatchNamingTable) {
   EXPECT_EQ(index.size(), 3);
 }
 
+TEST(KeyIndexTest, FullMessageUsesTheGivenRowsAndRemedy) {
+  // A tiered table: its rows are device + host + SSD, the remedy is a tier.
+  KeyIndex index(2, "item", false, "2 rows in all (device 1 + host 1)", "Raise host rows");
+  const std::vector<int64_t> keys = {1, 2, 3};
+  std::vector<int64_t> rows(3);
+  Status status = index.FindOrInsert(keys.data(), 3, rows.data());
+  EXPECT_EQ(status.message(),
+            "table 'item' is full: 2 rows in all (device 1 + host 1), 0 used, and this batch "
+            "brings 3 new keys. Nothing was inserted. Raise host rows (or drop rare keys before "
+            "the lookup).");
+  const std::vector<int64_t> counts = {1, 1, 1};
+  status = index.FindOrInsertAdmitting(keys.data(), counts.data(), 3, 1, 5, rows.data());
+  EXPECT_EQ(status.message(),
+            "table 'item' is full: 2 rows in all (device 1 + host 1), 0 used, and this batch "
+            "admits 3 new keys. Nothing was inserted. Raise host rows, raise access_threshold, "
+            "or evict idle keys more often.");
+  KeyIndex flat(2, "flat");
+  status = flat.FindOrInsert(keys.data(), 3, rows.data());
+  EXPECT_EQ(status.message(),
+            "table 'flat' is full: device_vocabulary_size=2 rows, 0 used, and this batch brings "
+            "3 new keys. Nothing was inserted. Create the table with a larger "
+            "device_vocabulary_size (or drop rare keys before the lookup).");
+}
+
 TEST(KeyIndexTest, ExportImportRoundTripAndHolesReused) {
   KeyIndex index(6, "t");
   const std::vector<int64_t> keys = {100, 200, 300};

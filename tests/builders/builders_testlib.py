@@ -84,9 +84,12 @@ def cli_error(capsys, args: list[str]) -> str:
 
 
 def assert_metrics_file(metrics: dict) -> None:
-  """`{"model": {...}, "baseline": {...}}` with every RANKING_METRICS key in [0, 1]."""
-  assert sorted(metrics) == ["baseline", "model"]
-  for row in metrics.values():
+  """`{"model": {...}, "baseline": {...}, "data": {...}}`, every RANKING_METRICS key in [0, 1]."""
+  assert sorted(metrics) == ["baseline", "data", "model"]
+  for split in ("train", "valid"):
+    assert metrics["data"][split]["lists"] > 0 and metrics["data"][split]["files"] == 1
+  assert 0 < metrics["data"]["valid"]["lists_with_relevant"] <= metrics["data"]["valid"]["lists"]
+  for row in (metrics["model"], metrics["baseline"]):
     assert sorted(row) == sorted(RANKING_METRICS)
     assert all(0.0 <= v <= 1.0 for v in row.values()), row
 

@@ -53,7 +53,7 @@ def test_trains_on_user_files_writes_metrics_and_exports(tmp_path, letor_files, 
   for override in overrides:
     args += ["--set", override]
   assert cli.main(args) == 0
-  (valid_elwc,) = [str(p) for p in (tmp_path / "elwc").iterdir() if p.name.startswith("vali.")]
+  (valid_elwc,) = [str(p) for p in (tmp_path / "elwc").glob("vali.*.tfrecord")]
   lists = lib.serialized_lists(valid_elwc)
   scores = [
       tf.saved_model.load(str(d)).signatures["serving_default"](examples=lists)["scores"]
@@ -75,6 +75,23 @@ def test_elwc_conversion_is_cached_and_follows_the_source(tmp_path, letor_files)
   second = mslr.cached_elwc(train, tmp_path / "elwc", mslr.NUM_FEATURES)
   assert second != first
   assert [len(proto.examples) for proto in elwc.read_elwc_tfrecord(second)] == [2, 2, 2]
+
+
+def test_checks_are_part_of_the_cache_and_skips_are_kept_beside_it(tmp_path, letor_files):
+  train, _ = letor_files
+  with open(train, "a", encoding="utf-8") as f:
+    f.write("9 qid:99 1:1\n")  # A label outside [0, 4].
+  with pytest.raises(ValueError, match=r"train\.txt:\d+: label 'utility' is 9, outside \[0, 4\]"):
+    mslr.cached_elwc(train, tmp_path / "elwc", mslr.NUM_FEATURES)
+  assert not list((tmp_path / "elwc").glob("*.tfrecord"))  # Nothing cached.
+
+  skipped = mslr.cached_elwc(train, tmp_path / "elwc", mslr.NUM_FEATURES, on_bad_record="skip")
+  report = mslr.bad_records(skipped)
+  assert (report["skipped"], report["by_reason"]) == (1, {"label out of range": 1})
+  assert len(list(elwc.read_elwc_tfrecord(skipped))) == 8
+  wider = mslr.cached_elwc(train, tmp_path / "elwc", mslr.NUM_FEATURES, label_range=(0, 9))
+  assert wider != skipped and mslr.bad_records(wider)["skipped"] == 0
+  assert len(list(elwc.read_elwc_tfrecord(wider))) == 9
 
 
 def test_baseline_ranks_by_whole_document_bm25():

@@ -180,10 +180,16 @@ def test_wrong_key_dtype_names_table_expected_and_got():
     embedding.sparse_lookup(table, tf.constant(["1"]))
 
   spec = FeatureSpec("f", table_name="item")
+  int32_ids = tf.data.Dataset.from_tensors({"f": tf.constant([1, 2], tf.int32)})
+  with pytest.raises(
+      ValueError, match=r"FeatureSpec 'f': ids are int32, but table 'item' has "
+      r"key_dtype int64"):
+    int32_ids.map(get_asc_insert_func([spec], is_training=True))  # Refused before insertion.
   batch = next(
       iter(
-          tf.data.Dataset.from_tensors({"f": tf.constant([1, 2], tf.int32)
+          tf.data.Dataset.from_tensors({"f": tf.constant([1, 2], tf.int64)
                                        }).map(get_asc_insert_func([spec], is_training=True))))
+  batch["f"] = tf.constant([1, 2], tf.int32)  # A batch changed after insertion.
   with pytest.raises(
       ValueError, match=r"sparse_lookup\('item'\): FeatureSpec 'f' ids must be "
       r"int64 \(the table's key_dtype\), got int32"):

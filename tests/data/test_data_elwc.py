@@ -1,5 +1,7 @@
 """Tests for mxrec_pipeline.data.elwc: conversion, round trip, tfr parsing."""
 
+import re
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -132,3 +134,51 @@ def test_tfr_parse_from_example_list(tmp_path):
 
   np.testing.assert_array_equal(features["mask"], [[True, True], [True, False]])
   np.testing.assert_array_equal(features["label"][..., 0], [[2, 0], [1, -1]])
+
+
+def _framed_lists(tmp_path):
+  """A TFRecord of 3 ELWCs; returns (path, [(offset, framed size)] of each record)."""
+  path = tmp_path / "lists.tfrecord"
+  lists = [elwc.make_elwc({"qid": q}, [{"utility": 1.0}] * q) for q in (1, 2, 3)]
+  elwc.write_elwc_tfrecord(path, lists)
+  sizes = [len(e.SerializeToString()) + 16 for e in lists]
+  offsets = [0, sizes[0], sizes[0] + sizes[1]]
+  return path, list(zip(offsets, sizes))
+
+
+def test_check_tfrecord_counts_good_records(tmp_path):
+  path, _ = _framed_lists(tmp_path)
+  assert elwc.check_tfrecord(path) == 3
+  (tmp_path / "empty").write_bytes(b"")
+  assert elwc.check_tfrecord(tmp_path / "empty") == 0
+
+
+@pytest.mark.parametrize("damage, match", [
+    ("data", r"record 2 at byte offset {1} is corrupt \(corrupted record at"),
+    ("length", r"record 2 at byte offset {1} is corrupt \(corrupted record at {1}\)"),
+    ("cut data", r"record 3 at byte offset {2} is truncated \(truncated record at {2}\)"),
+    ("cut header", r"record 3 at byte offset {2} is truncated \(the file ends after"),
+    ("not ELWC", r"record 2 at byte offset {1} is not an ExampleListWithContext"),
+])
+def test_check_tfrecord_names_file_record_and_offset(tmp_path, damage, match):
+  path, records = _framed_lists(tmp_path)
+  data = bytearray(path.read_bytes())
+  (o1, s1), (o2, _) = records[1], records[2]
+  if damage == "data":
+    data[o1 + 14] ^= 0xFF
+  elif damage == "length":
+    data[o1 + 1] ^= 0x01
+  elif damage == "cut data":
+    data = data[:-6]
+  elif damage == "cut header":
+    data = data[:o2 + 5]
+  else:  # A well-framed record that is not an ELWC proto (wire type 7 does not exist).
+    records_bytes = [bytes(data[o:o + s]) for o, s in records]
+    with tf.io.TFRecordWriter(str(path)) as writer:
+      for i, framed in enumerate(records_bytes):
+        writer.write(b"\x0f\xff" * ((s1 - 16) // 2) if i == 1 else framed[12:-4])
+    data = bytearray(path.read_bytes())
+  path.write_bytes(bytes(data))
+  with pytest.raises(ValueError,
+                     match=re.escape(str(path)) + ": " + match.format(*[o for o, _ in records])):
+    elwc.check_tfrecord(path)

@@ -7,6 +7,7 @@ import tensorflow_ranking as tfr
 
 from mxrec_pipeline.data import elwc
 from mxrec_pipeline.data import letor
+from mxrec_pipeline.data import validation
 
 # Two queries; feature 2 missing in the second line, a comment, CRLF endings
 # and a blank line, as hand-checkable input with num_features=3.
@@ -100,3 +101,49 @@ def test_letor_to_elwc_uses_tfr_dnn_example_names(tmp_path):
   features = next(iter(dataset))
   np.testing.assert_allclose(features["custom_features_3"][..., 0], [[-2.0, 4.0], [9.0, 0.0]])
   np.testing.assert_allclose(features["utility"][..., 0], [[2.0, 0.0], [1.0, -1.0]])
+
+
+@pytest.mark.parametrize(
+    "line, match",
+    [
+        ("1 qid:1 1:nan", r"in\.txt:2: feature 'custom_features_1' is nan"),
+        ("1 qid:1 3:-inf", r"in\.txt:2: feature 'custom_features_3' is -inf"),
+        ("1 qid:1 2:1e39", r"in\.txt:2: feature 'custom_features_2' is 1e\+39"),  # float32 inf.
+        ("nan qid:1 1:1", r"in\.txt:2: label 'utility' is nan"),
+        ("5 qid:1 1:1", r"in\.txt:2: label 'utility' is 5, outside \[0, 4\]"),
+        ("-0.5 qid:1 1:1", r"in\.txt:2: label 'utility' is -0\.5, outside \[0, 4\]"),
+    ])
+def test_bad_values_name_file_line_feature_and_value(tmp_path, line, match):
+  path = _write(tmp_path, "0 qid:1 1:1\n" + line + "\n")
+  with pytest.raises(validation.BadRecordError, match=match + "; fix the record or set"):
+    letor.read_letor(path, num_features=3)
+
+
+def test_label_range_is_a_parameter(tmp_path):
+  path = _write(tmp_path, "0 qid:1 1:1\n2 qid:1 1:1\n")
+  assert len(letor.read_letor(path, num_features=3, label_range=(0, 2))) == 1
+  with pytest.raises(ValueError, match=r"label 'utility' is 2, outside \[0, 1\]"):
+    letor.read_letor(path, num_features=3, label_range=(0, 1))
+
+
+def test_skip_drops_and_counts_bad_lines(tmp_path):
+  path = _write(tmp_path, _GOOD + "9 qid:7 1:1\n1 qid:7 2:inf\n1 qid:8 x\n0 qid:8 1:2\n")
+  skipped = validation.BadRecords(str(path), "skip")
+  lists = letor.read_letor(path, num_features=3, bad_records=skipped)
+  assert [(q.qid, len(q.labels)) for q in lists] == [(10, 2), (7, 1), (8, 1)]
+  assert skipped.report()["by_reason"] == {
+      "label out of range": 1, "malformed record": 1, "non-finite feature": 1
+  }
+  assert skipped.first == f"{path}:5: label 'utility' is 9, outside [0, 4]"
+
+
+@pytest.mark.parametrize("text, policy, match", [
+    ("", "error", r"in\.txt: no records \(empty file\)"),
+    ("# comment\n\n", "skip", r"in\.txt: no records \(empty file\)"),
+    ("7 qid:1 1:1\n", "skip", r"in\.txt: no records left after skipping 1 bad record\(s\) "
+     r"\(first: .*in\.txt:1: label 'utility' is 7"),
+])
+def test_a_file_without_lists_is_an_error(tmp_path, text, policy, match):
+  path = _write(tmp_path, text)
+  with pytest.raises(validation.BadRecordError, match=match):
+    letor.read_letor(path, num_features=3, bad_records=validation.BadRecords(str(path), policy))

@@ -7,6 +7,7 @@ import tensorflow_ranking as tfr
 
 from mxrec_pipeline.data import elwc
 from mxrec_pipeline.data import movielens
+from mxrec_pipeline.data import validation
 
 # User 1: 5 ratings (1 to validation), listed out of time order.
 # User 2: 10 ratings (2 to validation), items 16 and 17 tied at t=160.
@@ -42,10 +43,14 @@ def _write_dir(tmp_path, inter=_INTER):
   data_dir.mkdir()
   (data_dir /
    "ml-100k.inter").write_text("user_id:token\titem_id:token\trating:float\ttimestamp:float\n" +
-                               "".join(f"{u}\t{i}\t{r:g}\t{t}\n" for u, i, r, t in inter))
+                               "".join(f"{u}\t{i}\t{_text(r)}\t{t}\n" for u, i, r, t in inter))
   (data_dir / "ml-100k.user").write_text(_USERS)
   (data_dir / "ml-100k.item").write_text(_ITEMS, encoding="utf-8")
   return data_dir
+
+
+def _text(value):
+  return format(value, "g") if isinstance(value, float) else str(value)
 
 
 def _decode(path):
@@ -156,3 +161,50 @@ def test_malformed_atomic_file(tmp_path):
   with pytest.raises(ValueError, match=r"bad.inter:3: 1 fields, the "
                      r"header has 2"):
     movielens.read_atomic_file(path)
+
+
+@pytest.mark.parametrize("index, column, value, match", [
+    (1, 2, "nan", r"ml-100k\.inter:3: label 'rating' is nan"),
+    (0, 2, "6", r"ml-100k\.inter:2: label 'rating' is 6, outside \[1, 5\]"),
+    (0, 2, "0.5", r"ml-100k\.inter:2: label 'rating' is 0\.5, outside \[1, 5\]"),
+    (2, 3, "inf", r"ml-100k\.inter:4: feature 'timestamp' is inf"),
+    (2, 3, "soon", r"ml-100k\.inter:4: feature 'timestamp' is 'soon', expected a number"),
+    (3, 1, "1.5", r"ml-100k\.inter:5: feature 'item_id' is '1\.5', expected an integer"),
+    (3, 0, "", r"ml-100k\.inter:5: feature 'user_id' is '', expected an integer"),
+])
+def test_bad_rating_rows_name_file_line_column_and_value(tmp_path, index, column, value, match):
+  rows = [[_text(v) for v in row] for row in _INTER]
+  rows[index][column] = value
+  data_dir = _write_dir(tmp_path, inter=[tuple(r) for r in rows])
+  with pytest.raises(validation.BadRecordError, match=match):
+    movielens.build_movielens_elwc(data_dir, tmp_path / "out")
+  assert not (tmp_path / "out" / "train.tfrecord").exists()
+
+
+def test_skip_drops_and_counts_bad_rating_rows(tmp_path):
+  bad = [(1, 15, 7.0, 600), (2, 11, float("nan"), 95)]
+  data_dir = _write_dir(tmp_path, inter=_INTER + bad)
+  result = movielens.build_movielens_elwc(data_dir, tmp_path / "out", on_bad_record="skip")
+  assert result.bad_records["skipped"] == 2
+  assert result.bad_records["by_reason"] == {"label out of range": 1, "non-finite label": 1}
+  assert result.num_train_ratings + result.num_valid_ratings == len(_INTER)
+  (tmp_path / "clean").mkdir()
+  clean = movielens.build_movielens_elwc(_write_dir(tmp_path / "clean"), tmp_path / "ok")
+  assert _decode(result.train_path) == _decode(clean.train_path)
+  assert _decode(result.valid_path) == _decode(clean.valid_path)
+
+
+def test_rating_range_is_a_parameter(tmp_path):
+  data_dir = _write_dir(tmp_path, inter=_INTER + [(1, 15, 10.0, 600)])
+  result = movielens.build_movielens_elwc(data_dir, tmp_path / "out", rating_range=(0, 10))
+  assert result.num_train_ratings + result.num_valid_ratings == len(_INTER) + 1
+
+
+@pytest.mark.parametrize("inter, match", [
+    ([], r"ml-100k\.inter: no records \(empty file\)"),
+    ([(1, 10, 4.0, 300), (2, 11, 3.0, 100)
+     ], r"ml-100k\.inter: no validation list: every user has fewer than 2 ratings"),
+])
+def test_no_lists_is_an_error(tmp_path, inter, match):
+  with pytest.raises(validation.BadRecordError, match=match):
+    movielens.build_movielens_elwc(_write_dir(tmp_path, inter=inter), tmp_path / "out")

@@ -2,7 +2,8 @@
 
 The table is robustness_cases.CASES; each case runs `mxrec-pipeline` in a
 subprocess. Predict cases score with tiny_model.py's SavedModel (untrained);
-the PostgreSQL cases use test_sweep_postgres's server.
+the PostgreSQL cases use test_sweep_postgres's server; data cases train on tiny
+files (robustness_cases.METRICS checks the metrics.json of those that train).
 """
 
 import importlib.util
@@ -49,6 +50,13 @@ def test_case(case, tmp_path, request):
     json.loads(out, parse_constant=pytest.fail)  # Strict JSON: no NaN.
   if "secret" in " ".join(args):
     assert "secret" not in out + err
+  if case[0] in cases.METRICS:
+    keys, value = cases.METRICS[case[0]]
+    with open(tmp_path / "run" / "metrics.json", encoding="utf-8") as f:
+      found = json.load(f)
+    for key in keys:
+      found = found[key]
+    assert found == value
 
 
 def test_a_missing_sqlite_directory_is_not_created(tmp_path):

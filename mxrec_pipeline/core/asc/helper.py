@@ -73,6 +73,7 @@ def get_asc_insert_func(tgt_key_specs: Sequence[fs.FeatureSpec], is_training: bo
   run.insert_tables.update(by_table)
 
   def insert(features, *rest):
+    check_id_dtypes(features, by_table, run.tables)
     timestamp = None
     if timestamp_specs:
       key = timestamp_specs[0].index_key
@@ -102,6 +103,34 @@ def get_asc_insert_func(tgt_key_specs: Sequence[fs.FeatureSpec], is_training: bo
     return (out, *rest) if rest else out
 
   return insert
+
+
+def check_id_dtypes(features, by_table: dict[str, list[fs.FeatureSpec]], tables) -> None:
+  """Ids must have their table's key_dtype, as sparse_lookup requires.
+
+  Without this check, string ids of an int64 table would be hashed and
+  inserted (and int ids of a string table widened) without a word.
+
+  Args:
+    features: The batch dict (anything else is left to insert_ids).
+    by_table: Table name -> FeatureSpecs (see group_by_table).
+    tables: Table name -> created table (with `key_dtype`); tables not
+      created yet are not checked.
+
+  Raises:
+    ValueError: naming the FeatureSpec, its ids' dtype, the table and its key_dtype.
+  """
+  if not isinstance(features, dict):
+    return
+  for table_name, table_specs in by_table.items():
+    table = tables.get(table_name)
+    for spec in table_specs if table is not None else ():
+      ids = features.get(spec.index_key)
+      if ids is not None and ids.dtype != table.key_dtype:
+        raise ValueError(
+            f"FeatureSpec '{spec.name}': ids are {ids.dtype.name}, but table '{table_name}' has "
+            f"key_dtype {table.key_dtype.name}; give {table.key_dtype.name} ids (or create the "
+            f"table with key_dtype={ids.dtype.name})")
 
 
 def _configure_admission(by_table: dict[str, list[fs.FeatureSpec]], has_timestamp: bool) -> None:
