@@ -140,6 +140,9 @@ class PSShardedTable(tf.Module):
     self.dim = int(dim)
     self.rows_per_shard = int(rows_per_shard)
     self.optimizer = optimizer
+    self.key_dtype = tf.int64
+    self._emb_initializer = emb_initializer
+    self._value_dtype = value_dtype
     self.devices = ps_devices(strategy)
     self.num_shards = len(self.devices)
     self._key_indexes = []
@@ -161,6 +164,17 @@ class PSShardedTable(tf.Module):
         })
         if i == 0:
           self.step = tf.Variable(tf.constant(0, tf.int64), trainable=False, name=f"{name}/step")
+
+  @property
+  def key_indexes(self) -> list[key_index_lib.KeyIndex]:
+    """[num_shards] the shards' key indexes (each on its shard's device)."""
+    return list(self._key_indexes)
+
+  def initial_rows(self) -> tf.Tensor:
+    """[rows_per_shard, dim] initial rows of a shard (emb_initializer's values)."""
+    return tf.convert_to_tensor(
+        self._emb_initializer(shape=[self.rows_per_shard, self.dim], dtype=self._value_dtype),
+        self._value_dtype)
 
   def _split(self, keys: tf.Tensor):
     """(keys per shard, their positions in `keys`): [num_shards] lists of [n_i] tensors."""

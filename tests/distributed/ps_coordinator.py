@@ -1,18 +1,20 @@
 """Coordinator (chief) of the parameter-server tests: trains the toy table, writes what it learned.
 
-Usage: ps_coordinator.py OUT.npz STEPS [--local]
+Usage: ps_coordinator.py OUT.npz STEPS [--local] [--restore DIR] [--save DIR] [--export DIR]
 
 With TF_CONFIG (a chief task of a cluster with ps and worker tasks running
 mxrec_pipeline.cluster.ps_server) it trains through ParameterServerStrategy +
 ClusterCoordinator.schedule; with --local it trains the same PSShardedTable as
 one shard in this process. The toy model is distributed_testlib's ids and
-labels (batch s % CYCLE at step s) with score = sum(emb * W), loss = sum of
-squared errors / batch, lazy Adam on the table. OUT.npz gets per shard its
-keys, values, m and v, the loss of every step (in step order) and steps/s of
-the training loop.
+labels (batch s % CYCLE at global step s) with score = sum(emb * W), loss =
+sum of squared errors / batch, lazy Adam on the table. --restore starts from
+a checkpoint (at its step), --save and --export write the table after
+training. OUT.npz gets per shard its keys, values, m and v, the loss of
+every step (in step order) and steps/s of the training loop.
 """
 
-import sys
+import argparse
+import os
 import time
 
 import numpy as np
@@ -20,6 +22,9 @@ import tensorflow as tf
 
 import distributed_testlib as lib
 from mxrec_pipeline import ops
+from mxrec_pipeline.cluster import reach
+from mxrec_pipeline.cluster import tf_config
+from mxrec_pipeline.distributed import ps_checkpoint
 from mxrec_pipeline.distributed import ps_table
 from mxrec_pipeline.optimizers import lazy_adam
 
@@ -29,18 +34,21 @@ INITIAL = 0.1  # Every row's initial value.
 CYCLE = 4  # Step s trains distributed_testlib.batch(s % CYCLE): the loss of a batch falls.
 
 
-def main(out: str, steps: int, local: bool) -> None:
+def main(out: str, steps: int, local: bool = False, restore: str = "", save: str = "",
+         export_dir: str = "", reach_timeout_s: float = 30.0) -> None:
   ops.load()
   if local:
     strategy, coordinator = None, None
   else:
+    reach.wait_for_tasks(tf_config.parse(os.environ[tf_config.ENV_VAR]), timeout_s=reach_timeout_s)
     strategy = tf.distribute.experimental.ParameterServerStrategy(
         tf.distribute.cluster_resolver.TFConfigClusterResolver())
     coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(strategy)
-  optimizer = lazy_adam.create_hash_optimizer(LEARNING_RATE)
-  initializer = tf.keras.initializers.Constant(INITIAL)
   table = ps_table.PSShardedTable(strategy, name=lib.TABLE, dim=lib.DIM, rows_per_shard=lib.ROWS,
-                                  optimizer=optimizer, emb_initializer=initializer)
+                                  optimizer=lazy_adam.create_hash_optimizer(LEARNING_RATE),
+                                  emb_initializer=tf.keras.initializers.Constant(INITIAL))
+  if restore:
+    ps_checkpoint.restore(restore, table)
   w = tf.constant(W)
 
   @tf.function
@@ -52,7 +60,8 @@ def main(out: str, steps: int, local: bool) -> None:
     table.apply_gradients(tape.gradient(loss, table.shard_variables))
     return loss
 
-  batches = [lib.batch(step % CYCLE) for step in range(steps)]
+  first = int(table.step.numpy())
+  batches = [lib.batch(step % CYCLE) for step in range(first, first + steps)]
   start = time.perf_counter()
   if coordinator is None:
     losses = [float(train_step(ids, labels)) for ids, labels in batches]
@@ -61,6 +70,10 @@ def main(out: str, steps: int, local: bool) -> None:
     coordinator.join()
     losses = [float(r.fetch()) for r in results]
   steps_per_s = steps / (time.perf_counter() - start)
+  if save:
+    ps_checkpoint.save(save, table)
+  if export_dir:
+    ps_checkpoint.snapshot_tables([table]).save(export_dir)
   arrays = {
       "losses": np.array(losses), "steps_per_s": np.array(steps_per_s),
       "num_shards": np.array(table.num_shards), "step": np.array(int(table.step.numpy()))
@@ -73,4 +86,13 @@ def main(out: str, steps: int, local: bool) -> None:
 
 
 if __name__ == "__main__":
-  main(sys.argv[1], int(sys.argv[2]), "--local" in sys.argv[3:])
+  parser = argparse.ArgumentParser()
+  parser.add_argument("out")
+  parser.add_argument("steps", type=int)
+  parser.add_argument("--local", action="store_true")
+  parser.add_argument("--restore", default="")
+  parser.add_argument("--save", default="")
+  parser.add_argument("--export", default="")
+  parser.add_argument("--reach_timeout_s", type=float, default=30.0)
+  a = parser.parse_args()
+  main(a.out, a.steps, a.local, a.restore, a.save, a.export, a.reach_timeout_s)

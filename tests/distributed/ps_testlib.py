@@ -61,13 +61,17 @@ def run_chief(cluster: dict, args: list[str], logs: pathlib.Path,
   return code, (logs / "chief.log").read_text(errors="replace")
 
 
-def train(num_workers: int, num_ps: int, steps: int, tmp: pathlib.Path,
+def train(num_workers: int, num_ps: int, steps: int, tmp: pathlib.Path, extra=(),
           deadline_s: float = 50) -> dict[str, np.ndarray]:
-  """Trains the toy table on a local cluster; what ps_coordinator.py wrote."""
+  """Trains the toy table on a local cluster (ps_coordinator.py STEPS *extra); what it wrote.
+
+  Logs and out.npz go to `tmp` (created).
+  """
+  tmp.mkdir(parents=True, exist_ok=True)
   cluster = cluster_of(num_workers, num_ps)
   servers = start_servers(cluster, tmp)
   try:
-    code, log = run_chief(cluster, [str(tmp / "out.npz"), str(steps)], tmp, deadline_s)
+    code, log = run_chief(cluster, [str(tmp / "out.npz"), str(steps), *extra], tmp, deadline_s)
   finally:
     lib.kill_all(servers)
   if code != 0:

@@ -61,9 +61,10 @@ def _check_owners(out):
                                   err_msg=f"a key on ps {i} is owned by another ps")
 
 
-def _check_equals_reference(out, steps):
+def _check_equals_reference(out, steps, check_losses=True):
   losses, rows, m, v = _reference(steps)
-  np.testing.assert_allclose(out["losses"], losses, rtol=1e-5, atol=1e-6)
+  if check_losses:
+    np.testing.assert_allclose(out["losses"], losses, rtol=1e-5, atol=1e-6)
   assert int(out["step"]) == steps
   for what, want in (("values", rows), ("m", m), ("v", v)):
     got = _by_key(out, what)
