@@ -250,30 +250,6 @@ def _watch(tasks: list[_Task], out: TextIO) -> int:
   return 0
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-  """`python -m mxrec_pipeline.cluster.local workers=N[,ps=M] -- COMMAND...`: runs a local cluster.
-
-  The chief runs COMMAND; with ps=M the workers and ps tasks run
-  `server_command()`, else every worker runs COMMAND. The other tasks' logs go
-  to ./local_cluster/. Returns `run`'s status; 2 on a bad spec or no command.
-  """
-  argv = list(sys.argv[1:] if argv is None else argv)
-  if len(argv) < 3 or argv[1] != "--":
-    print("usage: python -m mxrec_pipeline.cluster.local workers=N[,ps=M] -- COMMAND...",
-          file=sys.stderr)
-    return 2
-  try:
-    spec = parse_spec(argv[0])
-  except LocalClusterError as e:
-    print(f"local cluster: error: {e}", file=sys.stderr)
-    return 2
-  return run(lambda task: argv[2:], spec, log_dir="local_cluster")
-
-
-if __name__ == "__main__":
-  sys.exit(main())
-
-
 def _describe(status: int) -> str:
   """"1", or "-9 (SIGKILL)" for a process killed by a signal (Popen's negative status)."""
   if status >= 0:
@@ -296,3 +272,27 @@ def stop(tasks: Sequence[_Task], grace_s: float = DEFAULT_GRACE_S) -> None:
     except subprocess.TimeoutExpired:
       task.process.kill()
       task.process.wait()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+  """`python -m mxrec_pipeline.cluster.local workers=N[,ps=M] -- COMMAND...`: runs a local cluster.
+
+  The chief runs COMMAND; with ps=M the workers and ps tasks run
+  `server_command()`, else every worker runs COMMAND. The other tasks' logs go
+  to ./local_cluster/. Returns `run`'s status; 2 on a bad spec or no command.
+  """
+  argv = list(sys.argv[1:] if argv is None else argv)
+  if len(argv) < 3 or argv[1] != "--":
+    print("usage: python -m mxrec_pipeline.cluster.local workers=N[,ps=M] -- COMMAND...",
+          file=sys.stderr)
+    return 2
+  try:
+    spec = parse_spec(argv[0])
+  except LocalClusterError as e:
+    print(f"local cluster: error: {e}", file=sys.stderr)
+    return 2
+  return run(lambda task: argv[2:], spec, log_dir="local_cluster")
+
+
+if __name__ == "__main__":
+  sys.exit(main())
