@@ -107,6 +107,9 @@ class PSShardedTable(tf.Module):
     emb_initializer: Initializer of each shard's rows, called with
       (shape=[rows_per_shard, dim], dtype); rows are drawn per shard, so a
       random one gives other initial rows than one process would.
+    key_dtype: dtype of the raw ids: tf.int64, tf.int32 or tf.string
+      (fingerprinted by core/key_index.to_keys); the export's signature
+      takes ids of this dtype.
     value_dtype: Floating dtype of the rows.
 
   Attributes:
@@ -117,14 +120,15 @@ class PSShardedTable(tf.Module):
     step: int64 scalar variable on shard 0: apply_gradients calls so far.
 
   Raises:
-    ValueError: created inside a strategy scope, bad dim/rows_per_shard, an optimizer that is not a
-      HashOptimizer, or a strategy that ps_devices refuses.
+    ValueError: created inside a strategy scope, bad dim/rows_per_shard/
+      key_dtype, an optimizer that is not a HashOptimizer, or a strategy
+      that ps_devices refuses.
   """
 
   def __init__(self, strategy: tf.distribute.Strategy | None, *, name: str, dim: int,
                rows_per_shard: int, optimizer: HashOptimizer,
                emb_initializer: Callable = tf.keras.initializers.Zeros(),
-               value_dtype: tf.DType = tf.float32):
+               key_dtype: tf.DType = tf.int64, value_dtype: tf.DType = tf.float32):
     super().__init__(name=None)
     if tf.distribute.has_strategy():
       raise ValueError(f"PSShardedTable('{name}'): create it outside strategy.scope(): "
@@ -140,7 +144,10 @@ class PSShardedTable(tf.Module):
     self.dim = int(dim)
     self.rows_per_shard = int(rows_per_shard)
     self.optimizer = optimizer
-    self.key_dtype = tf.int64
+    self.key_dtype = tf.as_dtype(key_dtype)
+    if self.key_dtype not in (tf.int64, tf.int32, tf.string):
+      raise ValueError(f"PSShardedTable('{name}'): `key_dtype` must be int64, int32 or string, "
+                       f"got {self.key_dtype.name}")
     self._emb_initializer = emb_initializer
     self._value_dtype = value_dtype
     self.devices = ps_devices(strategy)
