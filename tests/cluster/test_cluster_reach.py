@@ -15,8 +15,7 @@ def _config(ps_addresses):
 
 def test_returns_when_every_task_listens():
   with socket.create_server(("localhost", 0)) as a, socket.create_server(("localhost", 0)) as b:
-    reach.wait_for_tasks(_config([f"localhost:{s.getsockname()[1]}" for s in (a, b)]),
-                         timeout_s=5)
+    reach.wait_for_tasks(_config([f"localhost:{s.getsockname()[1]}" for s in (a, b)]), timeout_s=5)
 
 
 def test_names_the_unreachable_task_and_its_address():

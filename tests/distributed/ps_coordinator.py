@@ -61,7 +61,10 @@ def main(out: str, steps: int, local: bool = False, restore: str = "", save: str
     return loss
 
   first = int(table.step.numpy())
-  batches = [lib.batch(step % CYCLE) for step in range(first, first + steps)]
+  batches = [
+      tuple(map(tf.constant, lib.batch(step % CYCLE))) for step in range(first, first + steps)
+  ]
+  print(f"ps_coordinator: training {steps} steps", flush=True)
   start = time.perf_counter()
   if coordinator is None:
     losses = [float(train_step(ids, labels)) for ids, labels in batches]
