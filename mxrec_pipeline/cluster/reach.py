@@ -54,3 +54,24 @@ def wait_for_tasks(config: tf_config.TFConfig, jobs=(tf_config.PS, tf_config.WOR
     raise tf_config.PeerError(f"{config.task_name}: unreachable after {timeout_s:g} s: {names}; "
                               "is the task started (python -m mxrec_pipeline.cluster.ps_server) "
                               "and its address right in TF_CONFIG?")
+
+
+def lost_ps_error(config: tf_config.TFConfig, error: Exception) -> tf_config.PeerError | None:
+  """The PeerError naming the ps tasks a coordinator's error names, or None if it names none.
+
+  ParameterServerStrategy cannot go on without a ps: ClusterCoordinator
+  raises an UnavailableError at `join`/`fetch` whose text mentions
+  "/job:ps/replica:0/task:<i>" among other tasks. The job must restart (every
+  task) from its last checkpoint.
+
+  Args:
+    config: The coordinator's parsed TF_CONFIG.
+    error: What `join` or `fetch` raised.
+  """
+  lost = [name for name in config.peers_named_in(str(error)) if name.startswith(f"{tf_config.PS} ")]
+  if not lost:
+    return None
+  return tf_config.PeerError(
+      f"{config.task_name}: lost {', '.join(lost)} ({type(error).__name__}); the job cannot go on "
+      "without its ps tasks: restart every task and restore the last checkpoint "
+      "(distributed/ps_checkpoint.restore)")

@@ -27,3 +27,14 @@ def test_names_the_unreachable_task_and_its_address():
       reach.wait_for_tasks(_config([alive, dead]), timeout_s=0.5)
   assert f"chief 0: unreachable after 0.5 s: ps 1 ({dead})" in str(error.value)
   assert "ps 0" not in str(error.value)
+
+
+def test_lost_ps_error_names_the_ps_tasks_of_the_text():
+  config = _config(["localhost:2", "localhost:3"])
+  text = (
+      "Graph execution error: UNAVAILABLE ... remote target /job:ps/replica:0/task:1/device:CPU:0"
+      " ... remote target /job:worker/replica:0/task:1 ...")
+  error = reach.lost_ps_error(config, RuntimeError(text))
+  assert str(error).startswith("chief 0: lost ps 1 (RuntimeError); the job cannot go on")
+  assert "worker" not in str(error)
+  assert reach.lost_ps_error(config, RuntimeError("/job:worker/replica:0/task:0 gone")) is None

@@ -69,9 +69,15 @@ def main(out: str, steps: int, local: bool = False, restore: str = "", save: str
   if coordinator is None:
     losses = [float(train_step(ids, labels)) for ids, labels in batches]
   else:
-    results = [coordinator.schedule(train_step, args=(ids, labels)) for ids, labels in batches]
-    coordinator.join()
-    losses = [float(r.fetch()) for r in results]
+    try:  # schedule, join and fetch all raise a ps's loss.
+      results = [coordinator.schedule(train_step, args=(ids, labels)) for ids, labels in batches]
+      coordinator.join()
+      losses = [float(r.fetch()) for r in results]
+    except tf.errors.UnavailableError as e:
+      lost = reach.lost_ps_error(tf_config.parse(os.environ[tf_config.ENV_VAR]), e)
+      if lost is None:
+        raise
+      raise lost from e
   steps_per_s = steps / (time.perf_counter() - start)
   if save:
     ps_checkpoint.save(save, table)

@@ -1,4 +1,4 @@
-"""A worker SIGKILLed mid-training and restarted (as a cluster manager does): the job finishes.
+"""Lost tasks: a worker SIGKILLed and restarted is survived; a lost ps ends the job naming it.
 
 ClusterCoordinator retries the closure the dead worker was running on the
 other worker and reconnects the restarted one (TF's PS fault tolerance). The
@@ -56,3 +56,22 @@ def test_killed_and_restarted_worker_is_survived(tmp_path):
   assert len(out["losses"]) == STEPS and np.isfinite(out["losses"]).all()
   assert STEPS <= int(out["step"]) <= STEPS + 1
   ps_test._check_owners(out)
+
+
+def test_lost_ps_ends_the_job_naming_it(tmp_path):
+  cluster = ps_testlib.cluster_of(num_workers=1, num_ps=2)
+  servers = ps_testlib.start_servers(cluster, tmp_path)  # ps 0, ps 1, worker 0.
+  chief = ps_testlib.start([str(ps_testlib.COORDINATOR),
+                            str(tmp_path / "out.npz"),
+                            str(STEPS)], ps_testlib.env_of(cluster, "chief", 0),
+                           tmp_path / "chief.log")
+  try:
+    _wait_for(tmp_path / "chief.log", "ps_coordinator: training", 40, chief)
+    time.sleep(1.0)
+    servers[1].kill()
+    code = lib.wait_all([chief], 40)[0]
+  finally:
+    lib.kill_all([chief, *servers])
+  log = (tmp_path / "chief.log").read_text(errors="replace")
+  assert code not in (0, None), log[-3000:]
+  assert "PeerError: chief 0: lost ps 1 (UnavailableError)" in log, log[-3000:]
