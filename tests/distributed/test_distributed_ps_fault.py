@@ -28,29 +28,40 @@ def _wait_for(path, text, deadline_s, process):
     time.sleep(0.2)
 
 
-def test_killed_and_restarted_worker_is_survived(tmp_path):
-  cluster = ps_testlib.cluster_of(num_workers=2, num_ps=2)
-  servers = ps_testlib.start_servers(cluster, tmp_path)  # ps 0, ps 1, worker 0, worker 1.
+def _kill_during_training(tmp_path, num_workers, victim, restart=False):
+  """Trains STEPS on chief + workers + 2 ps, SIGKILLs `victim` (job, index) mid-training.
+
+  With `restart`, starts the victim again with its TF_CONFIG (as a cluster
+  manager restarts a pod). Returns (chief's exit code, its log, whether the
+  kill came before the training ended).
+  """
+  cluster = ps_testlib.cluster_of(num_workers=num_workers, num_ps=2)
+  servers = ps_testlib.start_servers(cluster, tmp_path)  # ps 0, ps 1, then the workers.
   chief = ps_testlib.start([str(ps_testlib.COORDINATOR),
                             str(tmp_path / "out.npz"),
                             str(STEPS)], ps_testlib.env_of(cluster, "chief", 0),
                            tmp_path / "chief.log")
+  victim_process = servers[victim[1] + (2 if victim[0] == "worker" else 0)]
   try:
     _wait_for(tmp_path / "chief.log", "ps_coordinator: training", 40, chief)
     time.sleep(1.5)
-    servers[3].kill()
-    servers[3].wait(timeout=30)
-    killed_during_training = "ps_coordinator: 1500 steps" not in (tmp_path /
-                                                                  "chief.log").read_text()
-    servers.append(
-        ps_testlib.start(["-m", "mxrec_pipeline.cluster.ps_server"],
-                         ps_testlib.env_of(cluster, "worker", 1), tmp_path / "worker1-again.log"))
+    victim_process.kill()
+    victim_process.wait(timeout=30)
+    during = f"ps_coordinator: {STEPS} steps" not in (tmp_path / "chief.log").read_text()
+    if restart:
+      servers.append(
+          ps_testlib.start(["-m", "mxrec_pipeline.cluster.ps_server"],
+                           ps_testlib.env_of(cluster, *victim), tmp_path / "restarted.log"))
     code = lib.wait_all([chief], 50)[0]
   finally:
     lib.kill_all([chief, *servers])
-  log = (tmp_path / "chief.log").read_text(errors="replace")
+  return code, (tmp_path / "chief.log").read_text(errors="replace"), during
+
+
+def test_killed_and_restarted_worker_is_survived(tmp_path):
+  code, log, during = _kill_during_training(tmp_path, 2, ("worker", 1), restart=True)
   assert code == 0, log[-3000:]
-  assert killed_during_training
+  assert during
   assert "Worker /job:worker/replica:0/task:1 failed" in log
   out = np.load(tmp_path / "out.npz")
   assert len(out["losses"]) == STEPS and np.isfinite(out["losses"]).all()
@@ -59,19 +70,7 @@ def test_killed_and_restarted_worker_is_survived(tmp_path):
 
 
 def test_lost_ps_ends_the_job_naming_it(tmp_path):
-  cluster = ps_testlib.cluster_of(num_workers=1, num_ps=2)
-  servers = ps_testlib.start_servers(cluster, tmp_path)  # ps 0, ps 1, worker 0.
-  chief = ps_testlib.start([str(ps_testlib.COORDINATOR),
-                            str(tmp_path / "out.npz"),
-                            str(STEPS)], ps_testlib.env_of(cluster, "chief", 0),
-                           tmp_path / "chief.log")
-  try:
-    _wait_for(tmp_path / "chief.log", "ps_coordinator: training", 40, chief)
-    time.sleep(1.0)
-    servers[1].kill()
-    code = lib.wait_all([chief], 40)[0]
-  finally:
-    lib.kill_all([chief, *servers])
-  log = (tmp_path / "chief.log").read_text(errors="replace")
+  code, log, during = _kill_during_training(tmp_path, 1, ("ps", 1))
+  assert during
   assert code not in (0, None), log[-3000:]
   assert "PeerError: chief 0: lost ps 1 (UnavailableError)" in log, log[-3000:]
