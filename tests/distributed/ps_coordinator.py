@@ -6,8 +6,9 @@ With TF_CONFIG (a chief task of a cluster with ps and worker tasks running
 mxrec_pipeline.cluster.ps_server) it trains through ParameterServerStrategy +
 ClusterCoordinator.schedule; with --local it trains the same PSShardedTable as
 one shard in this process. The toy model is distributed_testlib's ids and
-labels (batch s % CYCLE at global step s) with score = sum(emb * W), loss =
-sum of squared errors / batch, lazy Adam on the table. --restore starts from
+labels (batch s % CYCLE at global step s) with score = sum(emb * W) + bias,
+loss = sum of squared errors / batch, lazy Adam on the table, SGD on the bias
+(a dense variable created in the strategy's scope). --restore starts from
 a checkpoint (at its step), --save and --export write the table after
 training. OUT.npz gets per shard its keys, values, m and v, the loss of
 every step (in step order) and steps/s of the training loop.
@@ -32,6 +33,7 @@ LEARNING_RATE = 0.05
 W = np.linspace(0.5, 1.5, lib.DIM).astype(np.float32)
 INITIAL = 0.1  # Every row's initial value.
 CYCLE = 4  # Step s trains distributed_testlib.batch(s % CYCLE): the loss of a batch falls.
+BIAS_LEARNING_RATE = 0.1  # SGD of the dense bias, a variable of the strategy (on a ps).
 
 
 def main(out: str, steps: int, local: bool = False, restore: str = "", save: str = "",
@@ -50,14 +52,24 @@ def main(out: str, steps: int, local: bool = False, restore: str = "", save: str
   if restore:
     ps_checkpoint.restore(restore, table)
   w = tf.constant(W)
+  if strategy is None:
+    bias = tf.Variable(0.0, name="bias")
+  else:
+    with strategy.scope():  # Placed by the strategy, as any dense variable of a model.
+      bias = tf.Variable(0.0, name="bias")
+  checkpoint = tf.train.Checkpoint(bias=bias)
+  if restore:
+    checkpoint.read(os.path.join(restore, "dense")).assert_consumed()
 
   @tf.function
   def train_step(ids, labels):
     with tf.GradientTape() as tape:
       emb = table.lookup(ids)
-      scores = tf.reduce_sum(emb * w, axis=[1, 2])
+      scores = tf.reduce_sum(emb * w, axis=[1, 2]) + bias
       loss = tf.reduce_sum(tf.square(scores - labels)) / lib.GLOBAL_BATCH
-    table.apply_gradients(tape.gradient(loss, table.shard_variables))
+    *table_grads, bias_grad = tape.gradient(loss, [*table.shard_variables, bias])
+    table.apply_gradients(table_grads)
+    bias.assign_sub(BIAS_LEARNING_RATE * bias_grad)
     return loss
 
   first = int(table.step.numpy())
@@ -81,11 +93,13 @@ def main(out: str, steps: int, local: bool = False, restore: str = "", save: str
   steps_per_s = steps / (time.perf_counter() - start)
   if save:
     ps_checkpoint.save(save, table)
+    checkpoint.write(os.path.join(save, "dense"))
   if export_dir:
     ps_checkpoint.snapshot_tables([table]).save(export_dir)
   arrays = {
       "losses": np.array(losses), "steps_per_s": np.array(steps_per_s),
-      "num_shards": np.array(table.num_shards), "step": np.array(int(table.step.numpy()))
+      "num_shards": np.array(table.num_shards), "step": np.array(int(table.step.numpy())),
+      "bias": bias.numpy()
   }
   for i in range(table.num_shards):
     for name, value in table.export_shard(i).items():

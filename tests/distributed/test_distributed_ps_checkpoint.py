@@ -41,7 +41,7 @@ def test_one_process_to_two_ps_and_back_then_served(tmp_path):
       str(tmp_path / "ckpt2"), "--export",
       str(tmp_path / "export")
   ])
-  losses, rows, _, _ = ps_test._reference(first + more)
+  losses, rows, _, _, _ = ps_test._reference(first + more)
   np.testing.assert_allclose(out["losses"], losses[first:], rtol=1e-5, atol=1e-6)
   ps_test._check_owners(out)
   assert sorted(os.listdir(tmp_path / "ckpt2" / lib.TABLE)) == sorted(

@@ -20,9 +20,9 @@ STEPS = 8
 
 
 def _reference(steps: int):
-  """NumPy lazy Adam (optimizers/lazy_adam.py's math) of ps_coordinator's model."""
+  """NumPy lazy Adam (optimizers/lazy_adam.py's math) + SGD bias of ps_coordinator's model."""
   lr, beta1, beta2, eps = ps_coordinator.LEARNING_RATE, 0.9, 0.999, 1e-8
-  rows, m, v, losses = {}, {}, {}, []
+  rows, m, v, losses, bias = {}, {}, {}, [], 0.0
   w = ps_coordinator.W.astype(np.float64)
   for t in range(1, steps + 1):
     ids, labels = lib.batch((t - 1) % ps_coordinator.CYCLE)
@@ -31,8 +31,9 @@ def _reference(steps: int):
         rows[key] = np.full(lib.DIM, ps_coordinator.INITIAL)
         m[key], v[key] = np.zeros(lib.DIM), np.zeros(lib.DIM)
     emb = np.array([[rows[k] for k in example] for example in ids])  # [B, L, D]
-    err = (emb * w).sum(axis=(1, 2)) - labels
+    err = (emb * w).sum(axis=(1, 2)) + bias - labels
     losses.append((err**2).sum() / lib.GLOBAL_BATCH)
+    bias -= ps_coordinator.BIAS_LEARNING_RATE * 2 * err.sum() / lib.GLOBAL_BATCH
     grads = {}
     for b, example in enumerate(ids):
       for key in example:
@@ -42,7 +43,7 @@ def _reference(steps: int):
       m[key] = beta1 * m[key] + (1 - beta1) * g
       v[key] = beta2 * v[key] + (1 - beta2) * g * g
       rows[key] = rows[key] - lr_t * m[key] / (np.sqrt(v[key]) + eps)
-  return np.array(losses), rows, m, v
+  return np.array(losses), rows, m, v, bias
 
 
 def _by_key(out, what):
@@ -62,10 +63,11 @@ def _check_owners(out):
 
 
 def _check_equals_reference(out, steps, check_losses=True):
-  losses, rows, m, v = _reference(steps)
+  losses, rows, m, v, bias = _reference(steps)
   if check_losses:
     np.testing.assert_allclose(out["losses"], losses, rtol=1e-5, atol=1e-6)
   assert int(out["step"]) == steps
+  np.testing.assert_allclose(out["bias"], bias, rtol=1e-5, atol=1e-6)
   for what, want in (("values", rows), ("m", m), ("v", v)):
     got = _by_key(out, what)
     assert sorted(got) == sorted(want), what
