@@ -10,11 +10,14 @@ batches must be there, and the loss must fall.
 
 import numpy as np
 import pytest
+import tensorflow as tf
 
 import distributed_testlib as lib
 import ps_coordinator
 import ps_testlib
+from mxrec_pipeline.distributed import ps_table
 from mxrec_pipeline.distributed import sharding
+from mxrec_pipeline.optimizers import lazy_adam
 
 STEPS = 8
 
@@ -102,3 +105,18 @@ def test_two_workers_two_ps_async_keys_on_owners_loss_falls(tmp_path):
   assert int(out["step"]) == steps
   losses = out["losses"].reshape(-1, ps_coordinator.CYCLE).mean(axis=1)
   assert losses[-1] < 0.7 * losses[0], losses
+
+
+def test_eval_lookup_reads_the_default_for_absent_ids_and_inserts_nothing():
+  table = ps_table.PSShardedTable(None, name="ps_eval", dim=2, rows_per_shard=8,
+                                  optimizer=lazy_adam.create_hash_optimizer(),
+                                  emb_initializer=tf.keras.initializers.Constant(0.5))
+  np.testing.assert_array_equal(
+      table.lookup(tf.constant([[3, 4]], tf.int64), training=False, default_value=-1.0),
+      np.full([1, 2, 2], -1.0))
+  assert table.export_shard(0)["keys"].size == 0
+  table.lookup(tf.constant([4], tf.int64))  # Inserts 4.
+  np.testing.assert_array_equal(
+      table.lookup(tf.constant([3, 4, 4], tf.int64), training=False, default_value=-1.0),
+      [[-1, -1], [0.5, 0.5], [0.5, 0.5]])
+  np.testing.assert_array_equal(table.export_shard(0)["keys"], [4])
