@@ -43,6 +43,12 @@ def _train_local_cluster(args, config: config_lib.JobConfig) -> int:
   """`train --local-cluster workers=N`: N local processes of this train command (TF-free)."""
   from mxrec_pipeline.cluster import local  # pylint: disable=import-outside-toplevel
   spec = local.parse_spec(args.local_cluster)
+  if spec.ps:
+    raise local.LocalClusterError(
+        f"--local-cluster {args.local_cluster!r}: `train` does not run the Keras pipeline under "
+        "ParameterServerStrategy yet; train tables sharded over ps tasks with a custom loop "
+        "(PSShardedTable, docs/distributed.md): python -m mxrec_pipeline.cluster.local "
+        f"{args.local_cluster} -- python YOUR_COORDINATOR.py")
   argv = [
       sys.executable, "-m", "mxrec_pipeline.cli", "train", args.config, f"--verbose={args.verbose}"
   ] + (["--fresh"] if args.fresh else [])

@@ -4,7 +4,13 @@ Starts N copies of a training command on this machine, each with the
 TF_CONFIG of one task of a cluster on free localhost ports (as TF's own
 multi-worker tests do, tensorflow/python/distribute/multi_worker_test_base.py),
 streams the chief's output (worker 0: the cluster has no "chief" job) and
-writes every other worker's output to a log file. It stops every process it
+writes every other worker's output to a log file.
+
+With ps=M (ParameterServerStrategy) the cluster is a "chief" task running the
+command (the coordinator), N "worker" and M "ps" tasks running
+`python -m mxrec_pipeline.cluster.ps_server`; the job ends when the chief
+ends, and the servers are stopped then. `python -m mxrec_pipeline.cluster.local
+workers=2,ps=2 -- COMMAND...` launches any coordinator program this way. It stops every process it
 started (SIGTERM, then SIGKILL after a grace period) as soon as one exits with
 a non-zero status or on Ctrl-C, naming the task and its log. TensorFlow-free:
 the launcher process only starts and watches processes.
@@ -48,8 +54,10 @@ class LocalClusterSpec:
   """The tasks of a local cluster.
 
   Attributes:
-    workers: Worker tasks, >= 1 (MultiWorkerMirroredStrategy; worker 0 is the chief).
-    ps: Parameter-server tasks (ParameterServerStrategy): must be 0 for now.
+    workers: Worker tasks, >= 1 (MultiWorkerMirroredStrategy: worker 0 is the
+      chief; ParameterServerStrategy: they run what the chief schedules).
+    ps: Parameter-server tasks, >= 0; > 0 adds a "chief" task (the
+      ParameterServerStrategy coordinator) and the ps tasks.
   """
 
   workers: int
@@ -58,9 +66,15 @@ class LocalClusterSpec:
   def __post_init__(self):
     if isinstance(self.workers, bool) or not isinstance(self.workers, int) or self.workers < 1:
       raise LocalClusterError(f"`workers` must be a positive int, got {self.workers!r}")
-    if self.ps:
-      raise LocalClusterError(f"ps={self.ps}: ParameterServerStrategy is not supported yet; "
-                              "use workers=N (MultiWorkerMirroredStrategy)")
+    if isinstance(self.ps, bool) or not isinstance(self.ps, int) or self.ps < 0:
+      raise LocalClusterError(f"`ps` must be an int >= 0, got {self.ps!r}")
+
+  def tasks(self) -> list[tuple[str, int]]:
+    """(job, index) of every task, the chief first: workers 0..N-1, or chief 0, workers, ps."""
+    workers = [(tf_config.WORKER, i) for i in range(self.workers)]
+    if not self.ps:
+      return workers
+    return [(tf_config.CHIEF, 0), *workers, *((tf_config.PS, i) for i in range(self.ps))]
 
 
 def parse_spec(text: str) -> LocalClusterSpec:
@@ -68,8 +82,7 @@ def parse_spec(text: str) -> LocalClusterSpec:
 
   Raises:
     LocalClusterError: an unknown key, a key twice, a value that is not an
-      int >= 0, no `workers`, workers < 1, or ps > 0 (not supported yet);
-      the message quotes `text`.
+      int >= 0, no `workers`, or workers < 1; the message quotes `text`.
   """
   values = {}
   for part in text.split(","):
@@ -111,9 +124,17 @@ def free_ports(count: int, host: str = "localhost") -> list[int]:
 
 
 def cluster_tf_configs(spec: LocalClusterSpec, host: str = "localhost") -> list[str]:
-  """The TF_CONFIG of each task of `spec` ("worker" 0..N-1) on free ports of `host`."""
-  cluster = {tf_config.WORKER: [f"{host}:{port}" for port in free_ports(spec.workers, host)]}
-  return [tf_config.dumps(cluster, tf_config.WORKER, i) for i in range(spec.workers)]
+  """The TF_CONFIG of each task of `spec` (in `spec.tasks()` order) on free ports of `host`."""
+  tasks = spec.tasks()
+  cluster: dict[str, list[str]] = {}
+  for (job, _), port in zip(tasks, free_ports(len(tasks), host)):
+    cluster.setdefault(job, []).append(f"{host}:{port}")
+  return [tf_config.dumps(cluster, job, index) for job, index in tasks]
+
+
+def server_command() -> list[str]:
+  """The argv of a ps or worker task of a ParameterServerStrategy cluster."""
+  return [sys.executable, "-m", "mxrec_pipeline.cluster.ps_server"]
 
 
 @dataclasses.dataclass
@@ -121,19 +142,21 @@ class _Task:
   name: str  # "worker 1"
   process: subprocess.Popen
   log_path: str | None  # None: output streamed (the chief).
+  serves: bool = False  # A ParameterServerStrategy server: runs until stopped.
 
 
 def run(command: Callable[[int], Sequence[str]], spec: LocalClusterSpec, log_dir: str,
         env: dict[str, str] | None = None, grace_s: float = DEFAULT_GRACE_S,
-        out: TextIO | None = None) -> int:
+        out: TextIO | None = None, server_argv: Sequence[str] | None = None) -> int:
   """Runs a local cluster until every task ends, or one fails; returns an exit status.
 
-  Task i runs `command(i)` with TF_CONFIG (`cluster_tf_configs`) added to
+  Task i runs `command(i)` (with ps > 0: the chief runs `command(0)`, the
+  worker and ps tasks `server_command()`) with TF_CONFIG (`cluster_tf_configs`) added to
   `env` (default: os.environ), PYTHONUNBUFFERED=1 and TMPDIR set to a new
   temporary directory, deleted when all tasks ended (with what a killed
-  task left there). The chief (worker 0)
-  writes to this process's stdout and stderr; worker i > 0 to
-  `log_dir/worker-<i>.log`. Each task dies with this process (Linux
+  task left there). The chief (worker 0, or chief 0 with ps > 0)
+  writes to this process's stdout and stderr; the other tasks to
+  `log_dir/<job>-<i>.log`. Each task dies with this process (Linux
   PR_SET_PDEATHSIG), so none outlives a launcher that is killed.
 
   Args:
@@ -143,9 +166,13 @@ def run(command: Callable[[int], Sequence[str]], spec: LocalClusterSpec, log_dir
     env: Environment of the tasks; TF_CONFIG is set on top of it.
     grace_s: Seconds between SIGTERM and SIGKILL when stopping tasks.
     out: Where the launcher's own messages go (default sys.stderr).
+    server_argv: The argv of the ps and worker tasks when spec.ps > 0
+      (default `server_command()`).
 
   Returns:
-    0 when every task exits with 0. When a task exits with another status,
+    0 when every task exits with 0 (with ps > 0: when the chief does; the
+    servers are stopped then). When a task exits with another status (or a
+    ps/worker server of a ParameterServerStrategy cluster exits at all),
     the others are stopped, a message names the task, its status and its log,
     and the chief's status is returned if the chief failed first, else 1.
     130 on KeyboardInterrupt (Ctrl-C), after stopping every task.
@@ -158,9 +185,11 @@ def run(command: Callable[[int], Sequence[str]], spec: LocalClusterSpec, log_dir
   scratch = tempfile.mkdtemp(prefix="mxrec-local-cluster-")
   try:
     base_env = {**(os.environ if env is None else env), "PYTHONUNBUFFERED": "1", "TMPDIR": scratch}
-    for index, config in enumerate(cluster_tf_configs(spec)):
+    for (job, index), config in zip(spec.tasks(), cluster_tf_configs(spec)):
       task_env = {**base_env, tf_config.ENV_VAR: config}
-      tasks.append(_start(index, command(index), task_env, log_dir))
+      serves = bool(spec.ps) and job != tf_config.CHIEF
+      argv = (server_argv or server_command()) if serves else command(index)
+      tasks.append(_start(job, index, argv, task_env, log_dir, chief=not tasks, serves=serves))
     for task in tasks:
       where = f"logs to {task.log_path}" if task.log_path else "the chief, output below"
       print(f"local cluster: {task.name} (pid {task.process.pid}) {where}", file=out, flush=True)
@@ -173,17 +202,18 @@ def run(command: Callable[[int], Sequence[str]], spec: LocalClusterSpec, log_dir
     shutil.rmtree(scratch, ignore_errors=True)
 
 
-def _start(index: int, argv: Sequence[str], env: dict[str, str], log_dir: str) -> _Task:
-  name = f"{tf_config.WORKER} {index}"
-  if index == 0:
+def _start(job: str, index: int, argv: Sequence[str], env: dict[str, str], log_dir: str,
+           chief: bool, serves: bool = False) -> _Task:
+  name = f"{job} {index}"
+  if chief:
     return _Task(
         name, subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL,
                                preexec_fn=_die_with_parent), None)
-  log_path = os.path.join(log_dir, f"{tf_config.WORKER}-{index}.log")
+  log_path = os.path.join(log_dir, f"{job}-{index}.log")
   with open(log_path, "wb") as log:
     process = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=log,
                                stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)
-  return _Task(name, process, log_path)
+  return _Task(name, process, log_path, serves)
 
 
 def _die_with_parent() -> None:
@@ -194,15 +224,19 @@ def _die_with_parent() -> None:
 
 
 def _watch(tasks: list[_Task], out: TextIO) -> int:
-  """Waits until every task exited 0 (returns 0) or one failed (returns its status code)."""
+  """Waits until every task exited 0 (returns 0) or one failed (returns its status code).
+
+  Servers (`_Task.serves`) are not waited for: the job ends when the others
+  have; a server that exits before is a failure, whatever its status.
+  """
   running = list(tasks)
-  while running:
+  while any(not task.serves for task in running):
     for task in list(running):
       status = task.process.poll()
       if status is None:
         continue
       running.remove(task)
-      if status != 0:
+      if status != 0 or task.serves:
         where = f"its log: {task.log_path}" if task.log_path else "its output is above"
         others = [t.name for t in running]
         print(
@@ -238,3 +272,27 @@ def stop(tasks: Sequence[_Task], grace_s: float = DEFAULT_GRACE_S) -> None:
     except subprocess.TimeoutExpired:
       task.process.kill()
       task.process.wait()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+  """`python -m mxrec_pipeline.cluster.local workers=N[,ps=M] -- COMMAND...`: runs a local cluster.
+
+  The chief runs COMMAND; with ps=M the workers and ps tasks run
+  `server_command()`, else every worker runs COMMAND. The other tasks' logs go
+  to ./local_cluster/. Returns `run`'s status; 2 on a bad spec or no command.
+  """
+  argv = list(sys.argv[1:] if argv is None else argv)
+  if len(argv) < 3 or argv[1] != "--":
+    print("usage: python -m mxrec_pipeline.cluster.local workers=N[,ps=M] -- COMMAND...",
+          file=sys.stderr)
+    return 2
+  try:
+    spec = parse_spec(argv[0])
+  except LocalClusterError as e:
+    print(f"local cluster: error: {e}", file=sys.stderr)
+    return 2
+  return run(lambda task: argv[2:], spec, log_dir="local_cluster")
+
+
+if __name__ == "__main__":
+  sys.exit(main())

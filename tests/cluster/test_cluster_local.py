@@ -55,6 +55,7 @@ def _run(tmp_path, actions, grace_s=local.DEFAULT_GRACE_S):
     ("workers=2", local.LocalClusterSpec(2)),
     (" workers = 3 ", local.LocalClusterSpec(3)),
     ("workers=1,ps=0", local.LocalClusterSpec(1, 0)),
+    ("workers=2,ps=1", local.LocalClusterSpec(2, 1)),
 ])
 def test_parse_spec(text, spec):
   assert local.parse_spec(text) == spec
@@ -69,7 +70,7 @@ def test_parse_spec(text, spec):
     ("workers=0", "`workers` must be a positive int, got 0"),
     ("workers=2,workers=3", "`workers` is given twice"),
     ("ps=1", "give the number of workers"),
-    ("workers=2,ps=1", "ParameterServerStrategy is not supported yet"),
+    ("workers=2,ps=x", "`ps` must be an int >= 0, got 'x'"),
 ])
 def test_parse_spec_errors_quote_the_value(text, message):
   with pytest.raises(local.LocalClusterError, match=message) as error:
@@ -117,9 +118,9 @@ def test_stop_kills_a_task_that_ignores_sigterm(tmp_path):
   env, marker = lib.marked_env()
   try:
     tasks = [
-        local._start(i, [sys.executable, "-c", TASK, "ignore_term", "ignore_term"],
+        local._start("worker", i, [sys.executable, "-c", TASK, "ignore_term", "ignore_term"],
                      {**env, "TF_CONFIG": tf_config.dumps({"worker": ["h:1", "h:2"]}, "worker", i)},
-                     str(tmp_path)) for i in range(2)
+                     str(tmp_path), chief=i == 0) for i in range(2)
     ]
     # SIGTERM is ignored once the task said so.
     lib.wait_for_text(tmp_path / "worker-1.log", "ignoring SIGTERM", 60, tasks[1].process)
@@ -185,3 +186,53 @@ def test_ctrl_c_stops_every_worker(tmp_path):
     launcher.kill()
     launcher.wait()
     lib.kill_marked(marker)
+
+
+def _run_ps(tmp_path, chief_action, server_actions):
+  """A workers=1,ps=2 cluster: the chief runs TASK with `chief_action`, the servers SERVER."""
+  env, marker = lib.marked_env()
+  out = io.StringIO()
+  server = """
+import json, os, sys, time
+config = json.loads(os.environ["TF_CONFIG"])
+print("TF_CONFIG", json.dumps(config), flush=True)
+action = sys.argv[1:][["worker", "ps"].index(config["task"]["type"]) + config["task"]["index"]]
+if action != "forever":
+  sys.exit(int(action))
+while True:
+  time.sleep(1)
+"""
+  try:
+    status = local.run(lambda task: [sys.executable, "-c", TASK, chief_action],
+                       local.LocalClusterSpec(workers=1, ps=2), str(tmp_path / "logs"), env=env,
+                       out=out, server_argv=[sys.executable, "-c", server, *server_actions])
+    assert lib.marked_pids(marker) == []  # The servers were stopped too.
+  finally:
+    lib.kill_marked(marker)
+  return status, out.getvalue()
+
+
+def test_ps_cluster_chief_coordinates_servers_stopped_when_it_ends(tmp_path, capfd):
+  status, out = _run_ps(tmp_path, "0", ["forever", "forever", "forever"])
+  assert status == 0
+  assert "chief 0 (pid " in out and "ps 1 (pid " in out
+  chief = json.loads(capfd.readouterr().out.split("TF_CONFIG ", 1)[1].splitlines()[0])
+  parsed = tf_config.parse(json.dumps(chief))
+  assert (parsed.task_type, parsed.is_chief) == ("chief", True)
+  assert [len(parsed.cluster[job]) for job in ("chief", "worker", "ps")] == [1, 1, 2]
+  log = (tmp_path / "logs" / "ps-1.log").read_text()
+  ps1 = tf_config.parse(log.split("TF_CONFIG ", 1)[1].splitlines()[0])
+  assert (ps1.task_type, ps1.task_index, ps1.cluster) == ("ps", 1, parsed.cluster)
+
+
+@pytest.mark.parametrize("ps1_status", ["0", "3"])
+def test_ps_cluster_a_server_that_exits_is_named(tmp_path, ps1_status):
+  status, out = _run_ps(tmp_path, "forever", ["forever", "forever", ps1_status])
+  assert status == 1
+  assert f"ps 1 exited with status {ps1_status}; its log: {tmp_path / 'logs' / 'ps-1.log'}" in out
+
+
+def test_module_entry_point_refuses_a_bad_spec(capsys):
+  assert local.main(["workers=0,ps=1", "--", "true"]) == 2
+  assert "`workers` must be a positive int" in capsys.readouterr().err
+  assert local.main(["workers=1,ps=1"]) == 2

@@ -1,0 +1,121 @@
+"""Coordinator (chief) of the parameter-server tests: trains the toy table, writes what it learned.
+
+Usage: ps_coordinator.py OUT.npz STEPS [--local] [--restore DIR] [--save DIR] [--export DIR]
+
+With TF_CONFIG (a chief task of a cluster with ps and worker tasks running
+mxrec_pipeline.cluster.ps_server) it trains through ParameterServerStrategy +
+ClusterCoordinator.schedule; with --local it trains the same PSShardedTable as
+one shard in this process. The toy model is distributed_testlib's ids and
+labels (batch s % CYCLE at global step s) with score = sum(emb * W) + bias,
+loss = sum of squared errors / batch, lazy Adam on the table, SGD on the bias
+(a dense variable created in the strategy's scope). --restore starts from
+a checkpoint (at its step), --save and --export write the table after
+training. OUT.npz gets per shard its keys, values, m and v, the loss of
+every step (in step order) and steps/s of the training loop.
+"""
+
+import argparse
+import os
+import time
+
+import numpy as np
+import tensorflow as tf
+
+import distributed_testlib as lib
+from mxrec_pipeline import ops
+from mxrec_pipeline.cluster import reach
+from mxrec_pipeline.cluster import tf_config
+from mxrec_pipeline.distributed import ps_checkpoint
+from mxrec_pipeline.distributed import ps_table
+from mxrec_pipeline.optimizers import lazy_adam
+
+LEARNING_RATE = 0.05
+W = np.linspace(0.5, 1.5, lib.DIM).astype(np.float32)
+INITIAL = 0.1  # Every row's initial value.
+CYCLE = 4  # Step s trains distributed_testlib.batch(s % CYCLE): the loss of a batch falls.
+BIAS_LEARNING_RATE = 0.1  # SGD of the dense bias, a variable of the strategy (on a ps).
+
+
+def main(out: str, steps: int, local: bool = False, restore: str = "", save: str = "",
+         export_dir: str = "", reach_timeout_s: float = 30.0) -> None:
+  ops.load()
+  if local:
+    strategy, coordinator = None, None
+  else:
+    reach.wait_for_tasks(tf_config.parse(os.environ[tf_config.ENV_VAR]), timeout_s=reach_timeout_s)
+    strategy = tf.distribute.experimental.ParameterServerStrategy(
+        tf.distribute.cluster_resolver.TFConfigClusterResolver())
+    coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(strategy)
+  table = ps_table.PSShardedTable(strategy, name=lib.TABLE, dim=lib.DIM, rows_per_shard=lib.ROWS,
+                                  optimizer=lazy_adam.create_hash_optimizer(LEARNING_RATE),
+                                  emb_initializer=tf.keras.initializers.Constant(INITIAL))
+  if restore:
+    ps_checkpoint.restore(restore, table)
+  w = tf.constant(W)
+  if strategy is None:
+    bias = tf.Variable(0.0, name="bias")
+  else:
+    with strategy.scope():  # Placed by the strategy, as any dense variable of a model.
+      bias = tf.Variable(0.0, name="bias")
+  checkpoint = tf.train.Checkpoint(bias=bias)
+  if restore:
+    checkpoint.read(os.path.join(restore, "dense")).assert_consumed()
+
+  @tf.function
+  def train_step(ids, labels):
+    with tf.GradientTape() as tape:
+      emb = table.lookup(ids)
+      scores = tf.reduce_sum(emb * w, axis=[1, 2]) + bias
+      loss = tf.reduce_sum(tf.square(scores - labels)) / lib.GLOBAL_BATCH
+    *table_grads, bias_grad = tape.gradient(loss, [*table.shard_variables, bias])
+    table.apply_gradients(table_grads)
+    bias.assign_sub(BIAS_LEARNING_RATE * bias_grad)
+    return loss
+
+  first = int(table.step.numpy())
+  batches = [
+      tuple(map(tf.constant, lib.batch(step % CYCLE))) for step in range(first, first + steps)
+  ]
+  print(f"ps_coordinator: training {steps} steps", flush=True)
+  start = time.perf_counter()
+  if coordinator is None:
+    losses = [float(train_step(ids, labels)) for ids, labels in batches]
+  else:
+    try:  # schedule, join and fetch all raise a ps's loss.
+      results = [coordinator.schedule(train_step, args=(ids, labels)) for ids, labels in batches]
+      coordinator.join()
+      losses = [float(r.fetch()) for r in results]
+    except tf.errors.UnavailableError as e:
+      lost = reach.lost_ps_error(tf_config.parse(os.environ[tf_config.ENV_VAR]), e)
+      if lost is None:
+        raise
+      raise lost from e
+  steps_per_s = steps / (time.perf_counter() - start)
+  if save:
+    ps_checkpoint.save(save, table)
+    checkpoint.write(os.path.join(save, "dense"))
+  if export_dir:
+    ps_checkpoint.snapshot_tables([table]).save(export_dir)
+  arrays = {
+      "losses": np.array(losses), "steps_per_s": np.array(steps_per_s),
+      "num_shards": np.array(table.num_shards), "step": np.array(int(table.step.numpy())),
+      "bias": bias.numpy()
+  }
+  for i in range(table.num_shards):
+    for name, value in table.export_shard(i).items():
+      arrays[f"shard{i}_{name}"] = value
+  np.savez(out, **arrays)
+  print(f"ps_coordinator: {steps} steps, {steps_per_s:.1f} steps/s", flush=True)
+
+
+if __name__ == "__main__":
+  parser = argparse.ArgumentParser()
+  parser.add_argument("out")
+  parser.add_argument("steps", type=int)
+  parser.add_argument("--local", action="store_true")
+  parser.add_argument("--restore", default="")
+  parser.add_argument("--save", default="")
+  parser.add_argument("--export", default="")
+  parser.add_argument("--reach_timeout_s", type=float, default=30.0)
+  a = parser.parse_args()
+  main(a.out, a.steps, a.local, a.restore, a.save, a.export, a.reach_timeout_s)
