@@ -58,6 +58,16 @@ int64_t CountDistinct(const int64_t* keys, const int64_t* rows, int64_t n, int64
   return std::unique(marked.begin(), marked.end()) - marked.begin();
 }
 
+// Number of distinct keys[i] with rows[i] < 0 (misses).
+int64_t CountDistinctMisses(const int64_t* keys, const int64_t* rows, int64_t n) {
+  std::vector<int64_t> marked;
+  for (int64_t i = 0; i < n; ++i) {
+    if (rows[i] < 0) marked.push_back(keys[i]);
+  }
+  std::sort(marked.begin(), marked.end());
+  return std::unique(marked.begin(), marked.end()) - marked.begin();
+}
+
 }  // namespace
 
 void Deduplicate(const int64_t* keys, int64_t n, std::vector<int64_t>* unique,
@@ -170,8 +180,9 @@ Status KeyIndex::ReserveLocked(int64_t keys) {
   return Status::Ok();
 }
 
-uint64_t KeyIndex::Probe(int64_t key) const {
-  uint64_t s = Home(key);
+uint64_t KeyIndex::Probe(int64_t key) const { return ProbeFrom(Home(key), key); }
+
+uint64_t KeyIndex::ProbeFrom(uint64_t s, int64_t key) const {
   while (slots_[s].row != kMissingRow && slots_[s].key != key) {
     if (++s == num_slots_) s = 0;
   }
@@ -201,25 +212,26 @@ Status KeyIndex::FindOrInsert(const int64_t* keys, int64_t n, int64_t* rows) {
   std::unique_lock<std::shared_mutex> lock(mu_);
   // Pass 1: find, and count the distinct absent keys (a key may repeat in `keys`).
   int64_t absent = 0;
+  // A miss keeps the empty slot it reached as a hint, -2 - slot: pass 2
+  // resumes probing there (slots before it stay taken: nothing is removed).
   for (int64_t i = 0; i < n; ++i) {
     PrefetchAhead(keys, i, n);
-    const Slot& slot = slots_[Probe(keys[i])];
-    rows[i] = slot.row;
-    if (slot.row == kMissingRow) ++absent;
+    const uint64_t s = Probe(keys[i]);
+    rows[i] = slots_[s].row;
+    if (rows[i] == kMissingRow) {
+      rows[i] = -2 - static_cast<int64_t>(s);
+      ++absent;
+    }
   }
   if (absent == 0) return Status::Ok();
-  if (!FitsLocked(size_ + absent)) {
-    // The slot array grows: size it for the exact count (`absent` counts a
-    // repeated key once per occurrence). Amortized: growth is rare.
-    absent = CountDistinct(keys, rows, n, kMissingRow);
-  }
+  const uint64_t slots_before = num_slots_;
   if (growable_) {
     Status reserved = GrowForLocked(absent, "brings up to");
     if (!reserved.ok()) return reserved;
   } else {
     if (size_ + absent > capacity_) {
       // `absent` may count a repeated key twice: recount exactly before failing.
-      absent = CountDistinct(keys, rows, n, kMissingRow);
+      absent = CountDistinctMisses(keys, rows, n);
       if (size_ + absent > capacity_) {
         return Status::ResourceExhausted(FullMessage(absent, "brings") +
                                          " (or drop rare keys before the lookup).");
@@ -229,9 +241,11 @@ Status KeyIndex::FindOrInsert(const int64_t* keys, int64_t n, int64_t* rows) {
     if (!reserved.ok()) return reserved;
   }
   // Pass 2: insert the absent keys in order of appearance.
+  const bool hints = num_slots_ == slots_before;  // no rehash in between
   for (int64_t i = 0; i < n; ++i) {
-    if (rows[i] != kMissingRow) continue;
-    Slot& slot = slots_[Probe(keys[i])];
+    if (rows[i] >= 0) continue;
+    Slot& slot = slots_[hints ? ProbeFrom(static_cast<uint64_t>(-2 - rows[i]), keys[i])
+                              : Probe(keys[i])];
     if (slot.row == kMissingRow) {
       slot.key = keys[i];
       slot.row = TakeFreeRow();

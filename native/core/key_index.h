@@ -9,8 +9,10 @@
 // Storage: open addressing with linear probing over an array of 16-byte slots
 // (key, row) sized by use, not by capacity: its load factor stays in [2/3, 0.8]
 // (once past kMinSlots slots), so the index costs 20-24 bytes per stored key at
-// any fill level. A batch that would pass load 0.8 first rehashes the array
-// into ceil(1.5 * keys) slots (load 2/3; growth factor >= 1.2, amortized O(1)
+// any fill level (for batches of distinct keys, as the insert op passes them:
+// a key repeated in a batch is counted, and reserved for, once per occurrence
+// when the array grows). A batch that would pass load 0.8 first rehashes the array
+// into floor(1.5 * keys) slots (load 2/3; growth factor >= 1.2, amortized O(1)
 // per key); a fixed-capacity index never holds more than 1.25 * capacity slots.
 // Slots are addressed by Lemire's multiply-shift range reduction of a 64-bit
 // mix of the key, so the slot count need not be a power of two. Evict shrinks
@@ -182,6 +184,9 @@ class KeyIndex {
                       int64_t n, const std::vector<bool>& row_used);
   // Slot index holding `key`, or of the empty slot where it would go.
   uint64_t Probe(int64_t key) const;
+  // Probe, starting at slot `s` (a slot at or after the key's home whose
+  // predecessors in its probe run hold other keys).
+  uint64_t ProbeFrom(uint64_t s, int64_t key) const;
   // The first slot probed for `key`.
   uint64_t Home(int64_t key) const;
   // Prefetches the home slot of keys[i + distance], if any.
