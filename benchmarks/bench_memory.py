@@ -94,8 +94,7 @@ def main(argv=None) -> int:
     row, slots = 4 * dim, 8 * dim
     print(f"| rows, dim {dim} ([capacity, {dim}] float32) | " +
           " | ".join(f"{row / f:.0f}" for f in FILLS) + " |")
-    print(f"| lazy Adam m + v, dim {dim} | " + " | ".join(f"{slots / f:.0f}" for f in FILLS) +
-          " |")
+    print(f"| lazy Adam m + v, dim {dim} | " + " | ".join(f"{slots / f:.0f}" for f in FILLS) + " |")
     print(f"| total, dim {dim} | " +
           " | ".join(f"{plain[f] + (row + slots) / f:.0f}" for f in FILLS) + " |")
   print(f"each pending key (admission, not yet admitted): {admit['pending']:.1f} B")
