@@ -1,0 +1,52 @@
+#include "row_optimizers.h"
+
+#include <cmath>
+
+namespace mxrec {
+
+void LazyAdamRows(float* var, float* m, float* v, int64_t dim, const int64_t* rows,
+                  const float* grad, int64_t begin, int64_t end, float lr_t, float beta1,
+                  float beta2, float epsilon) {
+  const float one_minus_beta1 = 1.0f - beta1;
+  const float one_minus_beta2 = 1.0f - beta2;
+  for (int64_t i = begin; i < end; ++i) {
+    const int64_t offset = rows[i] * dim;
+    float* __restrict w = var + offset;
+    float* __restrict mr = m + offset;
+    float* __restrict vr = v + offset;
+    const float* __restrict g = grad + i * dim;
+    for (int64_t j = 0; j < dim; ++j) {
+      const float m_new = beta1 * mr[j] + one_minus_beta1 * g[j];
+      const float v_new = beta2 * vr[j] + one_minus_beta2 * (g[j] * g[j]);
+      mr[j] = m_new;
+      vr[j] = v_new;
+      w[j] -= lr_t * m_new / (std::sqrt(v_new) + epsilon);
+    }
+  }
+}
+
+void AdagradRows(float* var, float* acc, int64_t dim, const int64_t* rows, const float* grad,
+                 int64_t begin, int64_t end, float lr) {
+  for (int64_t i = begin; i < end; ++i) {
+    const int64_t offset = rows[i] * dim;
+    float* __restrict w = var + offset;
+    float* __restrict a = acc + offset;
+    const float* __restrict g = grad + i * dim;
+    for (int64_t j = 0; j < dim; ++j) {
+      const float a_new = a[j] + g[j] * g[j];
+      a[j] = a_new;
+      w[j] -= lr * g[j] / std::sqrt(a_new);
+    }
+  }
+}
+
+void SgdRows(float* var, int64_t dim, const int64_t* rows, const float* grad, int64_t begin,
+             int64_t end, float lr, float weight_decay) {
+  for (int64_t i = begin; i < end; ++i) {
+    float* __restrict w = var + rows[i] * dim;
+    const float* __restrict g = grad + i * dim;
+    for (int64_t j = 0; j < dim; ++j) w[j] -= lr * (g[j] + weight_decay * w[j]);
+  }
+}
+
+}  // namespace mxrec
