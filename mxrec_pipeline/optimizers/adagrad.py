@@ -33,9 +33,8 @@ class Adagrad(HashOptimizer):
       return self._update_rows_tf(var, slots, rows, grad, step)
     # One pass of the fused native op (native/core/row_optimizers.cc).
     return [
-        ops.load().mx_adagrad_rows(var.handle, slots["accumulator"].handle,
-                                   tf.cast(rows, tf.int64), grad,
-                                   tf.constant(self.learning_rate, tf.float32))
+        ops.load().mx_adagrad_rows(var.handle, slots["accumulator"].handle, tf.cast(rows, tf.int64),
+                                   grad, tf.constant(self.learning_rate, tf.float32))
     ]
 
   def _update_rows_tf(self, var, slots, rows, grad, step):

@@ -18,8 +18,9 @@ CAPACITY, DIM = 6, 4
 def _variables(names, seed):
   rng = np.random.RandomState(seed)
   var = tf.Variable(rng.uniform(-1, 1, [CAPACITY, DIM]).astype(np.float32))
-  slots = {name: tf.Variable(rng.uniform(0.1, 1, [CAPACITY, DIM]).astype(np.float32))
-           for name in names}
+  slots = {
+      name: tf.Variable(rng.uniform(0.1, 1, [CAPACITY, DIM]).astype(np.float32)) for name in names
+  }
   return var, slots
 
 
@@ -52,8 +53,8 @@ def test_fused_update_of_a_graph_function_sees_earlier_reads():
   var, slots = _variables(["m", "v"], seed=0)
   before = var.read_value()
   kept = before.numpy().copy()
-  lazy_adam.LazyAdam(0.1)._update_rows(var, slots, tf.constant([1], tf.int64),
-                                       tf.ones([1, DIM]), tf.constant(1, tf.int64))
+  lazy_adam.LazyAdam(0.1)._update_rows(var, slots, tf.constant([1], tf.int64), tf.ones([1, DIM]),
+                                       tf.constant(1, tf.int64))
   np.testing.assert_array_equal(before.numpy(), kept)
   assert not np.array_equal(var.numpy()[1], kept[1])
 
@@ -70,13 +71,11 @@ def test_kernels_reject_bad_rows_shapes_and_variables():
   small = tf.Variable(tf.zeros([3, DIM]))
   with pytest.raises(tf.errors.InvalidArgumentError, match="variable 2 must be float32 of the "
                      r"shape \[6,4\]"):
-    lib.mx_lazy_adam_rows(var.handle, slots["m"].handle, small.handle,
-                          tf.constant([0], tf.int64), tf.ones([1, DIM]), one, one, one, one)
+    lib.mx_lazy_adam_rows(var.handle, slots["m"].handle, small.handle, tf.constant([0], tf.int64),
+                          tf.ones([1, DIM]), one, one, one, one)
   wide = tf.Variable(tf.zeros([CAPACITY, DIM], tf.float64))
   with pytest.raises(tf.errors.InvalidArgumentError, match="must be float32"):
-    lib.mx_adagrad_rows(var.handle, wide.handle, tf.constant([0], tf.int64), tf.ones([1, DIM]),
-                        one)
+    lib.mx_adagrad_rows(var.handle, wide.handle, tf.constant([0], tf.int64), tf.ones([1, DIM]), one)
   with pytest.raises(tf.errors.InvalidArgumentError, match="is the table variable itself"):
-    lib.mx_adagrad_rows(var.handle, var.handle, tf.constant([0], tf.int64), tf.ones([1, DIM]),
-                        one)
+    lib.mx_adagrad_rows(var.handle, var.handle, tf.constant([0], tf.int64), tf.ones([1, DIM]), one)
   np.testing.assert_array_equal(var.numpy(), _variables(["m", "v"], seed=0)[0].numpy())
