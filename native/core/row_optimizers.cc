@@ -49,4 +49,29 @@ void SgdRows(float* var, int64_t dim, const int64_t* rows, const float* grad, in
   }
 }
 
+void FtrlRows(float* var, float* accum, float* linear, int64_t dim, const int64_t* rows,
+              const float* grad, int64_t begin, int64_t end, float lr, float power, float l1,
+              float l2, float l2_shrinkage) {
+  const bool sqrt_power = power == 0.5f;
+  for (int64_t i = begin; i < end; ++i) {
+    const int64_t offset = rows[i] * dim;
+    float* __restrict w = var + offset;
+    float* __restrict n = accum + offset;
+    float* __restrict z = linear + offset;
+    const float* __restrict g = grad + i * dim;
+    for (int64_t j = 0; j < dim; ++j) {
+      const float shrunk = l2_shrinkage != 0.0f ? g[j] + 2.0f * l2_shrinkage * w[j] : g[j];
+      const float n_new = n[j] + g[j] * g[j];
+      const float n_new_p = sqrt_power ? std::sqrt(n_new) : std::pow(n_new, power);
+      const float n_p = sqrt_power ? std::sqrt(n[j]) : std::pow(n[j], power);
+      const float z_new = z[j] + shrunk - (n_new_p - n_p) / lr * w[j];
+      const float quadratic = n_new_p / lr + 2.0f * l2;
+      const float sign = z_new > 0.0f ? 1.0f : (z_new < 0.0f ? -1.0f : 0.0f);
+      w[j] = std::fabs(z_new) > l1 ? (sign * l1 - z_new) / quadratic : 0.0f;
+      z[j] = z_new;
+      n[j] = n_new;
+    }
+  }
+}
+
 }  // namespace mxrec

@@ -35,6 +35,15 @@ void AdagradRows(float* var, float* acc, int64_t dim, const int64_t* rows, const
 void SgdRows(float* var, int64_t dim, const int64_t* rows, const float* grad, int64_t begin,
              int64_t end, float lr, float weight_decay);
 
+// FTRL-Proximal (McMahan et al. 2013, as TF's ApplyFtrlV2), n = accum,
+// z = linear, p = power = -learning_rate_power:
+//   g_s = g + 2 * l2_shrinkage * w;  n_new = n + g^2
+//   z += g_s - (n_new^p - n^p) / lr * w
+//   w = |z| > l1 ? (sign(z) * l1 - z) / (n_new^p / lr + 2 * l2) : 0;  n = n_new
+void FtrlRows(float* var, float* accum, float* linear, int64_t dim, const int64_t* rows,
+              const float* grad, int64_t begin, int64_t end, float lr, float power, float l1,
+              float l2, float l2_shrinkage);
+
 }  // namespace mxrec
 
 #endif  // MXREC_PIPELINE_NATIVE_CORE_ROW_OPTIMIZERS_H_

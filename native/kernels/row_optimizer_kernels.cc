@@ -155,6 +155,27 @@ class AdagradRowsOp : public OpKernel {
   }
 };
 
+class FtrlRowsOp : public OpKernel {
+ public:
+  explicit FtrlRowsOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
+
+  void Compute(OpKernelContext* ctx) override {
+    LockedVariables vars;
+    OP_REQUIRES_OK(ctx, vars.Lock(ctx, 3, "MxFtrlRows"));
+    int64_t n;
+    OP_REQUIRES_OK(ctx, CheckRows(ctx, 3, vars, "MxFtrlRows", &n));
+    const int64_t* rows = ctx->input(3).flat<int64_t>().data();
+    const float* grad = ctx->input(4).flat<float>().data();
+    const float lr = Scalar(ctx, 5), power = Scalar(ctx, 6), l1 = Scalar(ctx, 7),
+                l2 = Scalar(ctx, 8), l2_shrinkage = Scalar(ctx, 9);
+    float *var = vars.data(0), *accum = vars.data(1), *linear = vars.data(2);
+    const int64_t dim = vars.dim();
+    ForRows(ctx, n, dim, [=](int64_t begin, int64_t end) {
+      FtrlRows(var, accum, linear, dim, rows, grad, begin, end, lr, power, l1, l2, l2_shrinkage);
+    });
+  }
+};
+
 class SgdRowsOp : public OpKernel {
  public:
   explicit SgdRowsOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
@@ -177,6 +198,7 @@ class SgdRowsOp : public OpKernel {
 
 MXREC_REGISTER_CPU("MxLazyAdamRows", LazyAdamRowsOp);
 MXREC_REGISTER_CPU("MxAdagradRows", AdagradRowsOp);
+MXREC_REGISTER_CPU("MxFtrlRows", FtrlRowsOp);
 MXREC_REGISTER_CPU("MxSgdRows", SgdRowsOp);
 
 }  // namespace mxrec

@@ -1,5 +1,5 @@
 // Registration and shape functions of the fused row optimizers
-// (MxLazyAdamRows, MxAdagradRows, MxSgdRows): one op updates a batch's distinct
+// (MxLazyAdamRows, MxAdagradRows, MxFtrlRows, MxSgdRows): one op updates a batch's distinct
 // rows of a table variable and of its slot variables in one pass. Kernels in
 // native/kernels/row_optimizer_kernels.cc; the math in
 // native/core/row_optimizers.cc (no TF there). Used by the hash optimizers'
@@ -62,6 +62,23 @@ REGISTER_OP("MxAdagradRows")
     .Doc(R"doc(
 Adagrad on rows `rows`: accumulator += g^2; var -= lr g / sqrt(accumulator).
 Inputs as MxLazyAdamRows.
+)doc");
+
+REGISTER_OP("MxFtrlRows")
+    .Input("var: resource")
+    .Input("accumulator: resource")
+    .Input("linear: resource")
+    .Input("rows: int64")
+    .Input("grad: float")
+    .Input("lr: float")
+    .Input("power: float")
+    .Input("l1: float")
+    .Input("l2: float")
+    .Input("l2_shrinkage: float")
+    .SetShapeFn([](InferenceContext* c) { return RowUpdateShape(c, 3, 5); })
+    .Doc(R"doc(
+FTRL-Proximal on rows `rows` (TF's ApplyFtrlV2 math, power = -learning_rate_power);
+see native/core/row_optimizers.h. Inputs as MxLazyAdamRows.
 )doc");
 
 REGISTER_OP("MxSgdRows")

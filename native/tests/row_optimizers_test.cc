@@ -81,5 +81,34 @@ TEST(RowOptimizersTest, AdagradAndSgd) {
   EXPECT_EQ(w[0], 1);
 }
 
+TEST(RowOptimizersTest, Ftrl) {
+  // One row of dim 2: w = (0.5, -0.2), n = (0.1, 0.1), z = (0, 1), g = (1, 0.01).
+  std::vector<float> var = {9, 9, 0.5f, -0.2f}, n = {9, 9, 0.1f, 0.1f}, z = {9, 9, 0, 1};
+  const std::vector<int64_t> rows = {1};
+  const std::vector<float> grad = {1, 0.01f};
+  FtrlRows(var.data(), n.data(), z.data(), 2, rows.data(), grad.data(), 0, 1, 0.1f, 0.5f, 0.05f,
+           0.01f, 0.0f);
+  // Column 0: n_new = 1.1; z = 0 + 1 - (sqrt(1.1) - sqrt(0.1)) / 0.1 * 0.5;
+  // w = (sign(z) * 0.05 - z) / (sqrt(1.1) / 0.1 + 0.02).
+  const double z0 = 1 - (std::sqrt(1.1) - std::sqrt(0.1)) / 0.1 * 0.5;
+  EXPECT_NEAR(n[2], 1.1, 1e-6);
+  EXPECT_NEAR(z[2], z0, 1e-5);
+  EXPECT_NEAR(var[2], ((z0 > 0 ? 1 : -1) * 0.05 - z0) / (std::sqrt(1.1) / 0.1 + 0.02), 1e-6);
+  // Column 1: n_new = 0.1001; z = 1 + 0.01 - (sqrt(0.1001) - sqrt(0.1)) / 0.1 * -0.2.
+  const double z1 = 1.01 + (std::sqrt(0.1001) - std::sqrt(0.1)) / 0.1 * 0.2;
+  EXPECT_NEAR(z[3], z1, 1e-6);
+  EXPECT_NEAR(var[3], (0.05 - z1) / (std::sqrt(0.1001) / 0.1 + 0.02), 1e-6);
+  // |z| <= l1 gives 0; another power goes through pow.
+  std::vector<float> w2 = {1}, n2 = {1}, z2 = {0};
+  const std::vector<int64_t> row0 = {0};
+  const std::vector<float> tiny = {0.01f};
+  FtrlRows(w2.data(), n2.data(), z2.data(), 1, row0.data(), tiny.data(), 0, 1, 1.0f, 0.25f, 1.0f,
+           0.0f, 0.0f);
+  EXPECT_EQ(w2[0], 0.0f);
+  EXPECT_NEAR(z2[0], 0.01 - (std::pow(1.0001, 0.25) - 1.0), 1e-7);
+  EXPECT_EQ(var[0], 9);
+  EXPECT_EQ(n[1], 9);
+}
+
 }  // namespace
 }  // namespace mxrec

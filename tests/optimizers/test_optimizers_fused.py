@@ -1,4 +1,4 @@
-"""The fused native row updates (MxLazyAdamRows, MxAdagradRows, MxSgdRows).
+"""The fused native row updates (MxLazyAdamRows, MxAdagradRows, MxFtrlRows, MxSgdRows).
 
 Each fused `_update_rows` is compared with the optimizer's TF gather/scatter
 update (`_update_rows_tf`) on the same variables, and the kernels' checks of
@@ -10,7 +10,7 @@ import pytest
 import tensorflow as tf
 
 from mxrec_pipeline import ops
-from mxrec_pipeline.optimizers import adagrad, gradient_descent, lazy_adam
+from mxrec_pipeline.optimizers import adagrad, ftrl, gradient_descent, lazy_adam
 
 CAPACITY, DIM = 6, 4
 
@@ -28,7 +28,10 @@ def _variables(names, seed):
     lambda: lazy_adam.LazyAdam(0.01),
     lambda: adagrad.Adagrad(0.1),
     lambda: gradient_descent.GradientDescent(0.1, weight_decay=0.01),
-], ids=["lazy_adam", "adagrad", "sgd"])
+    lambda: ftrl.Ftrl(0.1, l1_regularization_strength=0.01, l2_regularization_strength=0.02,
+                      l2_shrinkage_regularization_strength=0.03),
+    lambda: ftrl.Ftrl(0.1, learning_rate_power=-0.3, l1_regularization_strength=0.5),
+], ids=["lazy_adam", "adagrad", "sgd", "ftrl", "ftrl_power"])
 def test_fused_update_equals_the_tf_op_update(make):
   optimizer = make()
   names = sorted(optimizer.slot_initial_values)
