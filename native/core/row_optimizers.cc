@@ -6,9 +6,10 @@ namespace mxrec {
 
 void LazyAdamRows(float* var, float* m, float* v, int64_t dim, const int64_t* rows,
                   const float* grad, int64_t begin, int64_t end, float lr_t, float beta1,
-                  float beta2, float epsilon) {
+                  float beta2, float epsilon, bool epsilon_inside_sqrt) {
   const float one_minus_beta1 = 1.0f - beta1;
   const float one_minus_beta2 = 1.0f - beta2;
+  const float epsilon_squared = epsilon * epsilon;
   for (int64_t i = begin; i < end; ++i) {
     const int64_t offset = rows[i] * dim;
     float* __restrict w = var + offset;
@@ -20,7 +21,8 @@ void LazyAdamRows(float* var, float* m, float* v, int64_t dim, const int64_t* ro
       const float v_new = beta2 * vr[j] + one_minus_beta2 * (g[j] * g[j]);
       mr[j] = m_new;
       vr[j] = v_new;
-      w[j] -= lr_t * m_new / (std::sqrt(v_new) + epsilon);
+      w[j] -= epsilon_inside_sqrt ? lr_t * m_new / std::sqrt(v_new + epsilon_squared)
+                                  : lr_t * m_new / (std::sqrt(v_new) + epsilon);
     }
   }
 }

@@ -21,9 +21,11 @@ namespace mxrec {
 //   m = beta1 * m + (1 - beta1) * g
 //   v = beta2 * v + (1 - beta2) * g^2
 //   var -= lr_t * m / (sqrt(v) + epsilon)
+// or, with `epsilon_inside_sqrt` (TPUEmbedding's Adam, sum_inside_sqrt=True),
+//   var -= lr_t * m / sqrt(v + epsilon^2)
 void LazyAdamRows(float* var, float* m, float* v, int64_t dim, const int64_t* rows,
                   const float* grad, int64_t begin, int64_t end, float lr_t, float beta1,
-                  float beta2, float epsilon);
+                  float beta2, float epsilon, bool epsilon_inside_sqrt = false);
 
 // Adagrad (TF's ResourceSparseApplyAdagrad without update_slots=false):
 //   acc += g^2;  var -= lr * g / sqrt(acc)

@@ -116,7 +116,9 @@ void ForRows(OpKernelContext* ctx, int64_t n, int64_t dim, Fn fn) {
 
 class LazyAdamRowsOp : public OpKernel {
  public:
-  explicit LazyAdamRowsOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
+  explicit LazyAdamRowsOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("epsilon_inside_sqrt", &epsilon_inside_sqrt_));
+  }
 
   void Compute(OpKernelContext* ctx) override {
     LockedVariables vars;
@@ -129,10 +131,14 @@ class LazyAdamRowsOp : public OpKernel {
                 epsilon = Scalar(ctx, 8);
     float *var = vars.data(0), *m = vars.data(1), *v = vars.data(2);
     const int64_t dim = vars.dim();
+    const bool inside = epsilon_inside_sqrt_;
     ForRows(ctx, n, dim, [=](int64_t begin, int64_t end) {
-      LazyAdamRows(var, m, v, dim, rows, grad, begin, end, lr_t, beta1, beta2, epsilon);
+      LazyAdamRows(var, m, v, dim, rows, grad, begin, end, lr_t, beta1, beta2, epsilon, inside);
     });
   }
+
+ private:
+  bool epsilon_inside_sqrt_;
 };
 
 class AdagradRowsOp : public OpKernel {

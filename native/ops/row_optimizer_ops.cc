@@ -41,11 +41,13 @@ REGISTER_OP("MxLazyAdamRows")
     .Input("beta1: float")
     .Input("beta2: float")
     .Input("epsilon: float")
+    .Attr("epsilon_inside_sqrt: bool = false")
     .SetShapeFn([](InferenceContext* c) { return RowUpdateShape(c, 3, 4); })
     .Doc(R"doc(
 Lazy Adam on rows `rows` of the float32 [capacity, dim] variables var, m and v,
 in one pass: m = beta1 m + (1 - beta1) g; v = beta2 v + (1 - beta2) g^2;
-var -= lr_t m / (sqrt(v) + epsilon), g = grad[i] for row rows[i].
+var -= lr_t m / (sqrt(v) + epsilon), g = grad[i] for row rows[i]; with
+epsilon_inside_sqrt (TPUEmbedding's sum_inside_sqrt) var -= lr_t m / sqrt(v + epsilon^2).
 
 rows: [n] int64, distinct, in [0, capacity).
 grad: [n, dim] float32, the summed gradient of each row.

@@ -45,6 +45,16 @@ TEST(RowOptimizersTest, LazyAdamUpdatesOnlyTheGivenRows) {
   EXPECT_EQ(v[5], 7);
 }
 
+TEST(RowOptimizersTest, LazyAdamWithEpsilonInsideTheSqrt) {
+  std::vector<float> var = {1}, m = {0}, v = {0};
+  const std::vector<int64_t> rows = {0};
+  const std::vector<float> grad = {2};
+  LazyAdamRows(var.data(), m.data(), v.data(), 1, rows.data(), grad.data(), 0, 1, 0.1f, 0.5f,
+               0.75f, 0.5f, true);
+  // m = 1, v = 0.25 * 4 = 1; var = 1 - 0.1 * 1 / sqrt(1 + 0.25).
+  EXPECT_NEAR(var[0], 1 - 0.1 / std::sqrt(1.25), 1e-6);
+}
+
 TEST(RowOptimizersTest, RangesSplitTheBatch) {
   // Updating [0, 1) then [1, 2) equals updating [0, 2).
   std::vector<float> a = {1, 2, 3, 4}, b = a, ma(4, 0), va(4, 0), mb(4, 0), vb(4, 0);
