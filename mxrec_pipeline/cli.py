@@ -1,13 +1,15 @@
 """`mxrec-pipeline` command line: train, export, predict, sweep, data fetch.
 
   mxrec-pipeline train configs/movielens_listwise.yaml [--fresh] [--set pipeline.num_epochs=3 ...]
+                 [--local-cluster workers=2]
   mxrec-pipeline export configs/movielens_listwise.yaml [--out DIR]
   mxrec-pipeline predict MODEL_DIR --input lists.json|lists.tfrecord
   mxrec-pipeline sweep configs/sweep_movielens.yaml [--n-trials N] [--n-jobs J] [--timeout S]
                  [--storage URL] [--set pipeline.num_epochs=3 ...]
   mxrec-pipeline data fetch movielens_100k|mslr_5k
 
-Exit status 2 on a bad config or argument, with the culprit named on stderr.
+Exit status 2 on a bad config or argument, with the culprit named on stderr;
+1 when another task of a multi-worker cluster failed (named on stderr).
 `--help` and config errors answer without importing TensorFlow: each command
 imports what it runs only once its config is valid.
 """
@@ -15,18 +17,39 @@ imports what it runs only once its config is valid.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from mxrec_pipeline import config as config_lib
+from mxrec_pipeline import hparams
+from mxrec_pipeline.cluster import tf_config
+
+# Where `train --local-cluster` writes the logs of the workers other than the chief.
+LOCAL_CLUSTER_LOGS = "local_cluster"
 
 
 def _train(args) -> int:
   config = config_lib.load(args.config, args.set)  # Before jobs imports TensorFlow.
+  if args.local_cluster is not None:
+    return _train_local_cluster(args, config)
   from mxrec_pipeline import jobs  # pylint: disable=import-outside-toplevel
   result = jobs.train(config, verbose=args.verbose, fresh=args.fresh)
   print(f"validation metrics ({config.pipeline.model_dir}/metrics.json):")
   print(jobs.format_metrics(result))
   return 0
+
+
+def _train_local_cluster(args, config: config_lib.JobConfig) -> int:
+  """`train --local-cluster workers=N`: N local processes of this train command (TF-free)."""
+  from mxrec_pipeline.cluster import local  # pylint: disable=import-outside-toplevel
+  spec = local.parse_spec(args.local_cluster)
+  argv = [
+      sys.executable, "-m", "mxrec_pipeline.cli", "train", args.config, f"--verbose={args.verbose}"
+  ] + (["--fresh"] if args.fresh else [])
+  for override in [*args.set, f"pipeline.strategy={hparams.MULTI_WORKER_MIRRORED}"]:
+    argv += ["--set", override]
+  log_dir = os.path.join(config.pipeline.model_dir, LOCAL_CLUSTER_LOGS)
+  return local.run(lambda task: argv, spec, log_dir)
 
 
 def _export(args) -> int:
@@ -73,6 +96,12 @@ def build_parser() -> argparse.ArgumentParser:
       "model_dir (default: resume from its latest checkpoint)")
   commands.choices["train"].add_argument("--verbose", type=int, default=2,
                                          help="Keras fit verbosity (0, 1, 2)")
+  commands.choices["train"].add_argument(
+      "--local-cluster", metavar="workers=N",
+      help="train on a cluster of N local processes under MultiWorkerMirroredStrategy, each "
+      "with TF_CONFIG on free localhost ports; streams the chief's output (worker 0), logs the "
+      f"others to model_dir/{LOCAL_CLUSTER_LOGS}/ and stops them all when one fails "
+      "(docs/distributed.md)")
   commands.choices["export"].add_argument("--out", help="export directory")
   predict = commands.add_parser("predict", help="score lists with an exported SavedModel")
   predict.add_argument("model_dir", help="SavedModel directory (e.g. .../export/latest_model)")
@@ -110,6 +139,9 @@ def main(argv=None) -> int:
   except (config_lib.ConfigError, FileNotFoundError, FileExistsError, ValueError) as e:
     print(f"mxrec-pipeline {args.command}: error: {e}", file=sys.stderr)
     return 2
+  except tf_config.PeerError as e:  # Another task of the cluster failed.
+    print(f"mxrec-pipeline {args.command}: error: {e}", file=sys.stderr)
+    return 1
 
 
 if __name__ == "__main__":

@@ -17,7 +17,11 @@ from mxrec_pipeline.optimizers.keys import SparseOptimizerKey, check_sparse_opti
 RANKING_METRICS = {
     "ndcg@1": ("ndcg", 1), "ndcg@5": ("ndcg", 5), "ndcg@10": ("ndcg", 10), "mrr": ("mrr", None)
 }
-STRATEGIES = (None, "MirroredStrategy")
+MULTI_WORKER_MIRRORED = "MultiWorkerMirroredStrategy"
+STRATEGIES = (None, "MirroredStrategy", MULTI_WORKER_MIRRORED)
+# Seconds a collective op (all-reduce) of MultiWorkerMirroredStrategy waits for its
+# peers before failing (tf.distribute.experimental.CommunicationOptions.timeout_seconds).
+DEFAULT_COLLECTIVE_TIMEOUT_S = 300.0
 # The values of tfr.keras.losses.RankingLossKey (tensorflow-ranking 0.5.5); a
 # test keeps them equal.
 LOSS_KEYS = frozenset({
@@ -64,8 +68,16 @@ class PipelineHparams:
     export_best_model: Also export the model of the best validation epoch.
     best_exporter_metric: RANKING_METRICS key or "loss" that picks it.
     best_exporter_metric_higher_better: Whether higher is better for it.
-    strategy: None (default strategy) or "MirroredStrategy" (every local GPU, or
-      the CPU).
+    strategy: None (default strategy), "MirroredStrategy" (every local GPU, or
+      the CPU) or "MultiWorkerMirroredStrategy" (synchronous training over the
+      workers of the cluster in the TF_CONFIG environment variable, every local
+      GPU or the CPU of each; see docs/distributed.md). The worker that is the
+      chief (mxrec_pipeline.cluster.tf_config) writes the run's outputs.
+    collective_timeout_s: Seconds, finite and > 0, that a collective op of
+      MultiWorkerMirroredStrategy (the all-reduce of a step) waits for its
+      peers before it fails, ending the job instead of hanging when a worker
+      died (tf.distribute.experimental.CommunicationOptions.timeout_seconds).
+      Used only by that strategy.
     seed: Seed of TensorFlow, Python and NumPy, of the tables, of dropout
       and of the order of the training data (each epoch's shuffle is seeded
       by `seed` and the epoch number); None: unseeded.
@@ -90,6 +102,7 @@ class PipelineHparams:
   best_exporter_metric: str = "ndcg@10"
   best_exporter_metric_higher_better: bool = True
   strategy: str | None = "MirroredStrategy"
+  collective_timeout_s: float = DEFAULT_COLLECTIVE_TIMEOUT_S
   seed: int | None = None
   resume: bool = True
 
@@ -101,7 +114,7 @@ class PipelineHparams:
     for name in ("num_train_steps", "num_valid_steps"):
       if getattr(self, name) is not None:
         _check_positive_int(name, getattr(self, name))
-    for name in ("learning_rate", "sparse_learning_rate"):
+    for name in ("learning_rate", "sparse_learning_rate", "collective_timeout_s"):
       value = getattr(self, name)
       if value is not None and not (value > 0 and math.isfinite(value)):
         raise ValueError(f"`{name}` must be a finite positive number, got {value}")

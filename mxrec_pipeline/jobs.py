@@ -2,15 +2,26 @@
 
 Both go through the public API only: a builder from builders.REGISTRY, a
 SimplePipeline, the evaluation helpers.
+
+Under MultiWorkerMirroredStrategy every worker runs `train` with the same
+config; only the chief writes model_dir. The others train with a model_dir of
+their own in a temporary directory, deleted when they end: TF's pattern for
+saving under that strategy (every worker saves, so collective ops in saving
+do not deadlock; non-chief workers save to temporary paths; see
+https://www.tensorflow.org/tutorials/distribute/multi_worker_with_keras,
+"Model saving and loading").
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import json
 import os
 import shutil
 import sys
-from typing import Sequence
+import tempfile
+from typing import Iterator, Sequence
 
 import tensorflow as tf
 import yaml
@@ -18,6 +29,8 @@ import yaml
 import builders
 from mxrec_pipeline import config as config_lib
 from mxrec_pipeline import evaluation
+from mxrec_pipeline import hparams as hparams_lib
+from mxrec_pipeline.cluster import tf_config
 from mxrec_pipeline.data import checks
 from mxrec_pipeline.data import validation
 from mxrec_pipeline.keras import callbacks as callbacks_lib
@@ -62,7 +75,8 @@ def train(config: config_lib.JobConfig, verbose: int = 2,
   """Trains (or resumes), validates and exports a job; writes metrics.json in model_dir.
 
   A model_dir holding a checkpoint resumes from it (`pipeline.resume`, see
-  docs/restarts.md) unless `fresh`.
+  docs/restarts.md) unless `fresh`. Under MultiWorkerMirroredStrategy, only
+  the chief writes model_dir (`worker_config`).
 
   Args:
     config: The job.
@@ -81,28 +95,103 @@ def train(config: config_lib.JobConfig, verbose: int = 2,
     ValueError: bad data (a bad record, an empty split, a corrupt ELWC file;
       see docs/data.md), or a sparse table that fails during training (e.g.
       full), with the one line naming the table.
+    tf_config.TFConfigError: a bad TF_CONFIG under MultiWorkerMirroredStrategy.
+    tf_config.PeerError: under it, a collective op failed because another
+      task died or could not be reached within `pipeline.collective_timeout_s`
+      (naming this task and the peer TF names).
   """
-  model_dir = config.pipeline.model_dir
-  if fresh:
-    for path in clear_run_outputs(model_dir):
-      print(f"--fresh: removed {path}", flush=True)
-  os.makedirs(model_dir, exist_ok=True)
-  with open(os.path.join(model_dir, RESOLVED_CONFIG), "w", encoding="utf-8") as f:
-    yaml.safe_dump(config.to_dict(), f, sort_keys=False)
-  ranker, paths, pipeline = _setup(config)
-  data_report = _check_data(paths, pipeline)
+  with worker_config(config, fresh) as config, _peer_errors(config):
+    model_dir = config.pipeline.model_dir
+    if fresh:
+      for path in clear_run_outputs(model_dir):
+        print(f"--fresh: removed {path}", flush=True)
+    os.makedirs(model_dir, exist_ok=True)
+    with open(os.path.join(model_dir, RESOLVED_CONFIG), "w", encoding="utf-8") as f:
+      yaml.safe_dump(config.to_dict(), f, sort_keys=False)
+    ranker, paths, pipeline = _setup(config)
+    data_report = _check_data(paths, pipeline)
+    try:
+      model_metrics = pipeline.train_and_validate(verbose=verbose, callbacks=callbacks)
+    except (tf.errors.ResourceExhaustedError, tf.errors.InvalidArgumentError) as e:
+      line = _table_error(e)
+      if line is None:
+        raise
+      raise ValueError(line) from None  # The CLI's exit 2 with this one line.
+    model_metrics.pop("loss")
+    baseline = evaluation.evaluate_scores(pipeline.dataset_builder.build_raw_valid_dataset(),
+                                          ranker.build_baseline(paths, config.data))
+    evaluation.write_metrics(model_dir, model_metrics, baseline, data=data_report)
+    return {"model": model_metrics, "baseline": baseline}
+
+
+def _cluster(config: config_lib.JobConfig) -> tf_config.TFConfig | None:
+  """The TF_CONFIG of a MultiWorkerMirroredStrategy job (None: other strategies, or unset)."""
+  if config.pipeline.strategy != hparams_lib.MULTI_WORKER_MIRRORED:
+    return None
+  return tf_config.from_environment()
+
+
+# What a collective op raises when a peer task dies, hangs or cannot be reached.
+_PEER_FAILURES = (tf.errors.UnavailableError, tf.errors.DeadlineExceededError,
+                  tf.errors.AbortedError, tf.errors.CancelledError)
+
+
+@contextlib.contextmanager
+def _peer_errors(config: config_lib.JobConfig) -> Iterator[None]:
+  """Under MultiWorkerMirroredStrategy, TF's errors of a failed peer -> tf_config.PeerError."""
+  cluster = _cluster(config)
   try:
-    model_metrics = pipeline.train_and_validate(verbose=verbose, callbacks=callbacks)
-  except (tf.errors.ResourceExhaustedError, tf.errors.InvalidArgumentError) as e:
-    line = _table_error(e)
-    if line is None:
+    yield
+  except _PEER_FAILURES as e:
+    if cluster is None:
       raise
-    raise ValueError(line) from None  # The CLI's exit 2 with this one line.
-  model_metrics.pop("loss")
-  baseline = evaluation.evaluate_scores(pipeline.dataset_builder.build_raw_valid_dataset(),
-                                        ranker.build_baseline(paths, config.data))
-  evaluation.write_metrics(model_dir, model_metrics, baseline, data=data_report)
-  return {"model": model_metrics, "baseline": baseline}
+    peers = cluster.peers_named_in(e.message)
+    lines = [line.strip() for line in e.message.splitlines() if line.strip()] or [type(e).__name__]
+    # TF's line that says why ("Collective ops is aborted by: Connection reset by peer").
+    reason = next((line for line in lines if "aborted" in line), lines[0])
+    raise tf_config.PeerError(
+        f"{cluster.task_name} of a {cluster.num_workers}-worker cluster stopped: "
+        f"{' and '.join(peers) if peers else 'another task'} failed or could not be reached "
+        f"(collective timeout {config.pipeline.collective_timeout_s:g} s): {reason}") from e
+
+
+@contextlib.contextmanager
+def worker_config(config: config_lib.JobConfig,
+                  fresh: bool = False) -> Iterator[config_lib.JobConfig]:
+  """The config this process trains with: `config`, or a non-chief worker's copy.
+
+  Under MultiWorkerMirroredStrategy with a TF_CONFIG whose task is not the
+  chief (tf_config.TFConfig.is_chief), yields `config` with model_dir
+  replaced by a new temporary directory, deleted on exit; there the worker
+  writes what the chief writes in model_dir (checkpoints, logs, exports,
+  metrics.json), and nothing of it is kept. Unless `fresh`, the chief's
+  checkpoints are copied there first, so every worker resumes from the same
+  checkpoint (model_dir must be on storage every worker reads, as TF's
+  multi-worker checkpointing assumes). Otherwise yields `config` itself.
+
+  Raises:
+    tf_config.TFConfigError: TF_CONFIG is malformed (naming the key or task).
+    ValueError: more than one worker and no `pipeline.seed`.
+  """
+  cluster = _cluster(config)
+  if cluster is not None and cluster.num_workers > 1 and config.pipeline.seed is None:
+    raise ValueError(f"pipeline.seed is required with MultiWorkerMirroredStrategy on "
+                     f"{cluster.num_workers} workers: each worker keeps its part of every "
+                     "global batch, so all must shuffle the data in the same (seeded) order")
+  if cluster is None or cluster.is_chief:
+    yield config
+    return
+  temp_dir = tempfile.mkdtemp(prefix=f"mxrec-{cluster.task_type}-{cluster.task_index}-")
+  try:
+    checkpoints = os.path.join(config.pipeline.model_dir, "checkpoints")
+    if not fresh and os.path.isdir(checkpoints):
+      # Saves in progress (ckpt-N_temp*) are never current: not copied.
+      shutil.copytree(checkpoints, os.path.join(temp_dir, "checkpoints"),
+                      ignore=shutil.ignore_patterns("*_temp*"))
+    yield dataclasses.replace(config, pipeline=dataclasses.replace(config.pipeline,
+                                                                   model_dir=temp_dir))
+  finally:
+    shutil.rmtree(temp_dir, ignore_errors=True)
 
 
 def _check_data(paths, pipeline) -> dict:

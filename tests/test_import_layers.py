@@ -23,8 +23,9 @@ LAYERS = (
     ("hparams",),  # PipelineHparams (TF-free, checked against constant name lists).
     ("graph",),  # mx_rec's graph modification, on top of the core.
     ("embedding",),  # TPUEmbedding's mid-level API.
+    ("distributed",),  # Tables sharded by key over workers (MultiWorkerMirroredStrategy).
     ("keras",),  # tfr-shaped layers, models and pipelines.
-    ("config", "evaluation", "serving", "jobs", "sweep", "cli"),  # Jobs and commands.
+    ("config", "evaluation", "serving", "jobs", "sweep", "cluster", "cli"),  # Jobs and commands.
 )
 # Tolerated upward imports, (importer, imported) units, each with the reason and
 # the issue that removes it. None today (core -> graph went with issue 15).

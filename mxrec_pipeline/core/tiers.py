@@ -267,11 +267,13 @@ class TieredStorage(tf.Module):
 
   # -- training ----------------------------------------------------------------
 
-  def _row_variables(self, variable):
-    return [
-        _single_replica(v, self._table_name)
-        for v in [variable] + [v for v, _ in self._slot_variables]
-    ]
+  def _row_variables(self, variable) -> list[list[tf.Variable]]:
+    """Per row variable (the embedding, then each slot): its replica copies.
+
+    One entry per replica under a MirroredStrategy (identical values: moves
+    write every copy), else the variable alone.
+    """
+    return [_components(v) for v in [variable] + [v for v, _ in self._slot_variables]]
 
   def fresh_rows(self, global_rows: tf.Tensor) -> tf.Tensor:
     """[n, width] initial rows: RowInitializer(g) and the slots' initial values."""
@@ -288,13 +290,28 @@ class TieredStorage(tf.Module):
     and optimizer slots) go to the host/SSD store, swap-in rows come from it or
     start fresh. One op per batch in a graph: several lookups of one table share it.
 
+    Under a strategy of N > 1 replicas (one host), each replica's batch carries
+    the token of the global batch's plan: called in a replica context, the
+    moves run once (in `merge_call`), reading replica 0's copies and writing
+    every replica's copy of the rows and slots, so the copies stay identical.
+
     Args:
-      variable: The table's device rows.
+      variable: The table's device rows (mirrored under a strategy).
       token: [1] or scalar int64 from the batch (see `plan`).
 
     Returns:
       The op (eagerly: after the moves are done) to run before the lookup.
     """
+    context = tf.distribute.get_replica_context()
+    if (tf.distribute.has_strategy() and context is not None and context.num_replicas_in_sync > 1):
+      return context.merge_call(
+          lambda strategy, tokens: self._apply_once(variable,
+                                                    strategy.experimental_local_results(tokens)[0]),
+          args=(token,))
+    return self._apply_once(variable, token)
+
+  def _apply_once(self, variable: tf.Variable, token: tf.Tensor) -> tf.Operation:
+    """`apply_plan` in one context: the moves to every replica copy."""
     key = token.ref() if not tf.executing_eagerly() else None
     self._last_token = tf.reshape(token, [])
     if key is not None and key in self._applied_ops:
@@ -306,13 +323,13 @@ class TieredStorage(tf.Module):
       with tf.device(HOST_DEVICE):
         (out_slots, out_globals, in_slots, in_globals, in_sources,
          erase) = ops.load().mx_device_cache_apply(self.cache_handle, tf.reshape(token, []))
-      # Read everything that moves before writing anything.
-      out_rows = tf.concat([tf.gather(v, out_slots) for v in variables], axis=1)
+      # Read everything that moves before writing anything (replica copies are equal).
+      out_rows = tf.concat([tf.gather(v[0], out_slots) for v in variables], axis=1)
       from_device = in_sources >= 0
       device_positions = tf.where(from_device)[:, 0]
       store_positions = tf.where(tf.logical_not(from_device))[:, 0]
       moved_rows = tf.concat(
-          [tf.gather(v, tf.gather(in_sources, device_positions)) for v in variables], axis=1)
+          [tf.gather(v[0], tf.gather(in_sources, device_positions)) for v in variables], axis=1)
       store_globals = tf.gather(in_globals, store_positions)
       with tf.control_dependencies([out_rows, moved_rows]):
         with tf.device(HOST_DEVICE):
@@ -324,8 +341,8 @@ class TieredStorage(tf.Module):
            tf.cast(store_positions, tf.int32)], [moved_rows, store_rows])
       in_rows = tf.reshape(in_rows, [-1, dim * len(variables)])
       updates = [
-          v.scatter_update(tf.IndexedSlices(in_rows[:, i * dim:(i + 1) * dim], in_slots))
-          for i, v in enumerate(variables)
+          copy.scatter_update(tf.IndexedSlices(in_rows[:, i * dim:(i + 1) * dim], in_slots))
+          for i, copies in enumerate(variables) for copy in copies
       ]
       applied = tf.group(updates)
     if key is not None:
@@ -366,7 +383,7 @@ class TieredStorage(tf.Module):
     Returns:
       [n, dim] float32.
     """
-    variable = _single_replica(variable, self._table_name)
+    variable = _replica_copy(variable)
     slots, stored, found = self._locate(global_rows)
     on_device = tf.gather(variable, tf.maximum(slots, 0))
     fresh = self.row_initializer.rows(tf.maximum(global_rows, 0), self._dim, variable.dtype)
@@ -389,7 +406,7 @@ class TieredStorage(tf.Module):
     """
     variables = self._row_variables(variable)
     slots, stored, found = self._locate(global_rows)
-    on_device = tf.concat([tf.gather(v, tf.maximum(slots, 0)) for v in variables], axis=1)
+    on_device = tf.concat([tf.gather(v[0], tf.maximum(slots, 0)) for v in variables], axis=1)
     off_device = tf.where((found & tf.equal(slots, -1))[:, None],
                           tf.reshape(stored, [-1, self.width]), self.fresh_rows(global_rows))
     return tf.where((slots >= 0)[:, None], on_device, off_device)
@@ -426,8 +443,8 @@ class TieredStorage(tf.Module):
                                                  rows[on_device:], **self._store_attrs())
     dim = self._dim
     updates = [
-        v.scatter_update(tf.IndexedSlices(rows[:on_device, i * dim:(i + 1) * dim], slots))
-        for i, v in enumerate(variables)
+        copy.scatter_update(tf.IndexedSlices(rows[:on_device, i * dim:(i + 1) * dim], slots))
+        for i, copies in enumerate(variables) for copy in copies
     ]
     if tf.executing_eagerly():
       return None
@@ -486,20 +503,24 @@ class TieredStorage(tf.Module):
           tf.raw_ops.DestroyResourceOp(resource=handle, ignore_lookup_error=True)
 
 
-def _single_replica(variable, table_name: str):
-  """The one component of a variable of a one-replica strategy (or the variable).
-
-  Raises:
-    NotImplementedError: more than one replica (each would need its own cache).
-  """
+def _components(variable) -> list:
+  """The replica copies of a mirrored variable (one host), or [variable]."""
   if isinstance(variable, tf.distribute.DistributedValues):
-    components = variable.values
-    if len(components) > 1:
-      raise NotImplementedError(
-          f"table '{table_name}': tiered tables train on one replica (one device); got "
-          f"{len(components)} replicas")
-    return components[0]
-  return variable
+    return list(variable.values)
+  return [variable]
+
+
+def _replica_copy(variable):
+  """In a replica context, the replica's copy of a mirrored variable; else replica 0's."""
+  copies = _components(variable)
+  if len(copies) == 1:
+    return copies[0]
+  context = tf.distribute.get_replica_context()
+  if context is not None and not tf.distribute.in_cross_replica_context():
+    replica = tf.get_static_value(context.replica_id_in_sync_group)
+    if replica is not None:
+      return copies[replica]
+  return copies[0]
 
 
 class _TiersSaveable(saveable_object.SaveableObject):

@@ -29,9 +29,10 @@ import tensorflow_ranking as tfr
 
 from mxrec_pipeline.core.asc import feature_spec as fs
 from mxrec_pipeline.core.asc import helper
+from mxrec_pipeline.core.asc import replicas
 # Re-exported: users import PipelineHparams and RANKING_METRICS from here.
 from mxrec_pipeline.hparams import (  # pylint: disable=unused-import
-    RANKING_METRICS, PipelineHparams)
+    MULTI_WORKER_MIRRORED, RANKING_METRICS, STRATEGIES, PipelineHparams)
 from mxrec_pipeline.keras import callbacks as callbacks_lib
 from mxrec_pipeline.keras import export as export_lib
 from mxrec_pipeline.keras import model as model_lib
@@ -145,6 +146,13 @@ class BaseDatasetBuilder(tfr.keras.pipeline.BaseDatasetBuilder):
     thread timing. Here files, records and batches keep their order; with
     `shuffle_seed` the shuffles of files and lists are seeded too, so the
     batch sequence is a function of the data and the seed.
+
+    Under MultiWorkerMirroredStrategy every worker builds this whole dataset
+    and keeps its part of each global batch (tf.data's DATA auto-sharding,
+    after the strategy splits every batch into one per replica): N workers
+    train on the batches one process would, with the same shuffles when
+    seeded. TF's default (AUTO: FILE sharding) would give the workers other
+    files, hence other batches, and fails with fewer files than workers.
     """
     dataset = tfr.data.build_ranking_dataset(
         file_pattern=file_pattern, data_format=tfr.data.ELWC, batch_size=batch_size,
@@ -155,7 +163,10 @@ class BaseDatasetBuilder(tfr.keras.pipeline.BaseDatasetBuilder):
         reader=self._hparams.dataset_reader, num_epochs=num_epochs, shuffle=randomize_input,
         shuffle_buffer_size=1000, shuffle_seed=shuffle_seed, sloppy_ordering=False,
         drop_final_batch=False, shuffle_examples=False)
-    return dataset.map(self._features_and_labels, num_parallel_calls=tf.data.AUTOTUNE)
+    options = tf.data.Options()
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
+    return dataset.map(self._features_and_labels,
+                       num_parallel_calls=tf.data.AUTOTUNE).with_options(options)
 
   def build_train_dataset(self, num_epochs: int | None = None) -> tf.data.Dataset:
     """See `AbstractDatasetBuilder`. Shuffled; new ids get rows.
@@ -192,11 +203,14 @@ class BaseDatasetBuilder(tfr.keras.pipeline.BaseDatasetBuilder):
     Returns:
       A dataset of (features, labels) batches as `build_train_dataset`'s.
     """
-    dataset = self._build_dataset(file_pattern=self._hparams.train_input_pattern,
-                                  batch_size=self._hparams.train_batch_size,
-                                  list_size=self._hparams.list_size,
-                                  num_epochs=1 if num_steps is None else None,
-                                  shuffle_seed=epoch_seed(seed, epoch))
+    # Built inside the dataset, once per iterator, so that every iterator reads
+    # the same batches: tfr's seeded shuffles reshuffle on each new iterator of
+    # one dataset object, and Keras 2.15's DataHandler makes the first epoch's
+    # iterator twice for a tf.data.Dataset (once for a distributed one).
+    dataset = tf.data.Dataset.range(1).flat_map(lambda _: self._build_dataset(
+        file_pattern=self._hparams.train_input_pattern, batch_size=self._hparams.train_batch_size,
+        list_size=self._hparams.list_size, num_epochs=1
+        if num_steps is None else None, shuffle_seed=epoch_seed(seed, epoch)))
     if num_steps is not None:
       dataset = dataset.take(num_steps)
     return self._insert(dataset, is_training=True)
@@ -223,6 +237,26 @@ class BaseDatasetBuilder(tfr.keras.pipeline.BaseDatasetBuilder):
                                batch_size=self._hparams.valid_batch_size,
                                list_size=self._hparams.valid_list_size or self._hparams.list_size,
                                randomize_input=False, num_epochs=1)
+
+  def count_batches(self, is_training: bool) -> int:
+    """Batches in one pass over the training (or validation) files, > 0.
+
+    ceil(records / batch size), as `_build_dataset` batches records keeping
+    the final partial batch. Reads the records without parsing them. Keras
+    needs the number of steps of a distributed dataset (N > 1 replicas).
+
+    Raises:
+      ValueError: the files hold no record (names the pattern).
+    """
+    hparams = self._hparams
+    pattern = hparams.train_input_pattern if is_training else hparams.valid_input_pattern
+    batch_size = hparams.train_batch_size if is_training else hparams.valid_batch_size
+    files = tf.data.Dataset.list_files(pattern, shuffle=False)
+    records = files.flat_map(hparams.dataset_reader)
+    count = int(records.reduce(tf.constant(0, tf.int64), lambda n, _: n + 1))
+    if count == 0:
+      raise ValueError(f"no records in '{pattern}'")
+    return -(-count // batch_size)
 
   def build_signatures(self, model):
     """Not used: ModelFitPipeline exports with `export.export_serving_model`."""
@@ -251,11 +285,32 @@ class SimpleDatasetBuilder(BaseDatasetBuilder):
   _features_and_labels = tfr.keras.pipeline.SimpleDatasetBuilder._features_and_labels
 
 
-def get_strategy(name: str | None) -> tf.distribute.Strategy:
-  """None -> the default strategy; "MirroredStrategy" -> every local GPU or the CPU."""
+def get_strategy(name: str | None,
+                 collective_timeout_s: float | None = None) -> tf.distribute.Strategy:
+  """The strategy of PipelineHparams.strategy (hparams.STRATEGIES).
+
+  None -> the default strategy; "MirroredStrategy" -> every local GPU, else
+  every logical CPU (one unless the process split the CPU with
+  `tf.config.set_logical_device_configuration` before TensorFlow started, as
+  the replica tests do); "MultiWorkerMirroredStrategy" ->
+  tf.distribute.MultiWorkerMirroredStrategy over the cluster of the TF_CONFIG
+  environment variable (jobs.train checks it first with
+  mxrec_pipeline.cluster.tf_config), its collective ops failing after
+  `collective_timeout_s` seconds without their peers
+  (CommunicationOptions.timeout_seconds; None: no timeout).
+
+  Raises:
+    ValueError: an unknown name.
+  """
   if name is None:
     return tf.distribute.get_strategy()
-  return tf.distribute.MirroredStrategy()
+  if name == "MirroredStrategy":
+    devices = (tf.config.list_logical_devices("GPU") or tf.config.list_logical_devices("CPU"))
+    return tf.distribute.MirroredStrategy([d.name for d in devices])
+  if name == MULTI_WORKER_MIRRORED:
+    options = tf.distribute.experimental.CommunicationOptions(timeout_seconds=collective_timeout_s)
+    return tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
+  raise ValueError(f"unknown strategy {name!r}; supported: {list(STRATEGIES)}")
 
 
 class ModelFitPipeline(AbstractPipeline):
@@ -269,13 +324,18 @@ class ModelFitPipeline(AbstractPipeline):
       AbstractModelBuilder whose model is a SparseRankingModel).
     dataset_builder: A BaseDatasetBuilder.
     hparams: PipelineHparams.
+    strategy: The tf.distribute strategy to train under; None (default):
+      `get_strategy(hparams.strategy)`. With N > 1 replicas of one host
+      (MirroredStrategy), each global batch is inserted once and split into N
+      per-replica batches (core/asc/replicas.py); see docs/distributed.md.
 
   Raises:
     ValueError: builders of the wrong type.
   """
 
   def __init__(self, model_builder: model_lib.AbstractModelBuilder,
-               dataset_builder: BaseDatasetBuilder, hparams: PipelineHparams):
+               dataset_builder: BaseDatasetBuilder, hparams: PipelineHparams,
+               strategy: tf.distribute.Strategy | None = None):
     if not isinstance(model_builder, model_lib.AbstractModelBuilder):
       raise ValueError(f"`model_builder` must be an AbstractModelBuilder, got "
                        f"{type(model_builder).__name__}")
@@ -286,6 +346,7 @@ class ModelFitPipeline(AbstractPipeline):
     self._dataset_builder = dataset_builder
     self._hparams = hparams
     self.model = None
+    self._strategy = strategy
     self.checkpoint = None
     self.history = None
 
@@ -377,6 +438,13 @@ class ModelFitPipeline(AbstractPipeline):
     that were trained, and a resumed run continues exactly where the
     checkpoint left off. Callbacks see one run (`RunCallbacks`).
 
+    Under a strategy of N > 1 replicas (one host), each global batch is
+    inserted once and split into N per-replica batches with their own unique
+    rows (core/asc/replicas.py); training, validation and evaluation then
+    equal one replica's on the same global batches (docs/distributed.md),
+    except for per-replica layers (batch normalization, dropout) and
+    partial final batches.
+
     Args:
       verbose: Keras fit verbosity (0, 1, 2).
       callbacks: Extra Keras callbacks, run after those of `build_callbacks`
@@ -397,15 +465,17 @@ class ModelFitPipeline(AbstractPipeline):
       tf.keras.utils.set_random_seed(hparams.seed)
     if not initialize.is_initialized():
       initialize.init()
-    strategy = get_strategy(hparams.strategy)
-    if strategy.num_replicas_in_sync > 1 and getattr(self._dataset_builder, "sparse_features",
-                                                     None):
-      # A batch's unique rows are one vector per global batch; splitting the
-      # batch across replicas would split it too (per-replica insertion: future work).
+    strategy = self._strategy or get_strategy(hparams.strategy, hparams.collective_timeout_s)
+    if (isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy) and
+        strategy.num_replicas_in_sync > 1 and
+        getattr(self._dataset_builder, "sparse_features", None)):
+      # Tables sharded over workers run in custom loops (mxrec_pipeline.distributed);
+      # the Keras pipeline splits batches over the replicas of one host only.
       raise ValueError(
-          f"{strategy.num_replicas_in_sync} replicas: the pipeline's sparse features need one "
-          "replica (one GPU, or the CPU); use strategy=None with a single device, or the "
-          "TPUEmbedding-style API (mxrec_pipeline.embedding), which inserts per global batch")
+          f"{MULTI_WORKER_MIRRORED} with {strategy.num_replicas_in_sync} replicas: the Keras "
+          "pipeline's sparse features train on the replicas of one host (MirroredStrategy); "
+          "across workers use mxrec_pipeline.distributed.ShardedTable in a custom loop "
+          "(docs/distributed.md)")
     with strategy.scope(), _generator_rng(hparams.seed is not None):
       model = self.build_compiled_model()
     self.model = model
@@ -415,21 +485,32 @@ class ModelFitPipeline(AbstractPipeline):
     start_epoch = self._restore(self.checkpoint, len(plan))
     run_callbacks = callbacks_lib.RunCallbacks(
         self.build_callbacks(model) + list(callbacks), model, verbose, epochs=len(plan))
-    valid = self._dataset_builder.build_valid_dataset(
-        num_epochs=None if hparams.num_valid_steps else 1)
+    valid = self._distribute(
+        strategy,
+        self._dataset_builder.build_valid_dataset(
+            num_epochs=None if hparams.num_valid_steps else 1))
+    split = self._splits_batches(strategy)
+    # Keras needs the steps of a distributed dataset.
+    valid_steps = hparams.num_valid_steps or (self._dataset_builder.count_batches(False)
+                                              if split else None)
+    one_pass = (self._dataset_builder.count_batches(True)
+                if split and None in plan[start_epoch:] else None)
     run_callbacks.begin_run()
     for epoch in range(start_epoch, len(plan)):
       run_callbacks.set_epoch_steps(plan[epoch])
-      model.fit(self._train_epoch(epoch, plan[epoch]), initial_epoch=epoch, epochs=epoch + 1,
-                steps_per_epoch=plan[epoch], validation_data=valid,
-                validation_steps=hparams.num_valid_steps, callbacks=run_callbacks, verbose=verbose)
+      model.fit(self._distribute(strategy, self._train_epoch(epoch,
+                                                             plan[epoch])), initial_epoch=epoch,
+                epochs=epoch + 1, steps_per_epoch=plan[epoch] or one_pass, validation_data=valid,
+                validation_steps=valid_steps, callbacks=run_callbacks, verbose=verbose)
       if model.stop_training:  # e.g. EarlyStopping.
         break
     run_callbacks.end_run()
     self.history = run_callbacks.history
     self.export_saved_model(model, os.path.join(hparams.model_dir, "export", "latest_model"))
-    results = model.evaluate(self._dataset_builder.build_valid_dataset(num_epochs=1),
-                             return_dict=True, verbose=0)
+    results = model.evaluate(
+        self._distribute(strategy, self._dataset_builder.build_valid_dataset(num_epochs=1)),
+        steps=valid_steps if split and not hparams.num_valid_steps else None, return_dict=True,
+        verbose=0)
     return {key: float(results[metric_name(key)]) for key in RANKING_METRICS
            } | {"loss": float(results["loss"])}
 
@@ -449,6 +530,24 @@ class ModelFitPipeline(AbstractPipeline):
         f"Resumed from {checkpoint.latest}: {epochs_done} epoch(s) and "
         f"{int(self.model.optimizer.iterations.numpy())} step(s) done, {rest}", flush=True)
     return epochs_done
+
+  def _distribute(self, strategy: tf.distribute.Strategy, dataset: tf.data.Dataset):
+    """Global batches as the strategy's replicas take them.
+
+    With N > 1 replicas and sparse features, each replica gets its part of the
+    inserted global batch with its own unique rows (core/asc/replicas.py);
+    otherwise `dataset` as it is (Keras distributes it).
+    """
+    if not self._splits_batches(strategy):
+      return dataset
+    return replicas.distribute_dataset(
+        strategy, dataset,
+        [fs.FeatureSpec(f.name, table_name=f.table) for f in self._dataset_builder.sparse_features])
+
+  def _splits_batches(self, strategy: tf.distribute.Strategy) -> bool:
+    """Whether global batches are split per replica (N > 1 and sparse features)."""
+    return (strategy.num_replicas_in_sync > 1 and
+            bool(getattr(self._dataset_builder, "sparse_features", None)))
 
   def _train_epoch(self, epoch: int, num_steps: int | None) -> tf.data.Dataset:
     builder = self._dataset_builder

@@ -4,12 +4,13 @@ Each case is (name, arguments, input files, expected exit status, expected
 message fragment). Arguments and file contents may hold `{tmp}` (the case's
 directory), `{model}` (tiny_model.py's SavedModel), `{repo}` and `{pg}` (a
 PostgreSQL server's `host:port`). Config cases run `export` on a model_dir
-that does not exist, so they do not train; sweep cases stop before their first
-trial (`--timeout`), on purpose or on the error. Data cases run `train` on tiny
-LETOR / MovieLens / ELWC files (a file name may hold a directory, e.g.
-`ml/ml-100k.inter`); the bad ones stop before training, the accepted ones
-(skipped records, no relevant validation document) train one step, and
-METRICS says what their metrics.json must hold.
+that does not exist, and `train --local-cluster` cases stop at the bad value,
+so they do not train; sweep cases stop before their first trial (`--timeout`),
+on purpose or on the error. Data cases run `train` on tiny LETOR / MovieLens /
+ELWC files (a file name may hold a directory, e.g. `ml/ml-100k.inter`); the
+bad ones stop before training, the accepted ones (skipped records, no
+relevant validation document) train one step, and METRICS says what their
+metrics.json must hold.
 
 Run alone (`python robustness_cases.py PYTHONPATH [NAME_PART]`) it prints
 each case's outcome class (those whose name holds NAME_PART) for the code on
@@ -262,6 +263,11 @@ CASES = [
     _config("config not UTF-8",
             JOB.encode() + b"# caf\xe9\n", 2, "job.yaml is not UTF-8 text: byte 0xe9 on line 5"),
     ("config missing file", ["export", "{tmp}/nope.yaml"], {}, 2, "cannot read config"),
+    # `train --local-cluster` values (refused before any process starts).
+    ("local cluster not an int", ["train", "{tmp}/job.yaml", "--local-cluster", "workers=two"],
+     {"job.yaml": JOB}, 2, "--local-cluster 'workers=two': `workers` must be an int >= 0"),
+    ("local cluster ps", ["train", "{tmp}/job.yaml", "--local-cluster", "workers=2,ps=1"],
+     {"job.yaml": JOB}, 2, "ParameterServerStrategy is not supported yet"),
     # Sweep storage (none of these reaches a trial).
     _sweep("storage missing SQLite dir", "sqlite:///{tmp}/no/such/dir/study.db", 2,
            "the directory {tmp}/no/such/dir of the SQLite file does not exist"),

@@ -215,12 +215,21 @@ def insert_ids(features: dict, by_table: dict[str, list[fs.FeatureSpec]], insert
     sizes = [tf.size(k) for k in flat_keys]
     parts = [restore] if len(sizes) == 1 else tf.split(restore, sizes)
     for spec, part in zip(table_specs, parts):
-      out[fs.restore_key(spec.name)] = _like(features[spec.index_key], part)
+      out[fs.restore_key(spec.name)] = like(features[spec.index_key], part)
   return out
 
 
-def _like(ids, flat_restore: tf.Tensor):
-  """Restore indices shaped like `ids`: same dense shape, or same ragged rows."""
+def like(ids, flat_restore: tf.Tensor):
+  """Restore indices shaped like `ids`: same dense shape, or same ragged rows.
+
+  Args:
+    ids: Dense [*ids_shape] or tf.RaggedTensor ids (any dtype; only the shape
+      and row partitions are used).
+    flat_restore: [num_ids] int32, the ids' positions in row-major order.
+
+  Returns:
+    [*ids_shape] int32, or a tf.RaggedTensor with the ids' row partitions.
+  """
   if isinstance(ids, tf.RaggedTensor):
     return ids.with_flat_values(tf.reshape(flat_restore, tf.shape(ids.flat_values)))
   return tf.ensure_shape(tf.reshape(flat_restore, tf.shape(ids)), ids.shape)

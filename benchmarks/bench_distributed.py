@@ -1,0 +1,312 @@
+"""Benchmark of distributed training: examples/s with N replicas and W workers, bytes per step.
+
+`--only replicas`: configs/movielens_listwise.yaml trained by the Keras pipeline
+under MirroredStrategy with 1 and with 2 replicas of this host (logical CPUs
+when there is no GPU: `tf.config.set_logical_device_configuration` in a fresh
+child process per trial). Same global batches (train_batch_size lists), so
+the same work per step; examples/s = batch x mean list length / median step
+time of the epochs after the first (which traces), validation excluded, and
+examples per process CPU-second as a cross-check on a shared machine.
+
+`--only zipf`: a synthetic job of 10M keys drawn from Zipf(1.2) ids (a
+`--zipf-batch`-example global batch of 8 ids each, dim 16, one table, lazy
+Adam, score = sum of the embeddings, squared error), the same global batches
+(a) with 1 and 2 replicas of this host (mx_rec API in `strategy.run`, global
+batch inserted once and split per replica, core/asc/replicas.py) and (b) with
+1 and 2 workers (MultiWorkerMirroredStrategy processes on localhost, the table
+sharded by key: benchmarks/bench_sharded_exchange.py, both routings), with
+the bytes each worker receives per step, measured beside
+`exchange.bytes_per_step_formula`.
+
+Usage:
+  python benchmarks/bench_distributed.py --only replicas               # 1 and 2 replicas
+  python benchmarks/bench_distributed.py --only replicas --replicas 1 2 4 --epochs 3
+  python benchmarks/bench_distributed.py --only zipf     # 10M keys: 1/2 replicas, 1/2 workers
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import pathlib
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+CONFIG = ROOT / "configs" / "movielens_listwise.yaml"
+
+
+def child_replicas(num_replicas: int, epochs: int, model_dir: str) -> dict:
+  """Trains the MovieLens job with `num_replicas` replicas; returns examples/s."""
+  import tensorflow as tf  # pylint: disable=import-outside-toplevel
+  if not tf.config.list_physical_devices("GPU"):
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] *
+                                               num_replicas)
+  import builders  # pylint: disable=import-outside-toplevel
+  import tensorflow_ranking as tfr  # pylint: disable=import-outside-toplevel
+  from mxrec_pipeline import config as config_lib  # pylint: disable=import-outside-toplevel
+  from mxrec_pipeline.keras import pipeline as pipeline_lib  # pylint: disable=import-outside-toplevel
+
+  config = config_lib.load(str(CONFIG), [
+      f"pipeline.model_dir={model_dir}", f"pipeline.num_epochs={epochs}",
+      "pipeline.export_best_model=false", "pipeline.strategy=MirroredStrategy"
+  ])
+  ranker = builders.get_builder(config.builder)
+  paths = ranker.prepare_data(config.data)
+  strategy = pipeline_lib.get_strategy("MirroredStrategy")
+  assert strategy.num_replicas_in_sync == num_replicas, strategy.extended.worker_devices
+  timer = _step_timer()
+  pipe = pipeline_lib.SimplePipeline(
+      ranker.build_model_builder(config.model, config.pipeline.seed),
+      ranker.build_dataset_builder(paths, config.dataset, config.model), config.pipeline,
+      strategy=strategy)
+  metrics = pipe.train_and_validate(callbacks=[timer])
+  lists = examples = 0
+  label_name, label_spec = ranker.feature_specs()[2]
+  for serialized in tf.data.TFRecordDataset(paths.train).batch(512):
+    labels = tfr.data.parse_from_example_list(serialized,
+                                              example_feature_spec={label_name: label_spec
+                                                                   })[label_name]
+    lists += int(labels.shape[0])
+    examples += int(tf.reduce_sum(tf.cast(labels >= 0, tf.int32)))
+  examples_per_step = config.dataset.train_batch_size * examples / lists
+  steps = timer.step_seconds
+  return {
+      "replicas": num_replicas, "devices": list(strategy.extended.worker_devices
+                                               ), "ndcg@10": metrics["ndcg@10"],
+      "steps": len(steps), "steps_per_epoch": math.ceil(lists / config.dataset.train_batch_size),
+      "examples_per_step": examples_per_step,
+      "examples_per_s": examples_per_step / statistics.median(steps),
+      "examples_per_cpu_s": len(steps) * examples_per_step / timer.cpu_seconds
+  }
+
+
+ZIPF_IDS, ZIPF_DIM, ZIPF_S = 8, 16, 1.2
+
+
+def zipf_batches(keys: int, global_batch: int, steps: int, seed: int = 0) -> list:
+  """`steps` global batches: ids [global_batch, ZIPF_IDS] int64 (Zipf), labels [global_batch]."""
+  import numpy as np  # pylint: disable=import-outside-toplevel
+  rng = np.random.default_rng(seed)
+  return [(np.minimum(rng.zipf(ZIPF_S, (global_batch, ZIPF_IDS)),
+                      keys).astype(np.int64), rng.normal(size=global_batch).astype(np.float32))
+          for _ in range(steps)]
+
+
+def child_zipf_replicas(num_replicas: int, keys: int, global_batch: int, steps: int) -> dict:
+  """examples/s of the Zipf job with `num_replicas` replicas of this host (mx_rec API)."""
+  import numpy as np  # pylint: disable=import-outside-toplevel
+  import tensorflow as tf  # pylint: disable=import-outside-toplevel
+  cpu = tf.config.list_physical_devices("CPU")[0]
+  tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] *
+                                             num_replicas)
+  # pylint: disable=import-outside-toplevel
+  from mxrec_pipeline.core.asc import replicas
+  from mxrec_pipeline.core.asc.feature_spec import FeatureSpec
+  from mxrec_pipeline.core.asc.helper import get_asc_insert_func
+  from mxrec_pipeline.core.asc.manager import start_asc_pipeline
+  from mxrec_pipeline.core.embedding import create_table, sparse_lookup
+  from mxrec_pipeline.optimizers.lazy_adam import create_hash_optimizer
+  from mxrec_pipeline.util import initialize
+
+  # pylint: enable=import-outside-toplevel
+  devices = [d.name for d in tf.config.list_logical_devices("CPU")]
+  strategy = tf.distribute.MirroredStrategy(devices)
+  initialize.init()
+  with strategy.scope():
+    table = create_table(tf.int64, ZIPF_DIM, "item", device_vocabulary_size=keys,
+                         emb_initializer=tf.keras.initializers.Constant(0.01))
+    optimizer = create_hash_optimizer(learning_rate=0.01)
+  spec = FeatureSpec("ids", table_name="item")
+  batches = zipf_batches(keys, global_batch, steps + 1)
+  arrays = {
+      "ids": np.concatenate([b[0] for b in batches]),
+      "label": np.concatenate([b[1] for b in batches])
+  }
+  dataset = tf.data.Dataset.from_tensor_slices(arrays).batch(global_batch).map(
+      get_asc_insert_func([spec], is_training=True)).prefetch(2)
+  start_asc_pipeline()
+  iterator = iter(replicas.distribute_dataset(strategy, dataset, [spec]))
+
+  def replica_step(batch):
+    with tf.GradientTape() as tape:
+      scores = tf.reduce_sum(sparse_lookup(table, spec, batch=batch), axis=[1, 2])
+      loss = tf.reduce_sum(tf.square(scores - batch["label"])) / global_batch
+    optimizer.apply_gradients([(tape.gradient(loss, table.variable), table.variable)])
+    return loss
+
+  @tf.function
+  def step():
+    return strategy.reduce(tf.distribute.ReduceOp.SUM,
+                           strategy.run(replica_step, args=(next(iterator),)), axis=None)
+
+  step()  # Traces.
+  start, cpu_start = time.perf_counter(), time.process_time()
+  for _ in range(steps):
+    loss = step()
+  float(loss)
+  seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start
+  return {
+      "replicas": num_replicas, "keys": keys, "global_batch": global_batch, "steps": steps,
+      "examples_per_s": global_batch * steps / seconds,
+      "examples_per_cpu_s": global_batch * steps / cpu_seconds
+  }
+
+
+def _step_timer():
+  """A Keras callback timing the training steps of the epochs after the first.
+
+  Wall and process CPU seconds between consecutive training steps; an epoch's
+  first step is timed from the epoch's start.
+  """
+  import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+  class StepTimer(tf.keras.callbacks.Callback):
+    """Step durations (wall and process CPU seconds) after the first epoch."""
+
+    def __init__(self):
+      super().__init__()
+      self.step_seconds: list[float] = []
+      self.cpu_seconds = 0.0
+      self._epoch = 0
+      self._last = self._last_cpu = 0.0
+
+    def on_epoch_begin(self, epoch, logs=None):
+      self._epoch, self._last, self._last_cpu = epoch, time.perf_counter(), time.process_time()
+
+    def on_train_batch_end(self, batch, logs=None):
+      now, now_cpu = time.perf_counter(), time.process_time()
+      if self._epoch >= 1:
+        self.step_seconds.append(now - self._last)
+        self.cpu_seconds += now_cpu - self._last_cpu
+      self._last, self._last_cpu = now, now_cpu
+
+  return StepTimer()
+
+
+def run_child(kind: str, params: dict) -> dict:
+  """Runs `--child OUT KIND PARAMS` in a fresh process; returns its JSON result."""
+  with tempfile.NamedTemporaryFile(suffix=".json") as out:
+    cmd = [sys.executable, __file__, "--child", out.name, kind, json.dumps(params)]
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=str(ROOT))
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+      raise RuntimeError(f"child {kind} {params} failed:\n{proc.stderr[-4000:]}")
+    return json.loads(pathlib.Path(out.name).read_text())
+
+
+def run_replicas(replica_counts, epochs: int, tmp: str) -> list[dict]:
+  """examples/s of the MovieLens job per replica count, one child process each."""
+  rows = []
+  for n in replica_counts:
+    row = run_child("replicas",
+                    {"num_replicas": n, "epochs": epochs, "model_dir": f"{tmp}/replicas_{n}"})
+    rows.append(row)
+    print(
+        f"  movielens {n} replica(s): {row['examples_per_s']:,.0f} examples/s (median step), "
+        f"{row['examples_per_cpu_s']:,.0f} examples/CPU-s, ndcg@10 {row['ndcg@10']:.4f}, "
+        f"{row['steps']} timed steps", flush=True)
+  return rows
+
+
+def _json_objects(text: str) -> list[dict]:
+  """Every top-level JSON object in `text`, in order."""
+  decoder, out, i = json.JSONDecoder(), [], text.find("{")
+  while i >= 0:
+    obj, end = decoder.raw_decode(text, i)
+    out.append(obj)
+    i = text.find("{", end)
+  return out
+
+
+def run_zipf(keys: int, global_batch: int, steps: int, tmp: str) -> dict:
+  """The Zipf job with 1 and 2 replicas, and with 1 and 2 sharded workers (both routings)."""
+  del tmp
+  out = {"replicas": [], "workers": []}
+  for n in (1, 2):
+    row = run_child("zipf_replicas",
+                    {"num_replicas": n, "keys": keys, "global_batch": global_batch, "steps": steps})
+    out["replicas"].append(row)
+    print(
+        f"  zipf {keys:,} keys, {n} replica(s): {row['examples_per_s']:,.0f} examples/s, "
+        f"{row['examples_per_cpu_s']:,.0f} examples/CPU-s", flush=True)
+  script = ROOT / "benchmarks" / "bench_sharded_exchange.py"
+  for workers, routing in ((1, "all_gather"), (2, "all_gather"), (2, "all_to_all")):
+    cmd = [
+        sys.executable,
+        str(script), "--workers",
+        str(workers), "--batch",
+        str(global_batch // workers), "--keys",
+        str(keys), "--ids",
+        str(ZIPF_IDS), "--dim",
+        str(ZIPF_DIM), "--zipf",
+        str(ZIPF_S), "--steps",
+        str(steps), "--routing", routing
+    ]
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=str(ROOT))
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+      raise RuntimeError(f"{' '.join(cmd)} failed:\n{proc.stderr[-4000:]}")
+    rows = _json_objects(proc.stdout)  # The workers' lines, possibly run together.
+    if len(rows) != workers:
+      raise RuntimeError(f"expected {workers} worker results, got:\n{proc.stdout[-4000:]}")
+    total = sum(r["examples_per_s"] for r in rows)
+    measured = statistics.mean(r["measured_total"] for r in rows)
+    formula = statistics.mean(r["formula_total"] for r in rows)
+    out["workers"].append({
+        "workers": workers, "routing": routing, "examples_per_s": total,
+        "bytes_per_step_per_worker": measured, "formula_bytes": formula, "per_worker": rows
+    })
+    print(
+        f"  zipf {keys:,} keys, {workers} worker(s) sharded, {routing}: {total:,.0f} examples/s "
+        f"(all workers), {measured:,.0f} bytes received per step per worker (formula "
+        f"{formula:,.0f})", flush=True)
+  return out
+
+
+def main(argv=None) -> int:
+  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser.add_argument("--only", choices=("replicas", "zipf"), action="append",
+                      help="which trials to run (repeatable; default: all)")
+  parser.add_argument("--zipf-keys", type=int, default=10_000_000, help="keys of the Zipf job")
+  parser.add_argument("--zipf-batch", type=int, default=1024,
+                      help="global batch (examples) of the Zipf job")
+  parser.add_argument("--zipf-steps", type=int, default=20, help="timed steps of the Zipf job")
+  parser.add_argument("--replicas", type=int, nargs="+", default=[1, 2],
+                      help="replica counts of the replicas trials")
+  parser.add_argument("--epochs", type=int, default=4,
+                      help="epochs per trial; the first (tracing) is not timed")
+  parser.add_argument("--json", help="also write the figures to this file")
+  parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
+  args = parser.parse_args(argv)
+  if args.child:
+    out, kind, params = args.child
+    result = {"replicas": child_replicas,
+              "zipf_replicas": child_zipf_replicas}[kind](**json.loads(params))
+    pathlib.Path(out).write_text(json.dumps(result))
+    return 0
+  if args.epochs < 2:
+    parser.error("--epochs must be >= 2 (the first epoch is not timed)")
+  load = os.getloadavg()
+  print(f"bench_distributed: {os.cpu_count()} CPUs, load average {load[0]:.1f} at start",
+        flush=True)
+  results = {}
+  with tempfile.TemporaryDirectory(prefix="bench_distributed_") as tmp:
+    only = args.only or ["replicas", "zipf"]
+    if "replicas" in only:
+      results["replicas"] = run_replicas(args.replicas, args.epochs, tmp)
+    if "zipf" in only:
+      results["zipf"] = run_zipf(args.zipf_keys, args.zipf_batch, args.zipf_steps, tmp)
+  if args.json:
+    pathlib.Path(args.json).write_text(json.dumps(results, indent=2))
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,128 @@
+"""Benchmark of a sharded table's exchange: bytes per step per worker, measured and by formula.
+
+Starts `--workers` processes on localhost (TF_CONFIG on free ports,
+MultiWorkerMirroredStrategy, one replica each), each training a synthetic job:
+`--batch` examples per worker of `--ids` Zipf(`--zipf`) ids among `--keys`
+keys, one ShardedTable of `--dim` float32 columns (`--routing`), lazy Adam, score = sum of
+the embeddings, squared error. Each worker prints, over the steps after the
+first (tracing), its bytes received per step from the exchange's collectives
+(`ShardedTable.exchange_stats`: ids, rows, gradients), the formula
+`exchange.bytes_per_step_formula` at its measured mean distinct ids per step,
+and its examples/s.
+
+Usage:
+  python benchmarks/bench_sharded_exchange.py --workers 2
+  python benchmarks/bench_sharded_exchange.py --workers 2 --routing all_to_all
+  python benchmarks/bench_sharded_exchange.py --workers 1 --batch 512 --dim 32
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+
+def _worker(args) -> None:
+  import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+  from mxrec_pipeline.distributed import exchange  # pylint: disable=import-outside-toplevel
+  from mxrec_pipeline.distributed import sharded_table  # pylint: disable=import-outside-toplevel
+  from mxrec_pipeline.optimizers import lazy_adam  # pylint: disable=import-outside-toplevel
+  from mxrec_pipeline.util import initialize  # pylint: disable=import-outside-toplevel
+
+  strategy = tf.distribute.MultiWorkerMirroredStrategy()
+  initialize.init()
+  table = sharded_table.ShardedTable(strategy, name="item", dim=args.dim, rows_per_shard=args.keys,
+                                     emb_initializer=tf.keras.initializers.Constant(0.01),
+                                     routing=args.routing)
+  optimizer = lazy_adam.create_hash_optimizer(0.01)
+  global_batch = args.batch * table.num_shards
+
+  def step_fn(ids, labels):
+    with tf.GradientTape() as tape:
+      scores = tf.reduce_sum(table.lookup(ids), axis=[1, 2])
+      loss = tf.reduce_sum(tf.square(scores - labels)) / global_batch
+    return loss, tape.gradient(loss, table.variable)
+
+  @tf.function
+  def train_step(ids, labels):
+    loss, grad = strategy.run(step_fn, (ids, labels))
+    sharded_table.apply_gradients(optimizer, [(grad, table)])
+    return loss
+
+  rng = np.random.default_rng(table.shard_id)
+  batches = [(np.minimum(rng.zipf(args.zipf, (args.batch, args.ids)), args.keys).astype(np.int64),
+              rng.normal(size=args.batch).astype(np.float32)) for _ in range(args.steps + 1)]
+  train_step(*batches[0])  # Traces.
+  before = np.array(list(table.exchange_stats().values()))
+  start = time.perf_counter()
+  for ids, labels in batches[1:]:
+    train_step(ids, labels)
+  seconds = time.perf_counter() - start
+  per_step = (np.array(list(table.exchange_stats().values())) - before) / args.steps
+  distinct = np.mean([np.unique(ids).size for ids, _ in batches[1:]])
+  print(
+      json.dumps({
+          "worker": table.shard_id,
+          "workers": table.num_shards,
+          "distinct_ids_per_step": distinct,
+          "measured_bytes_per_step": dict(zip(("ids", "rows", "gradients"), per_step.tolist())),
+          "measured_total": float(per_step.sum()),
+          "routing": args.routing,
+          "formula_total": exchange.bytes_per_step_formula(distinct, args.dim, table.num_shards,
+                                                           routing=args.routing),
+          "examples_per_s": args.batch * args.steps / seconds,
+      }))
+
+
+def _launch(args) -> None:
+  sockets = [socket.socket() for _ in range(args.workers)]
+  for s in sockets:
+    s.bind(("localhost", 0))
+  hosts = [f"localhost:{s.getsockname()[1]}" for s in sockets]
+  for s in sockets:
+    s.close()
+  processes = []
+  try:
+    for i in range(args.workers):
+      config = {"cluster": {"worker": hosts}, "task": {"type": "worker", "index": i}}
+      env = dict(os.environ, TF_CONFIG=json.dumps(config), TF_CPP_MIN_LOG_LEVEL="2")
+      processes.append(
+          subprocess.Popen([sys.executable, __file__, "--worker", *sys.argv[1:]], env=env))
+    for p in processes:
+      if p.wait(timeout=args.timeout_s) != 0:
+        raise SystemExit(f"a worker failed (exit {p.returncode})")
+  finally:
+    for p in processes:
+      if p.poll() is None:
+        p.kill()
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--workers", type=int, default=2)
+  parser.add_argument("--batch", type=int, default=256, help="examples per worker and step")
+  parser.add_argument("--ids", type=int, default=8, help="ids per example")
+  parser.add_argument("--dim", type=int, default=16)
+  parser.add_argument("--keys", type=int, default=100_000)
+  parser.add_argument("--zipf", type=float, default=1.2)
+  parser.add_argument("--steps", type=int, default=20)
+  parser.add_argument("--routing", default="all_gather", choices=("all_gather", "all_to_all"))
+  parser.add_argument("--timeout_s", type=float, default=600)
+  parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+  args = parser.parse_args()
+  if args.worker:
+    _worker(args)
+  else:
+    _launch(args)
+
+
+if __name__ == "__main__":
+  main()

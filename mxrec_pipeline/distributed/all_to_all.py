@@ -1,0 +1,157 @@
+"""The all-to-all routing of a sharded table: each worker moves only its own ids and rows.
+
+The same step as exchange.exchange_lookup (ids to owners, rows back,
+gradients home), with TF's CollectiveAllToAllV2 (collective_ops.all_to_all_v2,
+CPU and GPU, over the gRPC collective executor MultiWorkerMirroredStrategy
+sets up) instead of all-gathers, as TorchRec's row-wise input/output dists
+and TFRA's all-to-all embedding do:
+
+  1. bucket    this worker's distinct keys sorted by owner; counts [W] per owner
+  2. counts    all_gather(counts) -> C [W, W], C[i, j] = keys i sends to j;
+               chunks padded to M = max C (all_to_all sends equal chunks)
+  3. ids       all_to_all([W, M] keys)      -> the keys every worker asks me
+  4. lookup    the owner's rows of the valid ones
+  5. rows      all_to_all([W, M, dim] rows) -> my keys' rows from their owners
+  backward:    the gradient of an all_to_all is the all_to_all of the
+               gradient (it is its own transpose): each owner receives the
+               gradient of the rows it sent.
+
+A worker receives W * M ids and rows, about its own n distinct ids when the
+owner function spreads keys evenly, where exchange.py's all-gathers move
+every worker's: n (8 + 2 d s) bytes per step instead of W n (8 + 2 d s).
+
+all_to_all_v2 is not reachable through the public ReplicaContext in TF 2.15;
+its collectives are keyed by (group_key, instance_key), which every worker
+must give identically: `AllToAllKeys` hands them out per table and lookup
+(ShardedTable), in a group of its own.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import tensorflow as tf
+from tensorflow.python.ops import collective_ops  # pylint: disable=g-direct-tensorflow-import
+
+from mxrec_pipeline.distributed import exchange
+from mxrec_pipeline.distributed import sharding
+
+# Group key of the all-to-alls, far above those MultiWorkerMirroredStrategy
+# hands out (from 1 up, one per device group). Instance keys are scoped by it.
+GROUP_KEY = 1 << 30
+MAX_TABLES = 64  # Instance keys interleave the tables: 1 + (call * 64 + table index).
+_KEYS_PER_LOOKUP = 3  # ids forward, rows forward, rows backward.
+
+
+class AllToAllKeys(tf.Module):
+  """Instance keys of a table's all-to-alls: new ones every lookup, the same on every worker.
+
+  TF resolves a collective instance once (its shape included), so an exchange
+  whose chunk size changes from step to step needs new instance keys at every
+  call, as MultiWorkerMirroredStrategy's launchers take call-time keys. A
+  per-worker counter of lookups, advanced identically on every worker,
+  gives them: 1 + ((3 * lookup + k) * MAX_TABLES + table_index), good for
+  about 11 million lookups of a table (int32 keys).
+
+  Args:
+    table_index: The table's creation index in the run, < MAX_TABLES (the
+      same on every worker: ShardedTable's config check refuses another
+      order).
+
+  Raises:
+    ValueError: table_index >= MAX_TABLES.
+  """
+
+  def __init__(self, table_index: int):
+    super().__init__(name=None)
+    if not 0 <= table_index < MAX_TABLES:
+      raise ValueError(f"all_to_all routing serves the first {MAX_TABLES} tables of a run, this is "
+                       f"table {table_index}; use routing='all_gather'")
+    self._table_index = table_index
+    with tf.init_scope():
+      self.lookups = tf.Variable(0, dtype=tf.int64, trainable=False, name="all_to_all_lookups")
+
+  def next(self) -> list[tf.Tensor]:
+    """The _KEYS_PER_LOOKUP int32 instance keys of one more lookup."""
+    call = self.lookups.assign_add(1, read_value=True) - 1
+    return [
+        tf.cast(1 + ((_KEYS_PER_LOOKUP * call + k) * MAX_TABLES + self._table_index), tf.int32)
+        for k in range(_KEYS_PER_LOOKUP)
+    ]
+
+
+def _all_to_all(t, num_shards: int, forward_key, backward_key, timeout_s: float):
+  """all_to_all_v2 over the workers; differentiable (its gradient is the reverse exchange)."""
+
+  @tf.custom_gradient
+  def exchange_rows(x):
+
+    def grad(dy):
+      return collective_ops.all_to_all_v2(tf.convert_to_tensor(dy), num_shards, GROUP_KEY,
+                                          backward_key, timeout=timeout_s)
+
+    return collective_ops.all_to_all_v2(x, num_shards, GROUP_KEY, forward_key,
+                                        timeout=timeout_s), grad
+
+  if not t.dtype.is_floating:
+    return collective_ops.all_to_all_v2(t, num_shards, GROUP_KEY, forward_key, timeout=timeout_s)
+  return exchange_rows(t)
+
+
+def exchange_lookup(unique_keys: tf.Tensor, lookup_owned: Callable[..., tf.Tensor], num_shards: int,
+                    dim: int, dtype: tf.DType, keys: AllToAllKeys, timeout_s: float = 0.0,
+                    weights: tf.Tensor | None = None) -> tuple[tf.Tensor, exchange.ExchangeBytes]:
+  """See exchange.exchange_lookup; the same contract, routed by all-to-alls.
+
+  Args:
+    unique_keys, lookup_owned, num_shards, dim, dtype, weights: As
+      exchange.exchange_lookup's.
+    keys: The table's AllToAllKeys.
+    timeout_s: Timeout of each all-to-all in seconds (0: none); a worker
+      that does not join fails the others with DeadlineExceededError.
+
+  Returns:
+    ([n, dim] rows of unique_keys, ExchangeBytes: ids = W * M * 8 (16 with
+    weights) + W * W * 4, rows = gradients = W * M * dim * itemsize).
+  """
+  context = tf.distribute.get_replica_context()
+  if context is None or tf.distribute.in_cross_replica_context():
+    raise ValueError("exchange_lookup: call it inside strategy.run (a replica context)")
+  me = context.replica_id_in_sync_group
+  n = tf.size(unique_keys, out_type=tf.int32)
+  owners = sharding.owner(unique_keys, num_shards)
+  order = tf.argsort(owners, stable=True)
+  sorted_owners = tf.gather(owners, order)
+  send_counts = tf.math.bincount(owners, minlength=num_shards, maxlength=num_shards, dtype=tf.int32)
+  counts = context.all_gather(send_counts[tf.newaxis], axis=0)  # [W, W]
+  chunk = tf.maximum(tf.reduce_max(counts), 1)  # M
+  starts = tf.cumsum(send_counts, exclusive=True)
+  slots = sorted_owners * chunk + tf.range(n) - tf.gather(starts, sorted_owners)  # [n]
+  padded = num_shards * chunk
+  sent = tf.gather(unique_keys, order)
+  if weights is not None:
+    sent = tf.stack([sent, tf.gather(weights, order)], axis=1)  # [n, 2]
+  outgoing = tf.scatter_nd(slots[:, tf.newaxis], sent, tf.concat([[padded], tf.shape(sent)[1:]], 0))
+  ids_key, rows_key, grads_key = keys.next()
+  incoming = _all_to_all(
+      tf.reshape(outgoing, tf.concat([[num_shards, chunk], tf.shape(sent)[1:]], 0)), num_shards,
+      ids_key, None, timeout_s)
+  valid = tf.reshape(tf.range(chunk)[tf.newaxis] < counts[:, me][:, tf.newaxis], [-1])
+  positions = tf.cast(tf.reshape(tf.where(valid), [-1]), tf.int32)  # In [0, W * M).
+  incoming = tf.gather(tf.reshape(incoming, tf.concat([[padded], tf.shape(sent)[1:]], 0)),
+                       positions)
+  if weights is None:
+    own_rows = lookup_owned(incoming)
+  else:
+    own_rows = lookup_owned(incoming[:, 0], incoming[:, 1])
+  replies = tf.scatter_nd(positions[:, tf.newaxis], own_rows, tf.stack([padded, dim]))
+  answered = _all_to_all(tf.reshape(replies, tf.stack([num_shards, chunk, dim])), num_shards,
+                         rows_key, grads_key, timeout_s)
+  sorted_rows = tf.gather(tf.reshape(answered, tf.stack([padded, dim])), slots)
+  rows = tf.scatter_nd(order[:, tf.newaxis], sorted_rows, tf.stack([n, dim]))
+  padded64 = tf.cast(padded, tf.int64)
+  row_bytes = padded64 * dim * dtype.size
+  key_bytes = exchange.KEY_BYTES * (2 if weights is not None else 1)
+  return rows, exchange.ExchangeBytes(
+      ids=padded64 * key_bytes + num_shards * num_shards * exchange.COUNT_BYTES, rows=row_bytes,
+      gradients=row_bytes)

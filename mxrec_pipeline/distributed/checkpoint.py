@@ -1,0 +1,208 @@
+"""Per-shard checkpoints of sharded tables, restorable onto any number of shards.
+
+Each worker saves its shard of a table as one TensorFlow bundle (the
+SaveV2/RestoreV2 format of tf.train checkpoints) named
+`<directory>/<table>/shard-<i>-of-<W>`, holding only the shard's keys, not
+its capacity:
+
+  keys               [n] int64       the shard's keys
+  values             [n, dim]        their rows
+  slot/<opt>/<slot>  [n, dim]        each hash optimizer's slots of those rows
+  iterations/<opt>   [] int64        each hash optimizer's step count
+  last_seen          [n] int64       admission/eviction state of the keys
+  pending_keys, pending_counts, pending_last_seen   [p] int64, keys not admitted yet
+  counters           [3] int64       admissions, evictions, latest timestamp
+
+Restoring reads every `shard-*-of-<W>` file of the table and keeps the keys
+this process owns by `sharding.owner(key, num_shards)` of the restoring job:
+onto W' != W workers, onto one process (num_shards 1 keeps every key), or
+onto the same W. Keys get rows 0..m-1 in key order; rows past them keep their
+initial values. A single-process table (create_table) saves and restores
+with the same functions as shard 0 of 1. Dense variables are checkpointed by
+the user's tf.train.Checkpoint as under any strategy.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+
+import numpy as np
+import tensorflow as tf
+
+from mxrec_pipeline.core import key_index as key_index_lib
+from mxrec_pipeline.distributed import sharding
+
+_SHARD_FILE = re.compile(r"shard-(\d+)-of-(\d+)\.index")
+_KEY_STATE = ("last_seen",)
+_PENDING = ("pending_keys", "pending_counts", "pending_last_seen")
+
+
+def _shard_parts(table):
+  """(SparseEmbedding, shard_id, num_shards) of a ShardedTable or a plain table."""
+  shard = getattr(table, "shard", None)
+  if shard is not None:
+    return shard, table.shard_id, table.num_shards
+  return table, 0, 1
+
+
+def shard_prefix(directory: str, table_name: str, shard_id: int, num_shards: int) -> str:
+  """Path prefix of one shard's bundle: `<directory>/<table>/shard-<i>-of-<W>`."""
+  return os.path.join(directory, table_name, f"shard-{shard_id}-of-{num_shards}")
+
+
+def save_shard(directory: str, table, optimizers=()) -> str:
+  """Saves this worker's shard of `table` (eagerly); every worker calls it.
+
+  Atomic per shard: the bundle appears complete or not at all. Give each
+  checkpoint its own directory (e.g. one per step): a job killed between two
+  workers' saves must not leave one directory holding shards of two steps.
+
+  Args:
+    directory: Checkpoint directory, shared by the workers (or each worker's
+      files copied into one directory before a restore).
+    table: A ShardedTable, or a single-process SparseEmbedding (shard 0 of 1).
+    optimizers: The hash optimizers training the table (their slots and step
+      counts are saved).
+
+  Returns:
+    The bundle's prefix.
+  """
+  shard, shard_id, num_shards = _shard_parts(table)
+  state = shard.key_index.export_state()
+  order = tf.argsort(state["keys"])
+  keys, rows = tf.gather(state["keys"], order), tf.gather(state["rows"], order)
+  tensors = {
+      "keys": keys,
+      "values": tf.gather(shard.variable, rows),
+      "last_seen": tf.gather(state["last_seen"], order),
+      "counters": state["counters"],
+  }
+  tensors.update({name: state[name] for name in _PENDING})
+  for optimizer in optimizers:
+    optimizer.build([shard.variable])
+    for slot_name in optimizer.slot_initial_values:
+      slot = optimizer.get_slot(shard.table_name, slot_name)
+      tensors[f"slot/{optimizer.optimizer_name}/{slot_name}"] = tf.gather(slot, rows)
+    tensors[f"iterations/{optimizer.optimizer_name}"] = tf.convert_to_tensor(optimizer.iterations)
+  prefix = shard_prefix(directory, shard.table_name, shard_id, num_shards)
+  os.makedirs(os.path.dirname(prefix), exist_ok=True)
+  names = sorted(tensors)
+  # Written under a temporary prefix, then renamed data first, index last: a
+  # process killed while saving leaves no `.index`, so no shard restores from
+  # a partial bundle (saved_shards looks for the index files).
+  temporary = f"{prefix}_temp_{os.getpid()}"
+  tf.raw_ops.SaveV2(prefix=temporary, tensor_names=names, shape_and_slices=[""] * len(names),
+                    tensors=[tensors[n] for n in names])
+  for path in glob.glob(glob.escape(temporary) + ".data-*"):
+    os.replace(path, prefix + path[len(temporary):])
+  os.replace(temporary + ".index", prefix + ".index")
+  return prefix
+
+
+def saved_shards(directory: str, table_name: str) -> list[str]:
+  """Prefixes of the saved shards of a table, in shard order.
+
+  Raises:
+    FileNotFoundError: no shard, or a shard of the saved job missing (named).
+    ValueError: shards of jobs of different sizes in one directory.
+  """
+  folder = os.path.join(directory, table_name)
+  found = [_SHARD_FILE.fullmatch(f) for f in (os.listdir(folder) if os.path.isdir(folder) else [])]
+  found = [(int(m.group(1)), int(m.group(2))) for m in found if m]
+  if not found:
+    raise FileNotFoundError(f"table '{table_name}': no shard-*-of-* checkpoint in {folder}")
+  sizes = sorted({w for _, w in found})
+  if len(sizes) != 1:
+    raise ValueError(f"table '{table_name}': {folder} holds shards of jobs of {sizes} workers; "
+                     "keep one job's checkpoint per directory")
+  (num_saved,) = sizes
+  prefixes = []
+  for i in range(num_saved):
+    if (i, num_saved) not in found:
+      raise FileNotFoundError(f"table '{table_name}': shard {i} of {num_saved} is missing "
+                              f"({shard_prefix(directory, table_name, i, num_saved)}.index)")
+    prefixes.append(shard_prefix(directory, table_name, i, num_saved))
+  return prefixes
+
+
+def read_all_shards(directory: str, table_name: str, optimizers=()) -> dict[str, np.ndarray]:
+  """Every saved shard of a table, concatenated: the checkpoint's tensors as NumPy arrays.
+
+  Counters: admissions and evictions summed, the latest timestamp the max.
+  """
+  parts = [tf.train.load_checkpoint(p) for p in saved_shards(directory, table_name)]
+  names = ["keys", "values", *_KEY_STATE, *_PENDING]
+  for optimizer in optimizers:
+    names += [f"slot/{optimizer.optimizer_name}/{s}" for s in optimizer.slot_initial_values]
+  out = {}
+  for name in names:
+    try:
+      out[name] = np.concatenate([p.get_tensor(name) for p in parts])
+    except tf.errors.NotFoundError as e:
+      raise ValueError(f"table '{table_name}': the checkpoint in {directory} has no `{name}` "
+                       "(saved without this optimizer?)") from e
+  counters = np.stack([p.get_tensor("counters") for p in parts])
+  out["counters"] = np.array([counters[:, 0].sum(), counters[:, 1].sum(), counters[:, 2].max()])
+  for optimizer in optimizers:
+    name = f"iterations/{optimizer.optimizer_name}"
+    out[name] = parts[0].get_tensor(name)
+  return out
+
+
+def restore_shard(directory: str, table, optimizers=()) -> int:
+  """Restores this worker's shard from the shards of any earlier job (eagerly).
+
+  Keeps the saved keys this worker owns now (all of them for one process),
+  whatever the number of shards that saved them.
+
+  Args:
+    directory: As given to save_shard.
+    table: A ShardedTable or a single-process SparseEmbedding.
+    optimizers: The hash optimizers training the table, as saved.
+
+  Returns:
+    The number of keys restored into this shard.
+
+  Raises:
+    FileNotFoundError, ValueError: see saved_shards and read_all_shards.
+    ValueError: the shard's rows cannot hold its keys, or the saved rows
+      have another dim (both naming the table).
+  """
+  shard, shard_id, num_shards = _shard_parts(table)
+  name = shard.table_name
+  saved = read_all_shards(directory, name, optimizers)
+  keep = sharding.owner_numpy(saved["keys"], num_shards) == shard_id
+  order = np.argsort(saved["keys"][keep], kind="stable")
+  keys = saved["keys"][keep][order]
+  if keys.size > shard.device_vocabulary_size:
+    raise ValueError(f"table '{name}': shard {shard_id} of {num_shards} gets {keys.size} keys of "
+                     f"the checkpoint, more than its {shard.device_vocabulary_size} rows")
+  if saved["values"].shape[1:] != (shard.dim,):
+    raise ValueError(f"table '{name}': the checkpoint's rows have dim "
+                     f"{saved['values'].shape[1]}, the table {shard.dim}")
+  rows = np.arange(keys.size, dtype=np.int64)
+  pending = sharding.owner_numpy(saved["pending_keys"], num_shards) == shard_id
+  state = {
+      "keys": keys,
+      "rows": rows,
+      "last_seen": saved["last_seen"][keep][order],
+      "counters": saved["counters"],
+  }
+  state.update({n: saved[n][pending] for n in _PENDING})
+  shard.key_index.import_state(
+      {n: tf.constant(state[n], tf.int64) for n in key_index_lib.STATE_NAMES})
+  indices = tf.constant(rows[:, None])
+  shard.variable.assign(
+      tf.tensor_scatter_nd_update(shard.initial_rows(), indices, saved["values"][keep][order]))
+  for optimizer in optimizers:
+    optimizer.build([shard.variable])
+    for slot_name, initial in optimizer.slot_initial_values.items():
+      slot = optimizer.get_slot(name, slot_name)
+      values = saved[f"slot/{optimizer.optimizer_name}/{slot_name}"][keep][order]
+      slot.assign(
+          tf.tensor_scatter_nd_update(tf.fill(tf.shape(slot), tf.cast(initial, slot.dtype)),
+                                      indices, values))
+    optimizer.iterations.assign(saved[f"iterations/{optimizer.optimizer_name}"])
+  return int(keys.size)

@@ -1,0 +1,187 @@
+"""The local-cluster launcher (mxrec_pipeline/cluster/local.py) on small Python commands.
+
+The tasks here are `python -c` one-liners, not trainings: what is tested is
+the launcher (TF_CONFIG per task, output routing, exit statuses, stopping
+every process). tests/cluster/test_cluster_training.py runs real trainings.
+"""
+
+import io
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+
+import pytest
+
+import cluster_testlib as lib
+from mxrec_pipeline.cluster import local
+from mxrec_pipeline.cluster import tf_config
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+
+# Prints the task's TF_CONFIG, then does what its task index says.
+TASK = """
+import os, json, signal, sys, time
+config = json.loads(os.environ["TF_CONFIG"])
+print("TF_CONFIG", json.dumps(config), flush=True)
+print("TMPDIR", os.environ.get("TMPDIR"), flush=True)
+action = sys.argv[1 + config["task"]["index"]]
+if action == "ignore_term":
+  signal.signal(signal.SIGTERM, signal.SIG_IGN)
+  print("ignoring SIGTERM", flush=True)
+if action in ("forever", "ignore_term"):
+  while True:
+    time.sleep(1)
+sys.exit(int(action))
+"""
+
+
+def _run(tmp_path, actions, grace_s=local.DEFAULT_GRACE_S):
+  env, marker = lib.marked_env()
+  out = io.StringIO()
+  try:
+    spec = local.LocalClusterSpec(workers=len(actions))
+    status = local.run(lambda task: [sys.executable, "-c", TASK, *actions], spec,
+                       str(tmp_path / "logs"), env=env, grace_s=grace_s, out=out)
+    assert lib.marked_pids(marker) == []  # Every process it started is gone.
+  finally:
+    lib.kill_marked(marker)
+  return status, out.getvalue()
+
+
+@pytest.mark.parametrize("text, spec", [
+    ("workers=2", local.LocalClusterSpec(2)),
+    (" workers = 3 ", local.LocalClusterSpec(3)),
+    ("workers=1,ps=0", local.LocalClusterSpec(1, 0)),
+])
+def test_parse_spec(text, spec):
+  assert local.parse_spec(text) == spec
+
+
+@pytest.mark.parametrize("text, message", [
+    ("", "expected workers=N"),
+    ("workers", "expected workers=N"),
+    ("chiefs=1", "expected workers=N"),
+    ("workers=two", "`workers` must be an int >= 0, got 'two'"),
+    ("workers=-1", "`workers` must be an int >= 0, got '-1'"),
+    ("workers=0", "`workers` must be a positive int, got 0"),
+    ("workers=2,workers=3", "`workers` is given twice"),
+    ("ps=1", "give the number of workers"),
+    ("workers=2,ps=1", "ParameterServerStrategy is not supported yet"),
+])
+def test_parse_spec_errors_quote_the_value(text, message):
+  with pytest.raises(local.LocalClusterError, match=message) as error:
+    local.parse_spec(text)
+  assert f"--local-cluster {text!r}" in str(error.value)
+
+
+def test_every_task_gets_its_tf_config_chief_streams_others_log(tmp_path, capfd):
+  status, out = _run(tmp_path, ["0", "0", "0"])
+  assert status == 0
+  chief_out = capfd.readouterr().out
+  configs = [json.loads(chief_out.split("TF_CONFIG ", 1)[1].splitlines()[0])]
+  for index in (1, 2):
+    log = (tmp_path / "logs" / f"worker-{index}.log").read_text()
+    assert f"worker {index} (pid " in out and str(tmp_path / "logs" / f"worker-{index}.log") in out
+    configs.append(json.loads(log.split("TF_CONFIG ", 1)[1].splitlines()[0]))
+  # One TMPDIR for the tasks, deleted at the end.
+  (tmp_dir,) = {
+      line.split(" ", 1)[1] for line in chief_out.splitlines() if line.startswith("TMPDIR")
+  }
+  assert os.path.basename(tmp_dir).startswith("mxrec-local-cluster-")
+  assert not os.path.exists(tmp_dir)
+  addresses = configs[0]["cluster"]["worker"]
+  assert len(set(addresses)) == 3 and all(a.startswith("localhost:") for a in addresses)
+  for index, config in enumerate(configs):
+    parsed = tf_config.parse(json.dumps(config))
+    assert parsed.cluster == {"worker": tuple(addresses)}
+    assert (parsed.task_type, parsed.task_index, parsed.is_chief) == ("worker", index, index == 0)
+
+
+def test_a_failed_worker_stops_the_others_and_is_named(tmp_path):
+  status, out = _run(tmp_path, ["forever", "3", "forever"])
+  assert status == 1
+  log = tmp_path / "logs" / "worker-1.log"
+  assert f"worker 1 exited with status 3; its log: {log}; stopping worker 0, worker 2" in out
+
+
+def test_a_failed_chief_returns_its_status(tmp_path):
+  status, out = _run(tmp_path, ["5", "forever"])
+  assert status == 5
+  assert "worker 0 exited with status 5; its output is above; stopping worker 1" in out
+
+
+def test_stop_kills_a_task_that_ignores_sigterm(tmp_path):
+  env, marker = lib.marked_env()
+  try:
+    tasks = [
+        local._start(i, [sys.executable, "-c", TASK, "ignore_term", "ignore_term"],
+                     {**env, "TF_CONFIG": tf_config.dumps({"worker": ["h:1", "h:2"]}, "worker", i)},
+                     str(tmp_path)) for i in range(2)
+    ]
+    # SIGTERM is ignored once the task said so.
+    lib.wait_for_text(tmp_path / "worker-1.log", "ignoring SIGTERM", 60, tasks[1].process)
+    local.stop(tasks, grace_s=0.5)
+    assert tasks[1].process.returncode == -9  # SIGTERM ignored, then SIGKILL.
+    assert lib.marked_pids(marker) == []
+  finally:
+    lib.kill_marked(marker)
+
+
+# `train --local-cluster` in a fresh process, with `local.run` recording what it would start.
+CLI_WRAPPER = """
+import json, sys
+from mxrec_pipeline import cli
+from mxrec_pipeline.cluster import local
+calls = []
+local.run = lambda command, spec, log_dir: calls.append((command(1), spec.workers, log_dir)) or 0
+code = cli.main(sys.argv[1:])
+print(json.dumps({"code": code, "calls": calls, "tensorflow": "tensorflow" in sys.modules}))
+"""
+
+
+def test_train_local_cluster_runs_the_same_command_without_tensorflow(tmp_path):
+  config = str(REPO / "configs" / "mslr_dnn.yaml")
+  args = [
+      "train", config, "--local-cluster", "workers=3", "--fresh", "--set",
+      f"pipeline.model_dir={tmp_path / 'run'}"
+  ]
+  process = subprocess.run([sys.executable, "-c", CLI_WRAPPER, *args], capture_output=True,
+                           text=True, timeout=120, check=True)
+  result = json.loads(process.stdout.strip().splitlines()[-1])
+  assert result == {
+      "code": 0, "tensorflow": False, "calls": [[[
+          sys.executable, "-m", "mxrec_pipeline.cli", "train", config, "--verbose=2", "--fresh",
+          "--set", f"pipeline.model_dir={tmp_path / 'run'}", "--set",
+          "pipeline.strategy=MultiWorkerMirroredStrategy"
+      ], 3,
+                                                 str(tmp_path / "run" / "local_cluster")]]
+  }
+
+
+LAUNCHER = """
+import sys
+from mxrec_pipeline.cluster import local
+task = [sys.executable, "-c", sys.argv[1], "forever", "forever"]
+sys.exit(local.run(lambda index: task, local.LocalClusterSpec(workers=2), sys.argv[2]))
+"""
+
+
+def test_ctrl_c_stops_every_worker(tmp_path):
+  env, marker = lib.marked_env()
+  with open(tmp_path / "launcher.txt", "w", encoding="utf-8") as out:
+    launcher = subprocess.Popen([sys.executable, "-c", LAUNCHER, TASK,
+                                 str(tmp_path / "logs")], env=env, stdout=out,
+                                stderr=subprocess.STDOUT)
+  try:
+    lib.wait_for_text(tmp_path / "logs" / "worker-1.log", "TF_CONFIG", 60, launcher)
+    launcher.send_signal(signal.SIGINT)
+    assert launcher.wait(timeout=60) == 130
+    assert "interrupted, stopping every worker" in (tmp_path / "launcher.txt").read_text()
+    assert lib.marked_pids(marker) == []
+  finally:
+    launcher.kill()
+    launcher.wait()
+    lib.kill_marked(marker)
