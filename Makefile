@@ -17,6 +17,7 @@ TIER_STORE_TEST := native/build/tier_store_test
 DEVICE_CACHE_TEST := native/build/device_cache_test
 ROW_INIT_TEST := native/build/row_init_test
 KEY_INDEX_PROPERTY_TEST := native/build/key_index_property_test
+ROW_OPTIMIZERS_TEST := native/build/row_optimizers_test
 SANITIZE  := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all
 
 .PHONY: all system-deps venv native native-test test test-fast pytest lint format demo bench clean
@@ -67,6 +68,13 @@ $(TIER_STORE_TEST): native/core/tier_store.cc native/core/tier_store.h native/co
 	  native/core/tier_store.cc native/tests/tier_store_test.cc \
 	  -lgtest -lgtest_main -pthread -o $@
 
+$(ROW_OPTIMIZERS_TEST): native/core/row_optimizers.cc native/core/row_optimizers.h \
+    native/tests/row_optimizers_test.cc | system-deps
+	mkdir -p native/build
+	g++ -std=c++20 -O1 -g -Wall -Wextra -Werror $(SANITIZE) \
+	  native/core/row_optimizers.cc native/tests/row_optimizers_test.cc \
+	  -lgtest -lgtest_main -pthread -o $@
+
 $(DEVICE_CACHE_TEST): native/core/device_cache.cc native/core/device_cache.h \
     native/core/status.h native/tests/device_cache_test.cc | system-deps
 	mkdir -p native/build
@@ -90,7 +98,8 @@ $(KEY_INDEX_PROPERTY_TEST): native/core/key_index.cc native/core/key_index.h nat
 	  -lgtest -lgtest_main -pthread -o $@
 
 native-test: $(GTEST_BIN) $(ROW_STORE_TEST) $(TIER_STORE_TEST) $(DEVICE_CACHE_TEST) $(ROW_INIT_TEST) \
-    $(KEY_INDEX_PROPERTY_TEST)
+    $(KEY_INDEX_PROPERTY_TEST) $(ROW_OPTIMIZERS_TEST)
+	$(ROW_OPTIMIZERS_TEST)
 	$(GTEST_BIN)
 	$(KEY_INDEX_PROPERTY_TEST)
 	$(ROW_STORE_TEST)

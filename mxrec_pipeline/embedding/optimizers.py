@@ -16,6 +16,10 @@ optimization_parameters.proto), per touched row r, g the summed gradient:
             w[r] -= lr * m[r] / sqrt(v[r] + eps^2)   (sum_inside_sqrt=True)
             w[r] -= lr * m[r] / (sqrt(v[r]) + eps)   (sum_inside_sqrt=False)
 
+float32 tables run the lazy updates as one pass of the fused native ops
+(MxSgdRows, MxAdagradRows, MxLazyAdamRows; native/core/row_optimizers.cc),
+other dtypes and non-lazy Adam as TF ops.
+
 TPUEmbedding's Adam has no bias correction: its docs fold it into a dynamic
 learning rate, `lr * sqrt(1 - b2^t) / (1 - b1^t)`, which works here too (pass
 a callable). `lazy_adam=False` updates every row every step, as TPU's non-lazy
@@ -34,6 +38,7 @@ from typing import Callable
 
 import tensorflow as tf
 
+from mxrec_pipeline import ops
 from mxrec_pipeline.optimizers.base import HashOptimizer
 
 LearningRate = float | Callable[[], float]
@@ -294,6 +299,11 @@ class _SgdRows(_TpuRows):
   slot_initial_values = {}
 
   def _step_rows(self, var, slots, rows, grad, lr):
+    if var.dtype == tf.float32:
+      return [
+          ops.load().mx_sgd_rows(var.handle, tf.cast(rows, tf.int64), grad, lr,
+                                 tf.constant(0.0, tf.float32))
+      ]
     return [var.scatter_sub(tf.IndexedSlices(lr * grad, rows))]
 
 
@@ -305,6 +315,8 @@ class _AdagradRows(_TpuRows):
 
   def _step_rows(self, var, slots, rows, grad, lr):
     acc = slots["accumulators"]
+    if var.dtype == tf.float32:
+      return [ops.load().mx_adagrad_rows(var.handle, acc.handle, tf.cast(rows, tf.int64), grad, lr)]
     acc_rows = tf.gather(acc, rows) + tf.square(grad)
     return [
         acc.scatter_update(tf.IndexedSlices(acc_rows, rows)),
@@ -338,6 +350,14 @@ class _AdamRows(_TpuRows):
       dense_grad = tf.scatter_nd(tf.expand_dims(rows, -1), grad, tf.shape(var, out_type=tf.int64))
       m_new, v_new, delta = self._step(m.read_value(), v.read_value(), dense_grad, lr)
       return [m.assign(m_new), v.assign(v_new), var.assign_sub(delta)]
+    if var.dtype == tf.float32:
+      return [
+          ops.load().mx_lazy_adam_rows(
+              var.handle, m.handle, v.handle, tf.cast(rows, tf.int64), grad, lr,
+              *(tf.constant(value, tf.float32)
+                for value in (self.beta_1, self.beta_2, self.epsilon)),
+              epsilon_inside_sqrt=self.sum_inside_sqrt)
+      ]
     m_rows, v_rows, delta = self._step(tf.gather(m, rows), tf.gather(v, rows), grad, lr)
     return [
         m.scatter_update(tf.IndexedSlices(m_rows, rows)),

@@ -9,6 +9,7 @@ on the touched rows r only:
 
 import tensorflow as tf
 
+from mxrec_pipeline import ops
 from mxrec_pipeline.optimizers import by_addr
 from mxrec_pipeline.optimizers.base import HashOptimizer
 
@@ -28,6 +29,16 @@ class Adagrad(HashOptimizer):
     self.slot_initial_values = {"accumulator": float(initial_accumulator_value)}
 
   def _update_rows(self, var, slots, rows, grad, step):
+    if var.dtype != tf.float32:
+      return self._update_rows_tf(var, slots, rows, grad, step)
+    # One pass of the fused native op (native/core/row_optimizers.cc).
+    return [
+        ops.load().mx_adagrad_rows(var.handle, slots["accumulator"].handle, tf.cast(rows, tf.int64),
+                                   grad, tf.constant(self.learning_rate, tf.float32))
+    ]
+
+  def _update_rows_tf(self, var, slots, rows, grad, step):
+    """The update with TF gather/scatter ops (any float dtype); as _update_rows."""
     acc = slots["accumulator"]
     acc_rows = tf.gather(acc, rows) + tf.square(grad)
     return [

@@ -11,13 +11,16 @@ touched rows r only. With n = accum, z = linear, p = -learning_rate_power:
   w[r]   = (sign(z[r]) * l1 - z[r]) / q   if |z[r]| > l1   else 0
   n[r]   = n_new
 
-Other rows and their slots are left as they are.
+Other rows and their slots are left as they are. float32 tables update rows
+and both slots in one pass of the fused native op MxFtrlRows
+(native/core/row_optimizers.cc); other dtypes with TF ops.
 """
 
 from __future__ import annotations
 
 import tensorflow as tf
 
+from mxrec_pipeline import ops
 from mxrec_pipeline.optimizers import by_addr
 from mxrec_pipeline.optimizers.base import HashOptimizer
 
@@ -71,6 +74,17 @@ class Ftrl(HashOptimizer):
     }
 
   def _update_rows(self, var, slots, rows, grad, step):
+    if var.dtype != tf.float32:
+      return self._update_rows_tf(var, slots, rows, grad, step)
+    scalars = (self.learning_rate, -self.learning_rate_power, self.l1, self.l2, self.l2_shrinkage)
+    return [
+        ops.load().mx_ftrl_rows(var.handle, slots[self.accum_name].handle,
+                                slots[self.linear_name].handle, tf.cast(rows, tf.int64), grad,
+                                *(tf.constant(value, tf.float32) for value in scalars))
+    ]
+
+  def _update_rows_tf(self, var, slots, rows, grad, step):
+    """The update with TF gather/scatter ops (any float dtype); as _update_rows."""
     del step
     dtype = var.dtype
     accum, linear = slots[self.accum_name], slots[self.linear_name]

@@ -6,6 +6,7 @@ w[r] = w[r] - learning_rate * (g[r] + weight_decay * w[r]) for the touched rows 
 
 import tensorflow as tf
 
+from mxrec_pipeline import ops
 from mxrec_pipeline.optimizers import by_addr
 from mxrec_pipeline.optimizers.base import HashOptimizer
 
@@ -27,6 +28,17 @@ class GradientDescent(HashOptimizer):
     self.weight_decay = weight_decay
 
   def _update_rows(self, var, slots, rows, grad, step):
+    if var.dtype != tf.float32:
+      return self._update_rows_tf(var, slots, rows, grad, step)
+    # One pass of the fused native op (native/core/row_optimizers.cc).
+    return [
+        ops.load().mx_sgd_rows(var.handle, tf.cast(rows, tf.int64), grad,
+                               tf.constant(self.learning_rate, tf.float32),
+                               tf.constant(self.weight_decay, tf.float32))
+    ]
+
+  def _update_rows_tf(self, var, slots, rows, grad, step):
+    """The update with TF gather/scatter ops (any float dtype); as _update_rows."""
     if self.weight_decay:
       grad = grad + self.weight_decay * tf.gather(var, rows)
     return [var.scatter_sub(tf.IndexedSlices(self.learning_rate * grad, rows))]

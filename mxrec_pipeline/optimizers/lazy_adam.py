@@ -10,10 +10,13 @@ t the number of apply_gradients calls so far (1 at the first):
   w[r] = w[r] - lr_t * m[r] / (sqrt(v[r]) + epsilon)
 
 for the touched rows r only; other rows and their m, v are left as they are.
+float32 tables update rows, m and v in one pass of the fused native op
+MxLazyAdamRows (native/core/row_optimizers.cc); other dtypes with TF ops.
 """
 
 import tensorflow as tf
 
+from mxrec_pipeline import ops
 from mxrec_pipeline.optimizers import by_addr
 from mxrec_pipeline.optimizers.base import HashOptimizer
 
@@ -46,10 +49,24 @@ class LazyAdam(HashOptimizer):
     self.beta1, self.beta2, self.epsilon = adam_hyperparameters(name, beta1, beta2, epsilon)
 
   def _update_rows(self, var, slots, rows, grad, step):
-    dtype = var.dtype
+    if var.dtype != tf.float32:
+      return self._update_rows_tf(var, slots, rows, grad, step)
+    lr_t, beta1, beta2 = self._coefficients(var.dtype, step)
+    return [
+        ops.load().mx_lazy_adam_rows(var.handle, slots["m"].handle, slots["v"].handle,
+                                     tf.cast(rows, tf.int64), grad, lr_t, beta1, beta2,
+                                     tf.constant(self.epsilon, tf.float32))
+    ]
+
+  def _coefficients(self, dtype, step):
+    """(lr_t, beta1, beta2) as `dtype` scalars at apply_gradients call `step`."""
     t = tf.cast(step, dtype)
     beta1, beta2 = tf.cast(self.beta1, dtype), tf.cast(self.beta2, dtype)
-    lr_t = self.learning_rate * tf.sqrt(1 - beta2**t) / (1 - beta1**t)
+    return self.learning_rate * tf.sqrt(1 - beta2**t) / (1 - beta1**t), beta1, beta2
+
+  def _update_rows_tf(self, var, slots, rows, grad, step):
+    """The update with TF gather/scatter ops (any float dtype); as _update_rows."""
+    lr_t, beta1, beta2 = self._coefficients(var.dtype, step)
     m, v = slots["m"], slots["v"]
     m_rows = beta1 * tf.gather(m, rows) + (1 - beta1) * grad
     v_rows = beta2 * tf.gather(v, rows) + (1 - beta2) * tf.square(grad)

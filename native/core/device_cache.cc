@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstring>
 #include <functional>
+#include <new>
 #include <sstream>
 #include <utility>
 
@@ -31,11 +32,9 @@ DeviceCache::DeviceCache(int64_t device_rows, int64_t total_rows, Policy policy,
       policy_(policy),
       name_(std::move(name)),
       wait_seconds_(std::min(std::max(wait_seconds, 0.0), kMaxWaitSeconds)),
-      planned_slot_of_(total_rows, -1),
       planned_global_(device_rows, -1),
       last_used_(device_rows, 0),
       frequency_(device_rows, 0),
-      applied_slot_of_(total_rows, -1),
       applied_global_(device_rows, -1),
       applied_last_used_(device_rows, 0),
       applied_frequency_(device_rows, 0) {
@@ -240,6 +239,35 @@ void DeviceCache::ResetLocked() {
   pending_drops_.clear();
 }
 
+Status DeviceCache::CoverGlobalLocked(int64_t max_global) {
+  const size_t need = static_cast<size_t>(max_global) + 1;
+  const size_t size = planned_slot_of_.size();
+  if (need <= size) return Status::Ok();
+  const size_t grown =
+      std::min<size_t>(static_cast<size_t>(total_rows_), std::max(need, size + size / 4));
+  try {
+    // Both reserved before either grows: a failure changes nothing.
+    planned_slot_of_.reserve(grown);
+    applied_slot_of_.reserve(grown);
+  } catch (const std::bad_alloc&) {
+    std::ostringstream msg;
+    msg << "table '" << name_ << "': cannot grow the device cache's row maps to " << grown
+        << " global rows (" << 2 * grown * sizeof(int32_t) << " bytes of host memory)";
+    return Status::ResourceExhausted(msg.str());
+  }
+  planned_slot_of_.resize(grown, -1);
+  applied_slot_of_.resize(grown, -1);
+  return Status::Ok();
+}
+
+int64_t DeviceCache::PlannedSlotLocked(int64_t global) const {
+  return global < static_cast<int64_t>(planned_slot_of_.size()) ? planned_slot_of_[global] : -1;
+}
+
+int64_t DeviceCache::AppliedSlotLocked(int64_t global) const {
+  return global < static_cast<int64_t>(applied_slot_of_.size()) ? applied_slot_of_[global] : -1;
+}
+
 Status DeviceCache::OutOfRange(int64_t global, int64_t position, const char* what) const {
   std::ostringstream msg;
   msg << "table '" << name_ << "': global row " << global << " (position " << position
@@ -255,6 +283,15 @@ Status DeviceCache::Plan(const int64_t* globals, int64_t n, int64_t* slots, int6
                          const std::function<bool()>& cancelled, bool wait) {
   std::lock_guard<std::mutex> plan_lock(plan_mu_);
   std::unique_lock<std::mutex> lock(mu_);
+
+  // The row maps cover the globals seen so far: grow them first (globals out
+  // of range are reported below).
+  int64_t max_global = -1;
+  for (int64_t i = 0; i < n; ++i) {
+    if (globals[i] < total_rows_) max_global = std::max(max_global, globals[i]);
+  }
+  Status covered = CoverGlobalLocked(max_global);
+  if (!covered.ok()) return covered;
 
   // Classifies: slots[i] = the slot of a hit, kMissMark for a miss, -1 for -1.
   // Seen globals are marked in planned_slot_of_ to catch duplicates; `marked`
@@ -462,7 +499,7 @@ Status DeviceCache::Apply(int64_t token, Moves* moves) {
       if (event.kind == EventKind::kHit) continue;
       auto [it, inserted] = index.emplace(event.global, touched.size());
       if (inserted) {
-        const int64_t a = applied_slot_of_[event.global];
+        const int64_t a = AppliedSlotLocked(event.global);
         touched.push_back(Touch{event.global, a, a >= 0 ? a : kInStore, false});
       }
       Touch& touch = touched[it->second];
@@ -510,7 +547,8 @@ Status DeviceCache::Apply(int64_t token, Moves* moves) {
   // The applied mapping becomes the composed state (nothing allocates here).
   for (const Touch& t : touched) {
     if (t.applied >= 0 && applied_global_[t.applied] == t.global) applied_global_[t.applied] = -1;
-    applied_slot_of_[t.global] = -1;
+    // A dropped global may lie past the maps (released, never planned).
+    if (t.global < static_cast<int64_t>(applied_slot_of_.size())) applied_slot_of_[t.global] = -1;
   }
   for (const Touch& t : touched) {
     if (t.place < 0) continue;
@@ -562,7 +600,7 @@ Status DeviceCache::Release(const int64_t* globals, int64_t n) {
     if (g == -1) continue;
     if (g < -1 || g >= total_rows_) return OutOfRange(g, i, "the device cache release");
     ++dropped;
-    if (planned_slot_of_[g] >= 0) ++cached;
+    if (PlannedSlotLocked(g) >= 0) ++cached;
   }
   if (dropped == 0) return Status::Ok();
   // Allocations first (a failure leaves zero-count drops, which mean nothing).
@@ -576,7 +614,7 @@ Status DeviceCache::Release(const int64_t* globals, int64_t n) {
     const int64_t g = globals[i];
     if (g < 0) continue;
     ++pending_drops_[g];
-    const int64_t s = planned_slot_of_[g];
+    const int64_t s = PlannedSlotLocked(g);
     if (s >= 0) {
       if (policy_ == Policy::kLru) {
         ListUnlink(s);
@@ -610,7 +648,7 @@ void DeviceCache::Locate(const int64_t* globals, int64_t n, int64_t* slots) cons
         continue;
       }
     }
-    slots[i] = applied_slot_of_[g];
+    slots[i] = AppliedSlotLocked(g);
   }
 }
 
@@ -727,6 +765,8 @@ Status DeviceCache::ImportState(const State& state) {
 
   std::lock_guard<std::mutex> plan_lock(plan_mu_);
   std::lock_guard<std::mutex> lock(mu_);
+  Status covered = CoverGlobalLocked(n == 0 ? -1 : sorted_globals.back());
+  if (!covered.ok()) return covered;
   ResetLocked();
   for (size_t i = 0; i < n; ++i) {
     const int64_t s = state.slots[i], g = state.globals[i];
@@ -755,6 +795,8 @@ void DeviceCache::Clear() {
   std::lock_guard<std::mutex> plan_lock(plan_mu_);
   std::lock_guard<std::mutex> lock(mu_);
   ResetLocked();
+  std::vector<int32_t>().swap(planned_slot_of_);
+  std::vector<int32_t>().swap(applied_slot_of_);
   planned_seq_ = applied_seq_ = finished_seq_ = 0;
   hits_ = misses_ = swap_outs_ = swap_ins_ = 0;
   ++generation_;
@@ -778,7 +820,8 @@ DeviceCache::Stats DeviceCache::stats() const {
 
 int64_t DeviceCache::MemoryBytes() const {
   std::lock_guard<std::mutex> lock(mu_);
-  int64_t bytes = 2 * total_rows_ * static_cast<int64_t>(sizeof(int32_t));
+  int64_t bytes = static_cast<int64_t>((planned_slot_of_.capacity() + applied_slot_of_.capacity()) *
+                                       sizeof(int32_t));
   // Per slot: planned/applied global, last_used, frequency (8 x int64 in all),
   // and either the LFU heap and heap position or the LRU prev and next links
   // (2 x int32).

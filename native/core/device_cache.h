@@ -36,8 +36,10 @@
 //  - LFU: an indexed binary min-heap (O(log n) per touch); pinned slots popped
 //    while looking for a victim are pushed back after the plan.
 //
-// Storage: two int32 slot-of-global arrays over total_rows (planned and applied,
-// 8 bytes per global) and per-slot arrays (globals, last use, frequency, list
+// Storage: two int32 slot-of-global arrays (planned and applied, 8 bytes per
+// global) sized by use: they cover the largest global planned so far (grown by
+// 1.25x, at most total_rows; the key index hands globals out lowest first, so
+// about 8-10 bytes per stored key, not per row of the table), and per-slot arrays (globals, last use, frequency, list
 // links or heap and heap position; about 72 bytes per slot), plus the LRU sort
 // buffers of the largest plan so far (up to 8 bytes per slot).
 //
@@ -223,6 +225,14 @@ class DeviceCache {
   // records.
   void ResetLocked();
   Status OutOfRange(int64_t global, int64_t position, const char* what) const;
+  // Grows both slot-of-global maps to cover `max_global` (-1: nothing), by
+  // 1.25x at least, at most to total_rows. Caller holds mu_. ResourceExhausted
+  // (changing nothing) when the host cannot allocate them.
+  Status CoverGlobalLocked(int64_t max_global);
+  // planned_slot_of_[global] / applied_slot_of_[global], or -1 past the maps.
+  // Caller holds mu_.
+  int64_t PlannedSlotLocked(int64_t global) const;
+  int64_t AppliedSlotLocked(int64_t global) const;
 
   const int64_t device_rows_;
   const int64_t total_rows_;

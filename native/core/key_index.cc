@@ -31,13 +31,21 @@ uint64_t SlotCount(int64_t n) {
 // miss of a random slot behind the work on the keys before it.
 constexpr int64_t kPrefetchDistance = 16;
 
-// Prefetches the home slot of keys[i + kPrefetchDistance], if any.
-template <typename SlotT>
-inline void PrefetchAhead(const int64_t* keys, int64_t i, int64_t n, const SlotT* slots,
+// Prefetches the home slot of keys[i + kPrefetchDistance] in a power-of-two
+// array of slots, if any.
+inline void PrefetchAhead(const int64_t* keys, int64_t i, int64_t n, const int32_t* slots,
                           uint64_t mask) {
   if (i + kPrefetchDistance < n) {
     __builtin_prefetch(&slots[Mix(keys[i + kPrefetchDistance]) & mask]);
   }
+}
+
+__extension__ using Uint128 = unsigned __int128;
+
+// Lemire's multiply-shift range reduction ("A fast alternative to the modulo
+// reduction", 2016): maps a uniform 64-bit hash onto [0, n) without division.
+inline uint64_t Reduce(uint64_t hash, uint64_t n) {
+  return static_cast<uint64_t>((static_cast<Uint128>(hash) * n) >> 64);
 }
 
 // Number of distinct keys[i] with rows[i] == mark.
@@ -45,6 +53,16 @@ int64_t CountDistinct(const int64_t* keys, const int64_t* rows, int64_t n, int64
   std::vector<int64_t> marked;
   for (int64_t i = 0; i < n; ++i) {
     if (rows[i] == mark) marked.push_back(keys[i]);
+  }
+  std::sort(marked.begin(), marked.end());
+  return std::unique(marked.begin(), marked.end()) - marked.begin();
+}
+
+// Number of distinct keys[i] with rows[i] < 0 (misses).
+int64_t CountDistinctMisses(const int64_t* keys, const int64_t* rows, int64_t n) {
+  std::vector<int64_t> marked;
+  for (int64_t i = 0; i < n; ++i) {
+    if (rows[i] < 0) marked.push_back(keys[i]);
   }
   std::sort(marked.begin(), marked.end());
   return std::unique(marked.begin(), marked.end()) - marked.begin();
@@ -91,8 +109,52 @@ KeyIndex::KeyIndex(int64_t capacity, std::string name, bool growable, std::strin
                      : std::move(rows_text)),
       grow_text_(grow_text.empty() ? "Create the table with a larger device_vocabulary_size"
                                    : std::move(grow_text)),
-      mask_(SlotCount(capacity) - 1),
-      slots_(mask_ + 1, Slot{0, kMissingRow}) {}
+      num_slots_(kMinSlots),
+      slots_(kMinSlots, Slot{0, kMissingRow}) {}
+
+uint64_t KeyIndex::Home(int64_t key) const { return Reduce(Mix(key), num_slots_); }
+
+void KeyIndex::PrefetchAhead(const int64_t* keys, int64_t i, int64_t n) const {
+  if (i + kPrefetchDistance < n) __builtin_prefetch(&slots_[Home(keys[i + kPrefetchDistance])]);
+}
+
+uint64_t KeyIndex::SlotsFor(int64_t keys) const {
+  const uint64_t k = static_cast<uint64_t>(keys);
+  uint64_t count = k + k / 2;  // floor(1.5 * keys): load 2/3.
+  if (!growable_) {
+    const uint64_t c = static_cast<uint64_t>(capacity_);
+    count = std::min(count, c + (c + 3) / 4);  // ceil(1.25 * capacity): load <= 0.8.
+  }
+  return std::max(count, kMinSlots);
+}
+
+bool KeyIndex::FitsLocked(int64_t keys) const {
+  return 5 * static_cast<uint64_t>(keys) <= 4 * num_slots_;
+}
+
+Status KeyIndex::AllocateSlots(uint64_t count, int64_t keys, std::vector<Slot>* slots) const {
+  try {
+    slots->assign(count, Slot{0, kMissingRow});
+  } catch (const std::bad_alloc&) {
+    std::ostringstream msg;
+    msg << "table '" << name_ << "': cannot grow the key index to " << keys << " keys ("
+        << count * sizeof(Slot) << " bytes of host memory)";
+    return Status::ResourceExhausted(msg.str());
+  }
+  return Status::Ok();
+}
+
+Status KeyIndex::RehashLocked(uint64_t count) {
+  std::vector<Slot> old;
+  Status allocated = AllocateSlots(count, size_, &old);
+  if (!allocated.ok()) return allocated;
+  std::swap(slots_, old);
+  num_slots_ = count;
+  for (const Slot& slot : old) {
+    if (slot.row != kMissingRow) slots_[Probe(slot.key)] = slot;
+  }
+  return Status::Ok();
+}
 
 std::string KeyIndex::FullMessage(int64_t new_keys, const char* verb) const {
   std::ostringstream msg;
@@ -103,28 +165,27 @@ std::string KeyIndex::FullMessage(int64_t new_keys, const char* verb) const {
 }
 
 Status KeyIndex::ReserveLocked(int64_t keys) {
-  if (2 * static_cast<uint64_t>(keys) <= mask_ + 1) return Status::Ok();
-  const uint64_t count = SlotCount(keys);
+  // An overcount (repeated keys) must not regrow a full fixed-capacity array.
+  if (!growable_) keys = std::min(keys, capacity_);
+  if (FitsLocked(keys)) return Status::Ok();
+  const uint64_t count = SlotsFor(keys);
   std::vector<Slot> grown;
-  try {
-    grown.assign(count, Slot{0, kMissingRow});
-  } catch (const std::bad_alloc&) {
-    std::ostringstream msg;
-    msg << "table '" << name_ << "': cannot grow the key index to " << keys << " keys ("
-        << count * sizeof(Slot) << " bytes of host memory)";
-    return Status::ResourceExhausted(msg.str());
-  }
+  Status allocated = AllocateSlots(count, keys, &grown);
+  if (!allocated.ok()) return allocated;
   std::swap(slots_, grown);
-  mask_ = count - 1;
+  num_slots_ = count;
   for (const Slot& slot : grown) {
     if (slot.row != kMissingRow) slots_[Probe(slot.key)] = slot;
   }
   return Status::Ok();
 }
 
-uint64_t KeyIndex::Probe(int64_t key) const {
-  uint64_t s = Mix(key) & mask_;
-  while (slots_[s].row != kMissingRow && slots_[s].key != key) s = (s + 1) & mask_;
+uint64_t KeyIndex::Probe(int64_t key) const { return ProbeFrom(Home(key), key); }
+
+uint64_t KeyIndex::ProbeFrom(uint64_t s, int64_t key) const {
+  while (slots_[s].row != kMissingRow && slots_[s].key != key) {
+    if (++s == num_slots_) s = 0;
+  }
   return s;
 }
 
@@ -151,29 +212,40 @@ Status KeyIndex::FindOrInsert(const int64_t* keys, int64_t n, int64_t* rows) {
   std::unique_lock<std::shared_mutex> lock(mu_);
   // Pass 1: find, and count the distinct absent keys (a key may repeat in `keys`).
   int64_t absent = 0;
+  // A miss keeps the empty slot it reached as a hint, -2 - slot: pass 2
+  // resumes probing there (slots before it stay taken: nothing is removed).
   for (int64_t i = 0; i < n; ++i) {
-    PrefetchAhead(keys, i, n, slots_.data(), mask_);
-    const Slot& slot = slots_[Probe(keys[i])];
-    rows[i] = slot.row;
-    if (slot.row == kMissingRow) ++absent;
-  }
-  if (absent == 0) return Status::Ok();
-  if (growable_) {
-    // `absent` may count a repeated key twice: reserving a little more is harmless.
-    Status reserved = GrowForLocked(absent, "brings up to");
-    if (!reserved.ok()) return reserved;
-  } else if (size_ + absent > capacity_) {
-    // `absent` may count a repeated key twice: recount exactly before failing.
-    absent = CountDistinct(keys, rows, n, kMissingRow);
-    if (size_ + absent > capacity_) {
-      return Status::ResourceExhausted(FullMessage(absent, "brings") +
-                                       " (or drop rare keys before the lookup).");
+    PrefetchAhead(keys, i, n);
+    const uint64_t s = Probe(keys[i]);
+    rows[i] = slots_[s].row;
+    if (rows[i] == kMissingRow) {
+      rows[i] = -2 - static_cast<int64_t>(s);
+      ++absent;
     }
   }
+  if (absent == 0) return Status::Ok();
+  const uint64_t slots_before = num_slots_;
+  if (growable_) {
+    Status reserved = GrowForLocked(absent, "brings up to");
+    if (!reserved.ok()) return reserved;
+  } else {
+    if (size_ + absent > capacity_) {
+      // `absent` may count a repeated key twice: recount exactly before failing.
+      absent = CountDistinctMisses(keys, rows, n);
+      if (size_ + absent > capacity_) {
+        return Status::ResourceExhausted(FullMessage(absent, "brings") +
+                                         " (or drop rare keys before the lookup).");
+      }
+    }
+    Status reserved = ReserveLocked(size_ + absent);
+    if (!reserved.ok()) return reserved;
+  }
   // Pass 2: insert the absent keys in order of appearance.
+  const bool hints = num_slots_ == slots_before;  // no rehash in between
   for (int64_t i = 0; i < n; ++i) {
-    if (rows[i] != kMissingRow) continue;
-    Slot& slot = slots_[Probe(keys[i])];
+    if (rows[i] >= 0) continue;
+    Slot& slot = slots_[hints ? ProbeFrom(static_cast<uint64_t>(-2 - rows[i]), keys[i])
+                              : Probe(keys[i])];
     if (slot.row == kMissingRow) {
       slot.key = keys[i];
       slot.row = TakeFreeRow();
@@ -188,8 +260,12 @@ Status KeyIndex::FindOrInsert(const int64_t* keys, int64_t n, int64_t* rows) {
 
 void KeyIndex::TouchLocked(int64_t row, int64_t time) {
   if (row >= static_cast<int64_t>(last_seen_.size())) {
-    last_seen_.resize(std::max<size_t>(row + 1, std::max<size_t>(next_row_, 2 * last_seen_.size())),
-                      -1);
+    // Grown by 1.25x, not the 2x of std::vector: at most 10 B per row.
+    const size_t size = last_seen_.size();
+    const size_t grown = std::max<size_t>({static_cast<size_t>(row) + 1,
+                                           static_cast<size_t>(next_row_), size + size / 4, 64});
+    if (grown > last_seen_.capacity()) last_seen_.reserve(grown);
+    last_seen_.resize(grown, -1);
   }
   last_seen_[row] = time;
 }
@@ -213,6 +289,7 @@ Status KeyIndex::FindOrInsertAdmitting(const int64_t* keys, const int64_t* count
     }
   }
   if (admit > 0) {
+    if (!FitsLocked(size_ + admit)) admit = CountDistinct(keys, rows, n, kAdmit);
     if (growable_) {
       Status reserved = GrowForLocked(admit, "admits");
       if (!reserved.ok()) return reserved;
@@ -221,6 +298,9 @@ Status KeyIndex::FindOrInsertAdmitting(const int64_t* keys, const int64_t* count
       // `admit` may count a repeated key twice: the recount is exact.
       return Status::ResourceExhausted(FullMessage(admit, "admits") +
                                        ", raise access_threshold, or evict idle keys more often.");
+    } else {
+      Status reserved = ReserveLocked(size_ + admit);
+      if (!reserved.ok()) return reserved;
     }
   }
   if (timestamp > now_) now_ = timestamp;
@@ -254,9 +334,9 @@ void KeyIndex::EraseSlotLocked(uint64_t s) {
   uint64_t hole = s;
   uint64_t j = s;
   while (true) {
-    j = (j + 1) & mask_;
+    if (++j == num_slots_) j = 0;
     if (slots_[j].row == kMissingRow) break;
-    const uint64_t home = Mix(slots_[j].key) & mask_;
+    const uint64_t home = Home(slots_[j].key);
     const bool stays = hole <= j ? (hole < home && home <= j) : (hole < home || home <= j);
     if (!stays) {
       slots_[hole] = slots_[j];
@@ -289,6 +369,13 @@ void KeyIndex::Evict(int64_t idle, std::vector<int64_t>* freed_rows) {
   std::sort(free_rows_.begin(), free_rows_.end(), std::greater<int64_t>());
   for (auto it = pending_.begin(); it != pending_.end();) {
     it = now_ - it->second.last_seen > idle ? pending_.erase(it) : std::next(it);
+  }
+  // Sized by use after eviction too: below load 2/3 (more than 24 B per key),
+  // rehash to load 0.75. Keeping the larger array is fine when the host
+  // cannot allocate the smaller one.
+  const uint64_t size = static_cast<uint64_t>(size_);
+  if (num_slots_ > kMinSlots && 2 * num_slots_ > 3 * size + 3) {
+    (void)RehashLocked(std::max(kMinSlots, size + (size + 2) / 3));
   }
 }
 
@@ -371,7 +458,7 @@ Status KeyIndex::ImportState(const State& state) {
 void KeyIndex::Find(const int64_t* keys, int64_t n, int64_t* rows) const {
   std::shared_lock<std::shared_mutex> lock(mu_);
   for (int64_t i = 0; i < n; ++i) {
-    PrefetchAhead(keys, i, n, slots_.data(), mask_);
+    PrefetchAhead(keys, i, n);
     rows[i] = slots_[Probe(keys[i])].row;
   }
 }
@@ -439,11 +526,13 @@ Status KeyIndex::ValidateImport(const int64_t* keys, const int64_t* rows, int64_
 
 Status KeyIndex::ImportLocked(const int64_t* keys, const int64_t* rows, int64_t n,
                               const std::vector<bool>& row_used) {
-  if (growable_) {
-    Status reserved = ReserveLocked(n);
-    if (!reserved.ok()) return reserved;
-  }
+  std::vector<Slot> fresh;
+  const uint64_t count = SlotsFor(n);
+  Status allocated = AllocateSlots(count, n, &fresh);
+  if (!allocated.ok()) return allocated;
   ClearLocked();
+  std::swap(slots_, fresh);
+  num_slots_ = count;
   int64_t max_row = -1;
   for (int64_t i = 0; i < n; ++i) {
     Slot& slot = slots_[Probe(keys[i])];
@@ -463,15 +552,17 @@ Status KeyIndex::ImportLocked(const int64_t* keys, const int64_t* rows, int64_t 
 void KeyIndex::Clear() {
   std::unique_lock<std::shared_mutex> lock(mu_);
   ClearLocked();
+  std::vector<Slot>(kMinSlots, Slot{0, kMissingRow}).swap(slots_);
+  num_slots_ = kMinSlots;
 }
 
 void KeyIndex::ClearLocked() {
-  std::fill(slots_.begin(), slots_.end(), Slot{0, kMissingRow});
+  // Leaves slots_ to the caller (Clear shrinks it, ImportLocked replaces it).
   size_ = 0;
   next_row_ = 0;
-  free_rows_.clear();
-  last_seen_.clear();
-  pending_.clear();
+  std::vector<int64_t>().swap(free_rows_);
+  std::vector<int64_t>().swap(last_seen_);
+  std::unordered_map<int64_t, Pending>().swap(pending_);
   now_ = -1;
   admissions_ = 0;
   evictions_ = 0;
@@ -484,9 +575,15 @@ int64_t KeyIndex::size() const {
 
 int64_t KeyIndex::MemoryBytes() const {
   std::shared_lock<std::shared_mutex> lock(mu_);
+  // A pending key's node: next pointer + (key, Pending), 32 B, which glibc
+  // malloc serves from a 48-B chunk; plus one bucket pointer per bucket (an
+  // empty map's single bucket is inline: nothing allocated).
+  constexpr size_t kPendingNodeBytes = 48;
   return static_cast<int64_t>(slots_.capacity() * sizeof(Slot) +
                               (free_rows_.capacity() + last_seen_.capacity()) * sizeof(int64_t) +
-                              pending_.size() * (sizeof(int64_t) + sizeof(Pending) + 16));
+                              pending_.size() * kPendingNodeBytes +
+                              (pending_.bucket_count() > 1 ? pending_.bucket_count() : 0) *
+                                  sizeof(void*));
 }
 
 }  // namespace mxrec

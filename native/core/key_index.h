@@ -6,13 +6,21 @@
 // a key gets a row the first time training sees it and keeps it; rows are handed
 // out lowest-free-first, so a run is reproducible batch by batch.
 //
-// Storage: open addressing with linear probing over a power-of-two slot array
-// holding at least twice `capacity` slots (load factor <= 0.5), 16 bytes a slot.
+// Storage: open addressing with linear probing over an array of 16-byte slots
+// (key, row) sized by use, not by capacity: its load factor stays in [2/3, 0.8]
+// (once past kMinSlots slots), so the index costs 20-24 bytes per stored key at
+// any fill level (for batches of distinct keys, as the insert op passes them:
+// a key repeated in a batch is counted, and reserved for, once per occurrence
+// when the array grows). A batch that would pass load 0.8 first rehashes the array
+// into floor(1.5 * keys) slots (load 2/3; growth factor >= 1.2, amortized O(1)
+// per key); a fixed-capacity index never holds more than 1.25 * capacity slots.
+// Slots are addressed by Lemire's multiply-shift range reduction of a 64-bit
+// mix of the key, so the slot count need not be a power of two. Evict shrinks
+// the array back to load 0.75 when it falls below 2/3. Admission adds its own
+// per-key state on top (see MemoryBytes).
 //
 // Growable mode (dynamic-expansion tables, see native/core/row_store.h): the
-// capacity is only the initial size. Insertion never fails for lack of rows: the
-// slot array is rehashed into one at least twice as large (a power of two) before
-// the load factor would pass 0.5.
+// capacity is only the initial size. Insertion never fails for lack of rows.
 //
 // Admission and eviction (mxRec's FeatureSpec access_threshold / eviction_threshold,
 // see docs/admission-eviction.md): FindOrInsertAdmitting counts how often each
@@ -58,8 +66,8 @@ class KeyIndex {
   // `capacity`: the number of rows (mxRec's device_vocabulary_size), in
   // [1, kMaxCapacity]; callers check. `name`: the table name, used in error
   // messages. `growable`: rows are handed out past `capacity` (the index grows,
-  // up to kMaxCapacity keys). Allocates 32 bytes or more per row of capacity
-  // (std::bad_alloc when the host cannot).
+  // up to kMaxCapacity keys). Allocates only kMinSlots slots: the slot array
+  // grows with the keys stored.
   // `rows_text` and `grow_text` word the "table is full" errors when the rows
   // are not just device_vocabulary_size (a tiered table's device + host + SSD
   // rows): "is full: <rows_text>, N used, ... <grow_text>". Empty: the
@@ -147,8 +155,15 @@ class KeyIndex {
   int64_t capacity() const { return capacity_; }
   bool growable() const { return growable_; }
   const std::string& name() const { return name_; }
-  // Bytes held by the index itself (slot array and free list), not the rows.
+  // Bytes held by the index itself, not the rows: the slot array (16 B a slot,
+  // 20-24 B per stored key), the free list (8 B per evicted row not reused
+  // yet) and, with admission, the last-seen times (8 B per row, up to 10 B with
+  // the 1.25x growth slack) and the pending keys (their hash map's nodes, 48 B
+  // each as allocated by glibc malloc, and 8 B per bucket).
   int64_t MemoryBytes() const;
+
+  // Fewest slots the array holds (an empty index: 256 bytes).
+  static constexpr uint64_t kMinSlots = 16;
 
  private:
   struct Slot {
@@ -169,11 +184,29 @@ class KeyIndex {
                       int64_t n, const std::vector<bool>& row_used);
   // Slot index holding `key`, or of the empty slot where it would go.
   uint64_t Probe(int64_t key) const;
+  // Probe, starting at slot `s` (a slot at or after the key's home whose
+  // predecessors in its probe run hold other keys).
+  uint64_t ProbeFrom(uint64_t s, int64_t key) const;
+  // The first slot probed for `key`.
+  uint64_t Home(int64_t key) const;
+  // Prefetches the home slot of keys[i + distance], if any.
+  void PrefetchAhead(const int64_t* keys, int64_t i, int64_t n) const;
+  // Slots for `keys` keys at load 2/3 (at least kMinSlots; for a fixed-capacity
+  // index at most 1.25 * capacity).
+  uint64_t SlotsFor(int64_t keys) const;
+  // Whether `keys` keys fit in the slot array at load factor <= 0.8.
+  bool FitsLocked(int64_t keys) const;
+  // A fresh array of `count` empty slots in `slots`, or ResourceExhausted when
+  // the host cannot allocate it (`keys`: the keys it is for, in the message).
+  Status AllocateSlots(uint64_t count, int64_t keys, std::vector<Slot>* slots) const;
+  // Moves every key into a fresh array of `count` slots. Caller holds mu_
+  // exclusively. Fails (changing nothing) when the host cannot allocate it.
+  Status RehashLocked(uint64_t count);
   // Next row to hand out; caller holds mu_ exclusively and has checked room.
   int64_t TakeFreeRow();
   void ClearLocked();
-  // Growable mode: makes room for `keys` keys at load factor <= 0.5, rehashing
-  // into a larger slot array. Caller holds mu_ exclusively. Fails (changing
+  // Makes room for `keys` keys at load factor <= 0.8, rehashing into a larger
+  // slot array (load 2/3). Caller holds mu_ exclusively. Fails (changing
   // nothing) when the host cannot allocate it.
   Status ReserveLocked(int64_t keys);
   // Growable mode: room for `new_keys` more, or ResourceExhausted past
@@ -199,7 +232,7 @@ class KeyIndex {
   const std::string grow_text_;
 
   mutable std::shared_mutex mu_;
-  uint64_t mask_;                  // guarded by mu_: slots_.size() - 1
+  uint64_t num_slots_;             // guarded by mu_: slots_.size()
   std::vector<Slot> slots_;        // guarded by mu_
   int64_t size_ = 0;               // guarded by mu_
   int64_t next_row_ = 0;           // guarded by mu_: rows >= next_row_ are free

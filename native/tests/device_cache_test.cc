@@ -92,6 +92,37 @@ TEST(DeviceCacheTest, HitsMissesAndLowestFreeSlotsFirst) {
   EXPECT_EQ(Locate(cache, {40, 7, 3, 5, -1}), (V{0, 1, 2, -1, -1}));
 }
 
+// The slot-of-global maps are sized by the globals used, not by total_rows
+// (issue #16): 10^8 rows of a table cost nothing until planned.
+TEST(DeviceCacheTest, RowMapsGrowWithTheGlobalsUsed) {
+  constexpr int64_t kTotal = 100000000;
+  DeviceCache cache(4, kTotal, Policy::kLru, "t", 0.0);
+  const int64_t empty = cache.MemoryBytes();
+  EXPECT_LT(empty, 4096);
+  // Globals past the maps: not cached, releasable, nothing planned.
+  EXPECT_EQ(Locate(cache, {5, kTotal - 1}), (V{-1, -1}));
+  const V far = {kTotal - 2};
+  ASSERT_TRUE(cache.Release(far.data(), 1).ok());
+  Planned p1 = PlanOk(cache, {3, 1});
+  EXPECT_EQ(p1.slots, (V{0, 1}));
+  ApplyOk(cache, p1.token);
+  EXPECT_LT(cache.MemoryBytes(), empty + 4096);
+  EXPECT_EQ(Locate(cache, {1, 3, 1000}), (V{1, 0, -1}));
+  Planned p2 = PlanOk(cache, {1000000, 3});
+  EXPECT_EQ(p2.slots, (V{2, 0}));
+  ApplyOk(cache, p2.token);
+  // 2 maps x 4 B x (10^6 + 1) globals, and no more.
+  EXPECT_GE(cache.MemoryBytes(), empty + 8 * 1000001);
+  EXPECT_LT(cache.MemoryBytes(), empty + 8 * 1000001 + 4096);
+  EXPECT_EQ(Locate(cache, {1000000, 3, 1}), (V{2, 0, 1}));
+  DeviceCache::State state;
+  cache.ExportState(&state);
+  cache.Clear();
+  EXPECT_LT(cache.MemoryBytes(), empty + 4096);  // The LRU sort buffers stay.
+  ASSERT_TRUE(cache.ImportState(state).ok());
+  EXPECT_EQ(Locate(cache, {1000000, 3, 1, 7}), (V{2, 0, 1, -1}));
+}
+
 // Plans and applies each batch in turn; returns the last batch's plan.
 Planned PlanAndApplyEach(DeviceCache& cache, const std::vector<V>& batches) {
   Planned last;

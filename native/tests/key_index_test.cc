@@ -170,6 +170,91 @@ TEST(KeyIndexTest, ClearEmptiesAndRestartsRows) {
   EXPECT_EQ(rows[0], 0);
 }
 
+// Memory sized by use (issue #16): the slot array costs at most 24 B per
+// stored key at every fill level of a large table, whatever the capacity.
+TEST(KeyIndexMemoryTest, AtMost24BytesPerKeyAtAnyFillAndEveryKeyFindable) {
+  for (bool growable : {false, true}) {
+    SCOPED_TRACE(growable);
+    constexpr int64_t kCapacity = 200000;
+    KeyIndex index(kCapacity, "t", growable);
+    EXPECT_EQ(index.MemoryBytes(), 16 * static_cast<int64_t>(KeyIndex::kMinSlots));
+    std::mt19937_64 rng(7);
+    std::vector<int64_t> inserted;
+    int64_t next_row = 0;
+    while (next_row < kCapacity) {
+      // Batches of distinct keys (as the insert op passes them) of varied
+      // size, so growth happens mid-run; every other batch also repeats one
+      // known key.
+      const int64_t batch = std::min<int64_t>(1 + rng() % 5000, kCapacity - next_row);
+      std::vector<int64_t> keys(batch);
+      for (int64_t& key : keys) key = static_cast<int64_t>(rng());
+      const bool known = next_row > 0 && batch % 2 == 0;
+      if (known) keys.push_back(inserted.front());
+      std::vector<int64_t> rows(keys.size());
+      ASSERT_TRUE(index.FindOrInsert(keys.data(), keys.size(), rows.data()).ok());
+      for (int64_t i = 0; i < batch; ++i) EXPECT_EQ(rows[i], next_row + i);
+      if (known) {
+        EXPECT_EQ(rows.back(), 0);
+      }
+      next_row += batch;
+      inserted.insert(inserted.end(), keys.begin(), keys.begin() + batch);
+      ASSERT_EQ(index.size(), next_row);
+      if (next_row >= 1000) {
+        const double per_key = static_cast<double>(index.MemoryBytes()) / next_row;
+        EXPECT_LE(per_key, 24.0) << next_row << " keys";
+        EXPECT_GE(per_key, 20.0) << next_row << " keys";  // Load factor <= 0.8.
+      }
+    }
+    std::vector<int64_t> rows(inserted.size());
+    index.Find(inserted.data(), inserted.size(), rows.data());
+    for (size_t i = 0; i < rows.size(); ++i) ASSERT_EQ(rows[i], static_cast<int64_t>(i));
+    if (!growable) {
+      // Full: 1.25 slots per row of capacity, and the table still says full.
+      EXPECT_EQ(index.MemoryBytes(), 16 * (kCapacity + kCapacity / 4));
+      const int64_t extra = -1;
+      int64_t row;
+      EXPECT_FALSE(index.FindOrInsert(&extra, 1, &row).ok());
+    }
+  }
+}
+
+TEST(KeyIndexMemoryTest, ImportClearAndEvictionShrinkTheSlotArray) {
+  KeyIndex index(1000000, "t");
+  std::vector<int64_t> keys(30000), rows(30000);
+  std::iota(keys.begin(), keys.end(), 100);
+  ASSERT_TRUE(index.FindOrInsert(keys.data(), keys.size(), rows.data()).ok());
+  const int64_t full = index.MemoryBytes();
+  // Import sizes the array for what it imports (load 2/3: 24 B per key).
+  ASSERT_TRUE(index.Import(keys.data(), rows.data(), 3000).ok());
+  EXPECT_EQ(index.MemoryBytes(), 16 * 4500);
+  index.Find(keys.data(), keys.size(), rows.data());
+  for (int64_t i = 0; i < 30000; ++i) ASSERT_EQ(rows[i], i < 3000 ? i : kMissingRow);
+  index.Clear();
+  EXPECT_EQ(index.MemoryBytes(), 16 * static_cast<int64_t>(KeyIndex::kMinSlots));
+  // Eviction: 10% of the keys stay, the array shrinks to load 0.75.
+  std::vector<int64_t> counts(keys.size(), 1);
+  ASSERT_TRUE(
+      index.FindOrInsertAdmitting(keys.data(), counts.data(), keys.size(), 1, 10, rows.data())
+          .ok());
+  EXPECT_GT(index.MemoryBytes(), full);  // Plus 8 B per row of last-seen times.
+  ASSERT_TRUE(
+      index.FindOrInsertAdmitting(keys.data(), counts.data(), 3000, 1, 100, rows.data()).ok());
+  const int64_t before = index.MemoryBytes();
+  std::vector<int64_t> freed;
+  index.Evict(50, &freed);
+  EXPECT_EQ(freed.size(), 27000u);
+  EXPECT_EQ(index.size(), 3000);
+  const std::vector<int64_t> stale = {keys[3000], keys[29999]};
+  std::vector<int64_t> found(2);
+  index.Find(stale.data(), 2, found.data());
+  EXPECT_EQ(found, std::vector<int64_t>(2, kMissingRow));
+  index.Find(keys.data(), 3000, rows.data());
+  for (int64_t i = 0; i < 3000; ++i) ASSERT_EQ(rows[i], i);
+  // Slots: 45,000 (720,000 B) -> 4,000 (load 0.75, 64,000 B); the free list
+  // (27,000 rows, at most 32,768 allocated) comes on top.
+  EXPECT_GE(before - index.MemoryBytes(), 720000 - 64000 - 8 * 32768);
+}
+
 TEST(KeyIndexTest, ConcurrentOverlappingInsertsGiveEachKeyOneRow) {
   constexpr int kThreads = 8;
   constexpr int64_t kKeys = 20000;

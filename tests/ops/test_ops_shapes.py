@@ -97,6 +97,17 @@ CASES = (
     # Row initializer: native/ops/row_init_ops.cc.
     Case("MxRowInit", ((I64, [5]),), ([5, 4],), ([None, 4],), {"kind": "uniform", **DIM},
          bad=((0, [5, 1], RANK),)),
+    # Fused row optimizers: native/ops/row_optimizer_ops.cc.
+    Case(
+        "MxLazyAdamRows", (HANDLE,) * 3 + ((I64, [3]), (F32, [3, 4])) + ((F32, []),) * 4, (), (),
+        bad=((1, [2], RANK), (3, [3, 1], RANK), (4, [3], RANK), (4, [2, 4], DIMS), (5, [1], RANK),
+             (8, [1], RANK))),
+    Case("MxAdagradRows", (HANDLE, HANDLE, (I64, [3]), (F32, [3, 4]), (F32, [])), (), (),
+         bad=((1, [2], RANK), (3, [2, 4], DIMS), (4, [1], RANK))),
+    Case("MxFtrlRows", (HANDLE,) * 3 + ((I64, [3]), (F32, [3, 4])) + ((F32, []),) * 5, (), (),
+         bad=((2, [2], RANK), (4, [3, 5, 1], RANK), (9, [1], RANK))),
+    Case("MxSgdRows", (HANDLE, (I64, [3]), (F32, [3, 4]), (F32, []), (F32, [])), (), (),
+         bad=((1, [3, 1], RANK), (2, [4, 4], DIMS), (4, [1], RANK))),
     # Row store: native/ops/row_store_ops.cc.
     _handle_op("MxRowStoreHandle"),
     _handle_only("MxRowStoreCreate", (), {**DIM, **TABLE}),

@@ -1,0 +1,51 @@
+// Fused row updates of the lazy table optimizers: one pass over a batch's
+// distinct rows updates each row and its slots together (mxRec's "fusion
+// optimizer" idea; the math of tf.keras / TF's sparse apply ops, row-wise).
+// No TensorFlow includes: native/kernels/row_optimizer_kernels.cc calls these
+// on the buffers of the table variable and its slot variables, and the Python
+// hash optimizers (mxrec_pipeline/optimizers) keep a TF-op reference of each.
+//
+// Every function: `var` and its slots are [capacity, dim] row-major float32;
+// rows (n) are distinct and in [0, capacity) (callers check); grad is [n, dim],
+// grad[i] the summed gradient of rows[i]. Rows are independent: callers may
+// split [begin, end) ranges of the batch over threads.
+#ifndef MXREC_PIPELINE_NATIVE_CORE_ROW_OPTIMIZERS_H_
+#define MXREC_PIPELINE_NATIVE_CORE_ROW_OPTIMIZERS_H_
+
+#include <cstdint>
+
+namespace mxrec {
+
+// Lazy Adam (tf.keras / mxRec lazy Adam, Kingma & Ba 2015 with the bias
+// correction folded into lr_t = lr * sqrt(1 - beta2^t) / (1 - beta1^t)):
+//   m = beta1 * m + (1 - beta1) * g
+//   v = beta2 * v + (1 - beta2) * g^2
+//   var -= lr_t * m / (sqrt(v) + epsilon)
+// or, with `epsilon_inside_sqrt` (TPUEmbedding's Adam, sum_inside_sqrt=True),
+//   var -= lr_t * m / sqrt(v + epsilon^2)
+void LazyAdamRows(float* var, float* m, float* v, int64_t dim, const int64_t* rows,
+                  const float* grad, int64_t begin, int64_t end, float lr_t, float beta1,
+                  float beta2, float epsilon, bool epsilon_inside_sqrt = false);
+
+// Adagrad (TF's ResourceSparseApplyAdagrad without update_slots=false):
+//   acc += g^2;  var -= lr * g / sqrt(acc)
+void AdagradRows(float* var, float* acc, int64_t dim, const int64_t* rows, const float* grad,
+                 int64_t begin, int64_t end, float lr);
+
+// SGD with optional weight decay (mxRec's GradientDescent):
+//   var -= lr * (g + weight_decay * var)
+void SgdRows(float* var, int64_t dim, const int64_t* rows, const float* grad, int64_t begin,
+             int64_t end, float lr, float weight_decay);
+
+// FTRL-Proximal (McMahan et al. 2013, as TF's ApplyFtrlV2), n = accum,
+// z = linear, p = power = -learning_rate_power:
+//   g_s = g + 2 * l2_shrinkage * w;  n_new = n + g^2
+//   z += g_s - (n_new^p - n^p) / lr * w
+//   w = |z| > l1 ? (sign(z) * l1 - z) / (n_new^p / lr + 2 * l2) : 0;  n = n_new
+void FtrlRows(float* var, float* accum, float* linear, int64_t dim, const int64_t* rows,
+              const float* grad, int64_t begin, int64_t end, float lr, float power, float l1,
+              float l2, float l2_shrinkage);
+
+}  // namespace mxrec
+
+#endif  // MXREC_PIPELINE_NATIVE_CORE_ROW_OPTIMIZERS_H_

@@ -1,0 +1,210 @@
+// CPU kernels of the fused row optimizers (native/ops/row_optimizer_ops.cc):
+// look up the resource variables, make them safe to update in place (TF's
+// EnsureSparseVariableAccess, as its ResourceScatter* and sparse apply ops do),
+// lock their mutexes exclusively in address order, check the rows and shapes,
+// and run native/core/row_optimizers.cc over shards of the rows on TF's
+// intra-op threads. CPU only: the tables live on the host here. (GPU-ready
+// structure: the per-row math is TF-free and takes [begin, end) ranges.)
+#define EIGEN_USE_THREADS
+
+#include <algorithm>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "../core/row_optimizers.h"
+#include "resource_util.h"
+#include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/framework/resource_mgr.h"
+#include "tensorflow/core/framework/resource_var.h"
+#include "tensorflow/core/framework/tensor.h"
+#include "tensorflow/core/kernels/training_op_helpers.h"
+#include "tensorflow/core/platform/errors.h"
+#include "tensorflow/core/platform/mutex.h"
+#include "tensorflow/core/platform/threadpool.h"
+
+namespace mxrec {
+
+using ::tensorflow::OpKernel;
+using ::tensorflow::OpKernelConstruction;
+using ::tensorflow::OpKernelContext;
+using ::tensorflow::Tensor;
+using ::tensorflow::Var;
+namespace errors = ::tensorflow::errors;
+
+namespace {
+
+// Cycles per element of a row update (a sqrt and a division at most).
+constexpr int64_t kCyclesPerElement = 20;
+
+// The first `count` inputs' variables, locked for the update, with their
+// float32 [capacity, dim] buffers. `name` names the op in errors.
+class LockedVariables {
+ public:
+  ::tensorflow::Status Lock(OpKernelContext* ctx, int count, const char* name) {
+    vars_.resize(count);
+    for (int i = 0; i < count; ++i) {
+      TF_RETURN_IF_ERROR(
+          ::tensorflow::LookupResource(ctx, ::tensorflow::HandleFromInput(ctx, i), &vars_[i]));
+      // Copies the buffer first if a reader still holds it (copy on write).
+      TF_RETURN_IF_ERROR((::tensorflow::EnsureSparseVariableAccess<Eigen::ThreadPoolDevice, float>(
+          ctx, vars_[i].get())));
+    }
+    std::vector<::tensorflow::mutex*> mus;
+    for (const auto& var : vars_) mus.push_back(var->mu());
+    std::sort(mus.begin(), mus.end());
+    mus.erase(std::unique(mus.begin(), mus.end()), mus.end());
+    for (::tensorflow::mutex* mu : mus) locks_.push_back(std::make_unique<::tensorflow::mutex_lock>(*mu));
+    for (int i = 0; i < count; ++i) {
+      Tensor* t = vars_[i]->tensor();
+      if (t->dtype() != ::tensorflow::DT_FLOAT || t->dims() != 2 ||
+          (i > 0 && t->shape() != vars_[0]->tensor()->shape())) {
+        return errors::InvalidArgument(name, ": variable ", i, " must be float32 of the shape ",
+                                       vars_[0]->tensor()->shape().DebugString(),
+                                       " (the table's [capacity, dim]), got ",
+                                       ::tensorflow::DataTypeString(t->dtype()), " ",
+                                       t->shape().DebugString());
+      }
+      if (i > 0 && t->flat<float>().data() == vars_[0]->tensor()->flat<float>().data()) {
+        return errors::InvalidArgument(name, ": variable ", i, " is the table variable itself");
+      }
+    }
+    return ::tensorflow::OkStatus();
+  }
+  float* data(int i) { return vars_[i]->tensor()->flat<float>().data(); }
+  int64_t capacity() const { return vars_[0]->tensor()->dim_size(0); }
+  int64_t dim() const { return vars_[0]->tensor()->dim_size(1); }
+
+ private:
+  std::vector<::tensorflow::core::RefCountPtr<Var>> vars_;
+  std::vector<std::unique_ptr<::tensorflow::mutex_lock>> locks_;
+};
+
+// Checks rows (input `first`) and grad (input `first` + 1) against the
+// variables; sets *n.
+::tensorflow::Status CheckRows(OpKernelContext* ctx, int first, const LockedVariables& vars,
+                               const char* name, int64_t* n) {
+  const Tensor& rows = ctx->input(first);
+  const Tensor& grad = ctx->input(first + 1);
+  *n = rows.NumElements();
+  if (rows.dims() != 1 || grad.dims() != 2 || grad.dim_size(0) != *n ||
+      grad.dim_size(1) != vars.dim()) {
+    return errors::InvalidArgument(name, ": rows must be [n] and grad [n, ", vars.dim(),
+                                   "], got ", rows.shape().DebugString(), " and ",
+                                   grad.shape().DebugString());
+  }
+  const int64_t* r = rows.flat<int64_t>().data();
+  for (int64_t i = 0; i < *n; ++i) {
+    if (r[i] < 0 || r[i] >= vars.capacity()) {
+      return errors::InvalidArgument(name, ": row ", r[i], " (position ", i,
+                                     ") is outside [0, ", vars.capacity(), ")");
+    }
+  }
+  return ::tensorflow::OkStatus();
+}
+
+float Scalar(OpKernelContext* ctx, int i) { return ctx->input(i).scalar<float>()(); }
+
+// Runs fn(begin, end) over shards of [0, n) rows of `dim` elements.
+template <typename Fn>
+void ForRows(OpKernelContext* ctx, int64_t n, int64_t dim, Fn fn) {
+  ctx->device()->tensorflow_cpu_worker_threads()->workers->ParallelFor(
+      n, dim * kCyclesPerElement, fn);
+}
+
+}  // namespace
+
+class LazyAdamRowsOp : public OpKernel {
+ public:
+  explicit LazyAdamRowsOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("epsilon_inside_sqrt", &epsilon_inside_sqrt_));
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    LockedVariables vars;
+    OP_REQUIRES_OK(ctx, vars.Lock(ctx, 3, "MxLazyAdamRows"));
+    int64_t n;
+    OP_REQUIRES_OK(ctx, CheckRows(ctx, 3, vars, "MxLazyAdamRows", &n));
+    const int64_t* rows = ctx->input(3).flat<int64_t>().data();
+    const float* grad = ctx->input(4).flat<float>().data();
+    const float lr_t = Scalar(ctx, 5), beta1 = Scalar(ctx, 6), beta2 = Scalar(ctx, 7),
+                epsilon = Scalar(ctx, 8);
+    float *var = vars.data(0), *m = vars.data(1), *v = vars.data(2);
+    const int64_t dim = vars.dim();
+    const bool inside = epsilon_inside_sqrt_;
+    ForRows(ctx, n, dim, [=](int64_t begin, int64_t end) {
+      LazyAdamRows(var, m, v, dim, rows, grad, begin, end, lr_t, beta1, beta2, epsilon, inside);
+    });
+  }
+
+ private:
+  bool epsilon_inside_sqrt_;
+};
+
+class AdagradRowsOp : public OpKernel {
+ public:
+  explicit AdagradRowsOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
+
+  void Compute(OpKernelContext* ctx) override {
+    LockedVariables vars;
+    OP_REQUIRES_OK(ctx, vars.Lock(ctx, 2, "MxAdagradRows"));
+    int64_t n;
+    OP_REQUIRES_OK(ctx, CheckRows(ctx, 2, vars, "MxAdagradRows", &n));
+    const int64_t* rows = ctx->input(2).flat<int64_t>().data();
+    const float* grad = ctx->input(3).flat<float>().data();
+    const float lr = Scalar(ctx, 4);
+    float *var = vars.data(0), *acc = vars.data(1);
+    const int64_t dim = vars.dim();
+    ForRows(ctx, n, dim, [=](int64_t begin, int64_t end) {
+      AdagradRows(var, acc, dim, rows, grad, begin, end, lr);
+    });
+  }
+};
+
+class FtrlRowsOp : public OpKernel {
+ public:
+  explicit FtrlRowsOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
+
+  void Compute(OpKernelContext* ctx) override {
+    LockedVariables vars;
+    OP_REQUIRES_OK(ctx, vars.Lock(ctx, 3, "MxFtrlRows"));
+    int64_t n;
+    OP_REQUIRES_OK(ctx, CheckRows(ctx, 3, vars, "MxFtrlRows", &n));
+    const int64_t* rows = ctx->input(3).flat<int64_t>().data();
+    const float* grad = ctx->input(4).flat<float>().data();
+    const float lr = Scalar(ctx, 5), power = Scalar(ctx, 6), l1 = Scalar(ctx, 7),
+                l2 = Scalar(ctx, 8), l2_shrinkage = Scalar(ctx, 9);
+    float *var = vars.data(0), *accum = vars.data(1), *linear = vars.data(2);
+    const int64_t dim = vars.dim();
+    ForRows(ctx, n, dim, [=](int64_t begin, int64_t end) {
+      FtrlRows(var, accum, linear, dim, rows, grad, begin, end, lr, power, l1, l2, l2_shrinkage);
+    });
+  }
+};
+
+class SgdRowsOp : public OpKernel {
+ public:
+  explicit SgdRowsOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
+
+  void Compute(OpKernelContext* ctx) override {
+    LockedVariables vars;
+    OP_REQUIRES_OK(ctx, vars.Lock(ctx, 1, "MxSgdRows"));
+    int64_t n;
+    OP_REQUIRES_OK(ctx, CheckRows(ctx, 1, vars, "MxSgdRows", &n));
+    const int64_t* rows = ctx->input(1).flat<int64_t>().data();
+    const float* grad = ctx->input(2).flat<float>().data();
+    const float lr = Scalar(ctx, 3), weight_decay = Scalar(ctx, 4);
+    float* var = vars.data(0);
+    const int64_t dim = vars.dim();
+    ForRows(ctx, n, dim, [=](int64_t begin, int64_t end) {
+      SgdRows(var, dim, rows, grad, begin, end, lr, weight_decay);
+    });
+  }
+};
+
+MXREC_REGISTER_CPU("MxLazyAdamRows", LazyAdamRowsOp);
+MXREC_REGISTER_CPU("MxAdagradRows", AdagradRowsOp);
+MXREC_REGISTER_CPU("MxFtrlRows", FtrlRowsOp);
+MXREC_REGISTER_CPU("MxSgdRows", SgdRowsOp);
+
+}  // namespace mxrec
