@@ -40,12 +40,13 @@ from mxrec_pipeline.util import initialize
 RESOLVED_CONFIG = "config.yaml"
 
 
-def _setup(config: config_lib.JobConfig):
+def _setup(config: config_lib.JobConfig, strategy: tf.distribute.Strategy | None = None):
   ranker = builders.get_builder(config.builder)
   paths = ranker.prepare_data(config.data)
   model_builder = ranker.build_model_builder(config.model, config.pipeline.seed)
   dataset_builder = ranker.build_dataset_builder(paths, config.dataset, config.model)
-  return ranker, paths, pipeline_lib.SimplePipeline(model_builder, dataset_builder, config.pipeline)
+  return ranker, paths, pipeline_lib.SimplePipeline(model_builder, dataset_builder, config.pipeline,
+                                                    strategy=strategy)
 
 
 # What a training run writes in its model_dir (and `--fresh` removes).
@@ -108,7 +109,13 @@ def train(config: config_lib.JobConfig, verbose: int = 2,
     os.makedirs(model_dir, exist_ok=True)
     with open(os.path.join(model_dir, RESOLVED_CONFIG), "w", encoding="utf-8") as f:
       yaml.safe_dump(config.to_dict(), f, sort_keys=False)
-    ranker, paths, pipeline = _setup(config)
+    strategy = None
+    if config.pipeline.strategy == pipeline_lib.MULTI_WORKER_MIRRORED:
+      # TF configures its collective ops when the strategy is created, before
+      # any other op of the process: data preparation runs some.
+      strategy = pipeline_lib.get_strategy(config.pipeline.strategy,
+                                           config.pipeline.collective_timeout_s)
+    ranker, paths, pipeline = _setup(config, strategy)
     data_report = _check_data(paths, pipeline)
     try:
       model_metrics = pipeline.train_and_validate(verbose=verbose, callbacks=callbacks)
