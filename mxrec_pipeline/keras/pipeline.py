@@ -339,6 +339,13 @@ class ModelFitPipeline(AbstractPipeline):
       `get_strategy(hparams.strategy)`. With N > 1 replicas of one host
       (MirroredStrategy), each global batch is inserted once and split into N
       per-replica batches (core/asc/replicas.py); see docs/distributed.md.
+      Under MultiWorkerMirroredStrategy with N > 1 workers the tables are
+      sharded by key over the workers (keras/sharded.py).
+    shard_checkpoint_dir: Where every worker saves its table shards with
+      each checkpoint when tables are sharded over workers: a directory all
+      workers write (jobs.train gives the chief's `model_dir/checkpoints`,
+      as non-chief workers train in a temporary model_dir); None:
+      `model_dir/checkpoints`.
 
   Raises:
     ValueError: builders of the wrong type.
@@ -346,7 +353,8 @@ class ModelFitPipeline(AbstractPipeline):
 
   def __init__(self, model_builder: model_lib.AbstractModelBuilder,
                dataset_builder: BaseDatasetBuilder, hparams: PipelineHparams,
-               strategy: tf.distribute.Strategy | None = None):
+               strategy: tf.distribute.Strategy | None = None,
+               shard_checkpoint_dir: str | None = None):
     if not isinstance(model_builder, model_lib.AbstractModelBuilder):
       raise ValueError(f"`model_builder` must be an AbstractModelBuilder, got "
                        f"{type(model_builder).__name__}")
@@ -358,6 +366,7 @@ class ModelFitPipeline(AbstractPipeline):
     self._hparams = hparams
     self.model = None
     self._strategy = strategy
+    self._shard_checkpoint_dir = shard_checkpoint_dir
     self.checkpoint = None
     self.history = None
     self._strategy_in_use = None
@@ -492,8 +501,13 @@ class ModelFitPipeline(AbstractPipeline):
       with strategy.scope(), _generator_rng(hparams.seed is not None):
         model = self.build_compiled_model()
     self.model = model
+    shards = None
+    if self._sharded_tables:
+      shards = sharded.ShardCheckpoints(
+          strategy, self._shard_checkpoint_dir or os.path.join(hparams.model_dir, "checkpoints"),
+          self._sharded_tables, model.sparse_optimizer)
     self.checkpoint = callbacks_lib.TrainingCheckpoint(
-        model, os.path.join(hparams.model_dir, "checkpoints"))
+        model, os.path.join(hparams.model_dir, "checkpoints"), shards=shards)
     plan = epoch_steps(hparams.num_epochs, hparams.num_train_steps)
     start_epoch = self._restore(self.checkpoint, len(plan))
     run_callbacks = callbacks_lib.RunCallbacks(

@@ -21,12 +21,16 @@ it, so the SavedModel serves raw ids with plain TensorFlow.
 from __future__ import annotations
 
 import dataclasses
+import glob
+import os
+import shutil
 from typing import Iterable, Mapping
 
 import numpy as np
 import tensorflow as tf
 
 from mxrec_pipeline.core import key_index as key_index_lib
+from mxrec_pipeline.distributed import checkpoint as checkpoint_lib
 from mxrec_pipeline.distributed import export as distributed_export
 from mxrec_pipeline.distributed.sharded_table import ShardedTable
 from mxrec_pipeline.keras import layers
@@ -162,3 +166,68 @@ def gathered_snapshots(strategy: tf.distribute.Strategy,
                     name=f"{name}_serving_rows"), positions)
   return snapshots
 
+
+
+class ShardCheckpoints:
+  """The per-shard part of a sharded run's training checkpoints (distributed/checkpoint.py).
+
+  Beside each `ckpt-<N>` of the TrainingCheckpoint (dense model, dense
+  optimizer, epoch), every worker saves its shard of every table, with the
+  hash optimizer's slots and step count, as
+  `<directory>/shards-<N>/<table>/shard-<i>-of-<W>`. `directory` must be the
+  chief's checkpoint directory on storage every worker writes (non-chief
+  workers' own model_dir is a temporary one, jobs.worker_config). Restoring
+  re-shards the keys by owner, so a run resumes onto another number of
+  workers (or one process restores with distributed/checkpoint.restore_shard).
+
+  Args:
+    strategy: The run's MultiWorkerMirroredStrategy.
+    directory: The shared checkpoint directory.
+    tables: Table name -> ShardedTable.
+    optimizer: The tables' hash optimizer.
+  """
+
+  def __init__(self, strategy: tf.distribute.Strategy, directory: str,
+               tables: Mapping[str, ShardedTable], optimizer):
+    self._strategy = strategy
+    self.directory = directory
+    self._tables = dict(tables)
+    self._optimizer = optimizer
+
+  def path(self, number: int) -> str:
+    """`<directory>/shards-<number>`: the shards of checkpoint ckpt-<number>."""
+    return os.path.join(self.directory, f"shards-{number}")
+
+  def save(self, number: int) -> None:
+    """Saves this worker's shards as checkpoint `number` (every worker calls it).
+
+    Returns once every worker has saved (a collective barrier), so the
+    chief's `ckpt-<number>`, written after it, never lacks a shard.
+    """
+    for table in self._tables.values():
+      checkpoint_lib.save_shard(self.path(number), table, [self._optimizer])
+    _barrier(self._strategy)
+
+  def prune(self, kept: Iterable[int]) -> None:
+    """The chief removes the shards of checkpoints other than `kept` (others do nothing)."""
+    if next(iter(self._tables.values())).shard_id != 0:
+      return
+    keep = {self.path(n) for n in kept}
+    for path in glob.glob(os.path.join(glob.escape(self.directory), "shards-*")):
+      if path not in keep:
+        shutil.rmtree(path, ignore_errors=True)
+
+  def restore(self, number: int) -> None:
+    """Restores this worker's shards (keys it owns now) of checkpoint `number`.
+
+    Raises:
+      FileNotFoundError: a table's shards are missing (naming table and file).
+    """
+    for table in self._tables.values():
+      checkpoint_lib.restore_shard(self.path(number), table, [self._optimizer])
+
+
+def _barrier(strategy: tf.distribute.Strategy) -> None:
+  """Returns once every worker reached it: an all-reduce of one number."""
+  strategy.reduce(tf.distribute.ReduceOp.SUM,
+                  strategy.run(lambda: tf.constant(1, tf.int32)), axis=None).numpy()

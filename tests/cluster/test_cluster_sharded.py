@@ -3,7 +3,8 @@
 The Keras pipeline's sparse features under MultiWorkerMirroredStrategy
 (keras/sharded.py over distributed.ShardedTable) against one process on the
 same global batches: per-epoch losses, validation metrics, every table's rows
-by key in the exports (gathered from the shards), and the served scores.
+by key in the exports (gathered from the shards), and the served scores; the
+2-worker job stops after epoch 1 and resumes from its per-shard checkpoints.
 """
 
 import json
@@ -67,16 +68,26 @@ def test_movielens_on_two_workers_trains_as_one_process(tmp_path, capsys):
                                               num_items=20)
   env, marker = lib.marked_env()
   model_dir = tmp_path / "run2"
-  try:
-    launcher = subprocess.run(
-        [
-            sys.executable, "-m", "mxrec_pipeline.cli", "train", CONFIG, "--verbose=0",
-            "--local-cluster", "workers=2", *_overrides(tmp_path, data_dir, model_dir)
-        ], env=env, capture_output=True, text=True, timeout=TIMEOUT_S, check=False)
-    assert lib.marked_pids(marker) == []
-  finally:
-    lib.kill_marked(marker)
-  assert launcher.returncode == 0, launcher.stderr[-3000:]
+  # Epoch 1 of 2, then the same job again: both workers resume from their shards.
+  outputs = []
+  for pipeline in ({"num_epochs": 1, "num_train_steps": 3}, {}):
+    try:
+      launcher = subprocess.run(
+          [
+              sys.executable, "-m", "mxrec_pipeline.cli", "train", CONFIG, "--verbose=0",
+              "--local-cluster", "workers=2", *_overrides(tmp_path, data_dir, model_dir, **pipeline)
+          ], env=env, capture_output=True, text=True, timeout=TIMEOUT_S, check=False)
+      assert lib.marked_pids(marker) == []
+    finally:
+      lib.kill_marked(marker)
+    assert launcher.returncode == 0, launcher.stderr[-3000:]
+    outputs.append(launcher.stdout + (model_dir / "local_cluster" / "worker-1.log").read_text())
+  assert outputs[1].count("1 epoch(s) and 3 step(s) done, continuing at epoch 2 of 2") == 2
+  # Each worker's shard of each table beside the chief's checkpoints (ckpt-1, ckpt-2).
+  for number in (1, 2):
+    for table in TABLES:
+      assert sorted(p.name for p in (model_dir / "checkpoints" / f"shards-{number}" / table).glob(
+          "*.index")) == ["shard-0-of-2.index", "shard-1-of-2.index"]
 
   # One process, the same global batches.
   assert cli.main(["train", CONFIG, "--verbose=0"] +
@@ -84,7 +95,7 @@ def test_movielens_on_two_workers_trains_as_one_process(tmp_path, capsys):
   capsys.readouterr()
   runs = (model_dir, tmp_path / "run1")
   losses = [_epoch_losses(d) for d in runs]
-  assert len(losses[0]) == 2
+  assert len(losses[0]) == 2  # The epochs of both launches.
   np.testing.assert_allclose(losses[0], losses[1], rtol=1e-5)
   metrics = [json.loads((d / METRICS_FILE).read_text())["model"] for d in runs]
   assert metrics[0] == pytest.approx(metrics[1], abs=1e-5)
