@@ -105,7 +105,8 @@ class SparseFeature:
     combiner_lib.check_combiner(self.combiner, f"SparseFeature '{self.name}'", allow_none=True)
 
 
-def table_initializer(spec: TableSpec, seed: int | None = None) -> tf.keras.initializers.Initializer:
+def table_initializer(spec: TableSpec,
+                      seed: int | None = None) -> tf.keras.initializers.Initializer:
   """The initializer of a table's rows: the spec's, seeded by `seed` mixed with the table name.
 
   With `seed` None the draws are left to TensorFlow's global seed.
@@ -131,13 +132,12 @@ def get_or_create_table(spec: TableSpec, seed: int | None = None) -> embedding.S
   run = initialize.get_config_initializer()
   table = run.tables.get(spec.name)
   if table is None:
-    return embedding.create_table(
-        key_dtype=tf.as_dtype(spec.key_dtype), dim=spec.dim, name=spec.name,
-        emb_initializer=table_initializer(spec, seed),
-        device_vocabulary_size=spec.device_vocabulary_size,
-        host_vocabulary_size=spec.host_vocabulary_size,
-        ssd_vocabulary_size=spec.ssd_vocabulary_size, ssd_data_path=list(spec.ssd_data_path),
-        cache_policy=spec.cache_policy)
+    return embedding.create_table(key_dtype=tf.as_dtype(spec.key_dtype), dim=spec.dim,
+                                  name=spec.name, emb_initializer=table_initializer(spec, seed),
+                                  device_vocabulary_size=spec.device_vocabulary_size,
+                                  host_vocabulary_size=spec.host_vocabulary_size,
+                                  ssd_vocabulary_size=spec.ssd_vocabulary_size, ssd_data_path=list(
+                                      spec.ssd_data_path), cache_policy=spec.cache_policy)
   host_rows = table.tiers.config.host_vocabulary_size if table.is_tiered else 0
   if ((table.dim, table.device_vocabulary_size, host_rows)
       != (spec.dim, spec.device_vocabulary_size, spec.host_vocabulary_size)):

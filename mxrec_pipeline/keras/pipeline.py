@@ -432,7 +432,8 @@ class ModelFitPipeline(AbstractPipeline):
         context_feature_spec=builder._context_feature_spec,  # pylint: disable=protected-access
         example_feature_spec=builder._example_feature_spec,  # pylint: disable=protected-access
         mask_feature_name=builder._mask_feature_name,  # pylint: disable=protected-access
-        sparse_features=builder.sparse_features, snapshots=snapshots)
+        sparse_features=builder.sparse_features,
+        snapshots=snapshots)
 
   def _sparse_optimizer(self):
     hparams = self._hparams
@@ -444,8 +445,8 @@ class ModelFitPipeline(AbstractPipeline):
     model.compile(
         optimizer=tf.keras.optimizers.get({
             "class_name": hparams.optimizer, "config": {"learning_rate": hparams.learning_rate}
-        }), sparse_optimizer=sparse_optimizer or self._sparse_optimizer(), loss=self.build_loss(), metrics=self.build_metrics(),
-        weighted_metrics=self.build_weighted_metrics(),
+        }), sparse_optimizer=sparse_optimizer or self._sparse_optimizer(), loss=self.build_loss(),
+        metrics=self.build_metrics(), weighted_metrics=self.build_weighted_metrics(),
         steps_per_execution=hparams.steps_per_execution)
 
   def train_and_validate(
@@ -565,8 +566,8 @@ class ModelFitPipeline(AbstractPipeline):
           f"{MULTI_WORKER_MIRRORED} with {strategy.num_replicas_in_sync} workers shards the "
           f"tables of an mxrec_pipeline ModelBuilder; got {type(self._model_builder).__name__}")
     tables = sharded.create_sharded_tables(strategy, self._model_builder.tables.values(),
-                                           self._model_builder.seed,
-                                           hparams.collective_timeout_s or 0.0)
+                                           self._model_builder.seed, hparams.collective_timeout_s or
+                                           0.0)
     sparse_optimizer = self._sparse_optimizer()
     sparse_optimizer.build([table.variable for table in tables.values()])
     self._dataset_builder.keep_raw_ids = True

@@ -66,10 +66,11 @@ def create_sharded_tables(strategy: tf.distribute.Strategy, specs: Iterable[laye
     if spec.tiered:
       raise ValueError(f"table '{spec.name}': tiered tables (host_vocabulary_size > 0) cannot be "
                        "sharded over workers yet; use MirroredStrategy on one host")
-    tables[spec.name] = ShardedTable(
-        strategy, name=spec.name, dim=spec.dim, rows_per_shard=spec.device_vocabulary_size,
-        emb_initializer=layers.table_initializer(spec, seed),
-        key_dtype=tf.as_dtype(spec.key_dtype), collective_timeout_s=collective_timeout_s)
+    tables[spec.name] = ShardedTable(strategy, name=spec.name, dim=spec.dim,
+                                     rows_per_shard=spec.device_vocabulary_size,
+                                     emb_initializer=layers.table_initializer(spec, seed),
+                                     key_dtype=tf.as_dtype(spec.key_dtype),
+                                     collective_timeout_s=collective_timeout_s)
   return tables
 
 
@@ -115,8 +116,7 @@ class ShardedLookup(tf.keras.layers.Layer):
       # Keras builds the functional model by tracing `call` on placeholders
       # in its scratch graph, under the strategy's scope but outside any
       # replica context: only the output's shape and dtype matter there.
-      emb = tf.zeros(tf.concat([tf.shape(flat), [self.table.dim]], 0),
-                     self.table.variable.dtype)
+      emb = tf.zeros(tf.concat([tf.shape(flat), [self.table.dim]], 0), self.table.variable.dtype)
     else:
       emb = self.table.lookup(flat, training=training)
     if isinstance(ids, tf.RaggedTensor):
@@ -162,10 +162,9 @@ def gathered_snapshots(strategy: tf.distribute.Strategy,
                                             tf.range(num_keys, dtype=tf.int64)),
         default_value=num_keys, name=f"{name}_positions")
     snapshots[name] = Snapshot(
-        tf.Variable(np.concatenate([rows, default]), trainable=False,
-                    name=f"{name}_serving_rows"), positions)
+        tf.Variable(np.concatenate([rows, default]), trainable=False, name=f"{name}_serving_rows"),
+        positions)
   return snapshots
-
 
 
 class ShardCheckpoints:
@@ -229,5 +228,5 @@ class ShardCheckpoints:
 
 def _barrier(strategy: tf.distribute.Strategy) -> None:
   """Returns once every worker reached it: an all-reduce of one number."""
-  strategy.reduce(tf.distribute.ReduceOp.SUM,
-                  strategy.run(lambda: tf.constant(1, tf.int32)), axis=None).numpy()
+  strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(lambda: tf.constant(1, tf.int32)),
+                  axis=None).numpy()

@@ -72,11 +72,10 @@ def test_movielens_on_two_workers_trains_as_one_process(tmp_path, capsys):
   outputs = []
   for pipeline in ({"num_epochs": 1, "num_train_steps": 3}, {}):
     try:
-      launcher = subprocess.run(
-          [
-              sys.executable, "-m", "mxrec_pipeline.cli", "train", CONFIG, "--verbose=0",
-              "--local-cluster", "workers=2", *_overrides(tmp_path, data_dir, model_dir, **pipeline)
-          ], env=env, capture_output=True, text=True, timeout=TIMEOUT_S, check=False)
+      launcher = subprocess.run([
+          sys.executable, "-m", "mxrec_pipeline.cli", "train", CONFIG, "--verbose=0",
+          "--local-cluster", "workers=2", *_overrides(tmp_path, data_dir, model_dir, **pipeline)
+      ], env=env, capture_output=True, text=True, timeout=TIMEOUT_S, check=False)
       assert lib.marked_pids(marker) == []
     finally:
       lib.kill_marked(marker)
@@ -86,8 +85,9 @@ def test_movielens_on_two_workers_trains_as_one_process(tmp_path, capsys):
   # Each worker's shard of each table beside the chief's checkpoints (ckpt-1, ckpt-2).
   for number in (1, 2):
     for table in TABLES:
-      assert sorted(p.name for p in (model_dir / "checkpoints" / f"shards-{number}" / table).glob(
-          "*.index")) == ["shard-0-of-2.index", "shard-1-of-2.index"]
+      assert sorted(
+          p.name for p in (model_dir / "checkpoints" / f"shards-{number}" /
+                           table).glob("*.index")) == ["shard-0-of-2.index", "shard-1-of-2.index"]
 
   # One process, the same global batches.
   assert cli.main(["train", CONFIG, "--verbose=0"] +
