@@ -472,7 +472,10 @@ class ModelFitPipeline(AbstractPipeline):
     rows (core/asc/replicas.py); training, validation and evaluation then
     equal one replica's on the same global batches (docs/distributed.md),
     except for per-replica layers (batch normalization, dropout) and
-    partial final batches.
+    partial final batches. Under MultiWorkerMirroredStrategy with N > 1
+    workers the tables are sharded by key over the workers
+    (keras/sharded.py): the dataset keeps raw ids, each worker saves its
+    shards with every checkpoint, the export gathers them.
 
     Args:
       verbose: Keras fit verbosity (0, 1, 2).

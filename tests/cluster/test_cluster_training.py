@@ -95,7 +95,7 @@ def test_two_workers_train_as_one_process_and_only_the_chief_writes(tmp_path, le
   capsys.readouterr()
   metrics = [json.loads((d / METRICS_FILE).read_text()) for d in (model_dir, tmp_path / "run1")]
   assert metrics[0]["model"] == pytest.approx(metrics[1]["model"], abs=1e-5)
-  (valid_elwc,) = (tmp_path / "elwc").glob("vali.*")
+  (valid_elwc,) = (tmp_path / "elwc").glob("vali.*.tfrecord")
   np.testing.assert_allclose(_scores(model_dir / "export" / "latest_model", valid_elwc),
                              _scores(tmp_path / "run1" / "export" / "latest_model", valid_elwc),
                              rtol=1e-5, atol=1e-5)
