@@ -212,14 +212,17 @@ class MovieLensListwise(RankerBuilder):
                     ssd_vocabulary_size=getattr(model, "ssd_vocabulary_size", 0),
                     ssd_data_path=tuple(getattr(model, "ssd_data_path", ())),
                     cache_policy=getattr(model, "cache_policy", "lru"))
+    initializer = getattr(model, "table_initializer", "truncated_normal")
     id_rows = getattr(model, "id_device_vocabulary_size", None) or rows
     tables = [
-        TableSpec("user", model.id_dim, id_rows, **id_tiers),
-        TableSpec("item", model.id_dim, id_rows, **id_tiers),
-        TableSpec("user_attribute", model.attribute_dim, rows, key_dtype="string"),
-        TableSpec("zip", model.attribute_dim, rows, key_dtype="string"),
-        TableSpec("genre", model.attribute_dim, rows, key_dtype="string"),
-        TableSpec("title_token", model.attribute_dim, rows, key_dtype="string"),
+        TableSpec("user", model.id_dim, id_rows, initializer=initializer, **id_tiers),
+        TableSpec("item", model.id_dim, id_rows, initializer=initializer, **id_tiers),
+        TableSpec("user_attribute", model.attribute_dim, rows, key_dtype="string",
+                  initializer=initializer),
+        TableSpec("zip", model.attribute_dim, rows, key_dtype="string", initializer=initializer),
+        TableSpec("genre", model.attribute_dim, rows, key_dtype="string", initializer=initializer),
+        TableSpec("title_token", model.attribute_dim, rows, key_dtype="string",
+                  initializer=initializer),
     ]
     return features, tables
 

@@ -73,6 +73,8 @@ class MovieLensModelConfig:
     dot_product: Add the user_id . item_id embedding dot product to the logit.
     id_l2: L2 penalty on the user_id and item_id embeddings, per occurrence:
       `id_l2 * ||e||^2` averaged over the batch's (padded) examples, >= 0.
+    table_initializer: Initial rows of every table: "truncated_normal" (the
+      default) or "zeros" (TableSpec.initializer).
   """
 
   hidden_layer_dims: list[int] = dataclasses.field(default_factory=lambda: [64, 32])
@@ -89,6 +91,7 @@ class MovieLensModelConfig:
   combiner: str = "mean"
   dot_product: bool = True
   id_l2: float = 4.0
+  table_initializer: str = "truncated_normal"
 
   def __post_init__(self):
     if not 0.0 <= self.dropout < 1.0:

@@ -40,12 +40,15 @@ from mxrec_pipeline.util import initialize
 RESOLVED_CONFIG = "config.yaml"
 
 
-def _setup(config: config_lib.JobConfig):
+def _setup(config: config_lib.JobConfig, strategy: tf.distribute.Strategy | None = None,
+           shard_checkpoint_dir: str | None = None):
   ranker = builders.get_builder(config.builder)
   paths = ranker.prepare_data(config.data)
   model_builder = ranker.build_model_builder(config.model, config.pipeline.seed)
   dataset_builder = ranker.build_dataset_builder(paths, config.dataset, config.model)
-  return ranker, paths, pipeline_lib.SimplePipeline(model_builder, dataset_builder, config.pipeline)
+  return ranker, paths, pipeline_lib.SimplePipeline(model_builder, dataset_builder, config.pipeline,
+                                                    strategy=strategy,
+                                                    shard_checkpoint_dir=shard_checkpoint_dir)
 
 
 # What a training run writes in its model_dir (and `--fresh` removes).
@@ -100,6 +103,8 @@ def train(config: config_lib.JobConfig, verbose: int = 2,
       task died or could not be reached within `pipeline.collective_timeout_s`
       (naming this task and the peer TF names).
   """
+  # Every worker saves its table shards beside the chief's checkpoints.
+  shard_checkpoint_dir = os.path.join(config.pipeline.model_dir, "checkpoints")
   with worker_config(config, fresh) as config, _peer_errors(config):
     model_dir = config.pipeline.model_dir
     if fresh:
@@ -108,7 +113,13 @@ def train(config: config_lib.JobConfig, verbose: int = 2,
     os.makedirs(model_dir, exist_ok=True)
     with open(os.path.join(model_dir, RESOLVED_CONFIG), "w", encoding="utf-8") as f:
       yaml.safe_dump(config.to_dict(), f, sort_keys=False)
-    ranker, paths, pipeline = _setup(config)
+    strategy = None
+    if config.pipeline.strategy == pipeline_lib.MULTI_WORKER_MIRRORED:
+      # TF configures its collective ops when the strategy is created, before
+      # any other op of the process: data preparation runs some.
+      strategy = pipeline_lib.get_strategy(config.pipeline.strategy,
+                                           config.pipeline.collective_timeout_s)
+    ranker, paths, pipeline = _setup(config, strategy, shard_checkpoint_dir)
     data_report = _check_data(paths, pipeline)
     try:
       model_metrics = pipeline.train_and_validate(verbose=verbose, callbacks=callbacks)
@@ -185,9 +196,10 @@ def worker_config(config: config_lib.JobConfig,
   try:
     checkpoints = os.path.join(config.pipeline.model_dir, "checkpoints")
     if not fresh and os.path.isdir(checkpoints):
-      # Saves in progress (ckpt-N_temp*) are never current: not copied.
+      # Saves in progress (ckpt-N_temp*) are never current: not copied; nor
+      # the table shards (shards-N), which every worker reads from model_dir.
       shutil.copytree(checkpoints, os.path.join(temp_dir, "checkpoints"),
-                      ignore=shutil.ignore_patterns("*_temp*"))
+                      ignore=shutil.ignore_patterns("*_temp*", "shards-*"))
     yield dataclasses.replace(config, pipeline=dataclasses.replace(config.pipeline,
                                                                    model_dir=temp_dir))
   finally:

@@ -14,7 +14,7 @@ from mxrec_pipeline.util import atomic_dir
 from mxrec_pipeline.util import initialize
 
 
-def training_checkpoint(model, **extra) -> tf.train.Checkpoint:
+def training_checkpoint(model, sharded: bool = False, **extra) -> tf.train.Checkpoint:
   """A checkpoint of everything training needs to resume a SparseRankingModel.
 
   Holds the model (dense weights and table rows), both optimizers (dense
@@ -25,8 +25,13 @@ def training_checkpoint(model, **extra) -> tf.train.Checkpoint:
 
   Args:
     model: A compiled SparseRankingModel.
+    sharded: The tables are sharded over workers (keras/sharded.py): their
+      rows, key indexes and the hash optimizer are saved per shard
+      (keras/sharded.ShardCheckpoints), not here.
     **extra: More trackables to save with it (e.g. an epoch counter).
   """
+  if sharded:
+    return tf.train.Checkpoint(model=model, optimizer=model.optimizer, **extra)
   tables = initialize.get_config_initializer().tables
   key_indexes = {name: table.key_index for name, table in tables.items()}
   tiers = {name: table.tiers for name, table in tables.items() if table.is_tiered}
@@ -66,17 +71,20 @@ class TrainingCheckpoint:
     model: A compiled SparseRankingModel.
     directory: The checkpoint directory, e.g. `model_dir/checkpoints`.
     max_to_keep: Checkpoints kept.
+    shards: Tables sharded over workers: their keras/sharded.ShardCheckpoints,
+      saved and restored with every checkpoint (`shards-<N>` beside `ckpt-<N>`).
 
   Attributes:
     epoch: int64 variable, the number of epochs trained (saved with the rest).
   """
 
-  def __init__(self, model, directory: str, max_to_keep: int = 3):
+  def __init__(self, model, directory: str, max_to_keep: int = 3, shards=None):
     self.directory = directory
+    self._shards = shards
     # Saves killed mid-write leave ckpt-N_temp* directories: never current, removed here.
     atomic_dir.remove_checkpoint_temp_dirs(directory)
     self.epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="epochs_done")
-    self._checkpoint = training_checkpoint(model, epoch=self.epoch)
+    self._checkpoint = training_checkpoint(model, sharded=shards is not None, epoch=self.epoch)
     self._manager = tf.train.CheckpointManager(self._checkpoint, directory, max_to_keep=max_to_keep)
 
   @property
@@ -102,12 +110,19 @@ class TrainingCheckpoint:
     except (AssertionError, ValueError, tf.errors.InvalidArgumentError) as e:
       raise ValueError(f"checkpoint {latest} does not match this model and its tables "
                        f"(another config?): {e}") from e
+    if self._shards is not None:
+      self._shards.restore(int(self.epoch.numpy()))
     return int(self.epoch.numpy())
 
   def save(self, epochs_done: int) -> str:
     """Saves everything as `ckpt-<epochs_done>`; returns its path prefix."""
     self.epoch.assign(epochs_done)
-    return self._manager.save(checkpoint_number=epochs_done)
+    if self._shards is not None:
+      self._shards.save(epochs_done)
+    path = self._manager.save(checkpoint_number=epochs_done)
+    if self._shards is not None:
+      self._shards.prune(int(p.rsplit("-", 1)[1]) for p in self._manager.checkpoints)
+    return path
 
 
 def table_stats(table) -> dict[str, float]:

@@ -29,7 +29,7 @@ Signatures:
 from __future__ import annotations
 
 import functools
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
 import tensorflow as tf
 import tensorflow_ranking as tfr
@@ -38,6 +38,7 @@ from mxrec_pipeline.core import lookup as core_lookup
 from mxrec_pipeline.core.asc import feature_spec as fs
 from mxrec_pipeline.core.asc import helper
 from mxrec_pipeline.keras.layers import SparseFeature, SparseLookup
+from mxrec_pipeline.keras.sharded import ShardedLookup
 from mxrec_pipeline.util import atomic_dir
 from mxrec_pipeline.util import initialize
 
@@ -60,22 +61,35 @@ class ServingModule(tf.Module):
       features (as the dataset builder's).
     mask_feature_name: Name of the list mask.
     sparse_features: The model's SparseFeatures.
+    snapshots: None, or for a model whose tables are sharded over workers
+      (its ShardedLookups take raw ids), table name -> keras/sharded.Snapshot
+      gathered from every shard: then no id is inserted when serving, the
+      layers read these snapshots.
   """
 
   def __init__(self, model, context_feature_spec, example_feature_spec, mask_feature_name: str,
-               sparse_features: Sequence[SparseFeature]):
+               sparse_features: Sequence[SparseFeature], snapshots: Mapping | None = None):
     super().__init__(name="mxrec_serving")
     object.__setattr__(self, "_model", model)  # Untracked: see the class docstring.
-    self.model_layers = [layer for layer in model.layers if not isinstance(layer, SparseLookup)]
+    self.model_layers = [
+        layer for layer in model.layers if not isinstance(layer, (SparseLookup, ShardedLookup))
+    ]
     self._context_spec = dict(context_feature_spec)
     self._example_spec = dict(example_feature_spec)
     self._mask = mask_feature_name
     specs = [fs.FeatureSpec(f.name, table_name=f.table) for f in sparse_features]
     self._by_table = helper.group_by_table(specs)
-    tables = initialize.get_config_initializer().tables
-    self._tiered = [name for name in self._by_table if tables[name].is_tiered]
     self.lookup_tables = {}
     self.serving_rows = {}
+    self._raw_ids = snapshots is not None
+    if snapshots is not None:
+      self._tiered = []
+      for name in self._by_table:
+        self.lookup_tables[name] = snapshots[name].positions
+        self.serving_rows[name] = snapshots[name].rows
+      return
+    tables = initialize.get_config_initializer().tables
+    self._tiered = [name for name in self._by_table if tables[name].is_tiered]
     for name in self._by_table:
       table = tables[name]
       positions, rows = table.key_index.to_compact_table(
@@ -89,7 +103,10 @@ class ServingModule(tf.Module):
 
   def score(self, features: dict) -> dict:
     """Scores raw features (as tfr's ELWC parsing gives them): {"scores": [B, L]}."""
-    inputs = helper.insert_ids(dict(features), self._by_table, self._stock_insert)
+    if self._raw_ids:  # ShardedLookups read raw ids.
+      inputs = dict(features)
+    else:
+      inputs = helper.insert_ids(dict(features), self._by_table, self._stock_insert)
     for name in self._tiered:  # Tiered tables' plan input: unused when serving.
       inputs[fs.plan_key(name)] = tf.zeros([1], tf.int64)
     model_inputs = {name: inputs[name] for name in self._model.input_names}
@@ -117,7 +134,8 @@ class ServingModule(tf.Module):
 
 def export_serving_model(model, export_dir: str, context_feature_spec, example_feature_spec,
                          mask_feature_name: str, sparse_features: Sequence[SparseFeature],
-                         before_rename: Callable[[str], None] | None = None) -> str:
+                         before_rename: Callable[[str], None] | None = None,
+                         snapshots: Mapping | None = None) -> str:
   """Writes a SavedModel that scores raw ids; see the module docstring.
 
   The SavedModel is written to a temporary directory beside `export_dir`,
@@ -131,6 +149,8 @@ def export_serving_model(model, export_dir: str, context_feature_spec, example_f
     context_feature_spec, example_feature_spec: Raw feature specs.
     mask_feature_name: Name of the list mask.
     sparse_features: The model's SparseFeatures.
+    snapshots: Tables sharded over workers: table name -> their gathered
+      keras/sharded.Snapshot (see ServingModule).
     before_rename: Test seam: called with the temporary directory once the
       SavedModel is written there, before it is renamed to export_dir.
 
@@ -138,7 +158,7 @@ def export_serving_model(model, export_dir: str, context_feature_spec, example_f
     export_dir.
   """
   module = ServingModule(model, context_feature_spec, example_feature_spec, mask_feature_name,
-                         sparse_features)
+                         sparse_features, snapshots)
   sparse_layers = [
       layer for layer in getattr(model, "_sparse_layers", [])
       if layer.feature.table in module.serving_rows
@@ -146,6 +166,8 @@ def export_serving_model(model, export_dir: str, context_feature_spec, example_f
   try:
     for layer in sparse_layers:  # The serving functions read the snapshots.
       layer.serving_rows = module.serving_rows[layer.feature.table]
+      if isinstance(layer, ShardedLookup):
+        layer.serving_positions = module.lookup_tables[layer.feature.table]
     signatures = {
         "serving_default": tf.function(
             module.serve_elwc,
@@ -161,4 +183,6 @@ def export_serving_model(model, export_dir: str, context_feature_spec, example_f
   finally:
     for layer in sparse_layers:
       layer.serving_rows = None
+      if isinstance(layer, ShardedLookup):
+        layer.serving_positions = None
   return export_dir

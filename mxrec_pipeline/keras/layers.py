@@ -23,6 +23,7 @@ from mxrec_pipeline.util import initialize
 COMBINERS = combiner_lib.COMBINERS
 combine = combiner_lib.combine
 _KEY_DTYPES = ("int32", "int64", "string")
+INITIALIZERS = ("truncated_normal", "zeros")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,6 +37,10 @@ class TableSpec:
       tiered table's device cache).
     key_dtype: "int64", "int32" or "string" (hashed to int64).
     initializer_stddev: Stddev of the truncated-normal initial rows, > 0.
+    initializer: "truncated_normal" (TruncatedNormal(initializer_stddev),
+      the default) or "zeros" (TPUEmbedding's TableConfig initializer
+      choices); zeros make the initial rows independent of which rows the
+      keys get (e.g. tables sharded over workers equal one process's).
     host_vocabulary_size: Host-memory rows; > 0 makes the table tiered
       (core/tiers.py): the device rows cache device + host + SSD rows.
     ssd_vocabulary_size: SSD rows (needs host_vocabulary_size > 0).
@@ -48,6 +53,7 @@ class TableSpec:
   device_vocabulary_size: int
   key_dtype: str = "int64"
   initializer_stddev: float = 0.05
+  initializer: str = "truncated_normal"
   host_vocabulary_size: int = 0
   ssd_vocabulary_size: int = 0
   ssd_data_path: tuple[str, ...] = ()
@@ -72,6 +78,9 @@ class TableSpec:
     if not self.initializer_stddev > 0:
       raise ValueError(f"TableSpec '{self.name}': `initializer_stddev` must be positive, "
                        f"got {self.initializer_stddev}")
+    if self.initializer not in INITIALIZERS:
+      raise ValueError(f"TableSpec '{self.name}': `initializer` must be one of {INITIALIZERS}, "
+                       f"got {self.initializer!r}")
     # YAML gives lists; the spec is frozen and hashable.
     object.__setattr__(self, "ssd_data_path", tuple(self.ssd_data_path or ()))
 
@@ -96,6 +105,18 @@ class SparseFeature:
     combiner_lib.check_combiner(self.combiner, f"SparseFeature '{self.name}'", allow_none=True)
 
 
+def table_initializer(spec: TableSpec,
+                      seed: int | None = None) -> tf.keras.initializers.Initializer:
+  """The initializer of a table's rows: the spec's, seeded by `seed` mixed with the table name.
+
+  With `seed` None the draws are left to TensorFlow's global seed.
+  """
+  if spec.initializer == "zeros":
+    return tf.keras.initializers.Zeros()
+  table_seed = None if seed is None else (seed + zlib.crc32(spec.name.encode())) % 2**31
+  return tf.keras.initializers.TruncatedNormal(stddev=spec.initializer_stddev, seed=table_seed)
+
+
 def get_or_create_table(spec: TableSpec, seed: int | None = None) -> embedding.SparseEmbedding:
   """The run's table named `spec.name`, created from the spec if absent.
 
@@ -111,15 +132,12 @@ def get_or_create_table(spec: TableSpec, seed: int | None = None) -> embedding.S
   run = initialize.get_config_initializer()
   table = run.tables.get(spec.name)
   if table is None:
-    table_seed = None if seed is None else (seed + zlib.crc32(spec.name.encode())) % 2**31
-    return embedding.create_table(
-        key_dtype=tf.as_dtype(spec.key_dtype), dim=spec.dim, name=spec.name,
-        emb_initializer=tf.keras.initializers.TruncatedNormal(stddev=spec.initializer_stddev,
-                                                              seed=table_seed),
-        device_vocabulary_size=spec.device_vocabulary_size,
-        host_vocabulary_size=spec.host_vocabulary_size,
-        ssd_vocabulary_size=spec.ssd_vocabulary_size, ssd_data_path=list(spec.ssd_data_path),
-        cache_policy=spec.cache_policy)
+    return embedding.create_table(key_dtype=tf.as_dtype(spec.key_dtype), dim=spec.dim,
+                                  name=spec.name, emb_initializer=table_initializer(spec, seed),
+                                  device_vocabulary_size=spec.device_vocabulary_size,
+                                  host_vocabulary_size=spec.host_vocabulary_size,
+                                  ssd_vocabulary_size=spec.ssd_vocabulary_size, ssd_data_path=list(
+                                      spec.ssd_data_path), cache_policy=spec.cache_policy)
   host_rows = table.tiers.config.host_vocabulary_size if table.is_tiered else 0
   if ((table.dim, table.device_vocabulary_size, host_rows)
       != (spec.dim, spec.device_vocabulary_size, spec.host_vocabulary_size)):

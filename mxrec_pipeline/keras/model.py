@@ -39,6 +39,7 @@ import tensorflow_ranking as tfr
 
 from mxrec_pipeline.core.asc import feature_spec as fs
 from mxrec_pipeline.keras import layers
+from mxrec_pipeline.keras import sharded
 from mxrec_pipeline.optimizers import factory
 
 # tfr's building blocks, reused unchanged.
@@ -152,7 +153,16 @@ class ModelBuilder(tfr.keras.model.ModelBuilder):
         raise ValueError(f"sparse feature '{feature.name}' uses table '{feature.table}', "
                          f"not among tables {sorted(self.tables)}")
 
-  def build(self) -> SparseRankingModel:
+  def build(self, sharded_tables: Mapping | None = None) -> SparseRankingModel:
+    """The model; with `sharded_tables` its sparse features take raw ids.
+
+    Args:
+      sharded_tables: None (the default): sparse features come in as the
+        input pipeline's insertion results (restore indices and unique rows)
+        and are embedded by SparseLookup. Table name -> ShardedTable
+        (keras/sharded.py, MultiWorkerMirroredStrategy): they come in as raw
+        ids, embedded by ShardedLookup.
+    """
     context_inputs, example_inputs = self._input_creator()
     mask = tf.keras.Input(shape=(None,), dtype=tf.bool, name=self._mask_feature_name)
     all_inputs = {**context_inputs, **example_inputs}
@@ -165,6 +175,13 @@ class ModelBuilder(tfr.keras.model.ModelBuilder):
       if feature.name not in all_inputs:
         raise ValueError(f"sparse feature '{feature.name}' is not among the inputs "
                          f"{sorted(all_inputs)}")
+      target = context_features if feature.name in context_inputs else example_features
+      if sharded_tables is not None:
+        layer = sharded.ShardedLookup(feature, sharded_tables[feature.table],
+                                      name=f"sparse_lookup_{feature.name}")
+        sparse_layers.append(layer)
+        target[feature.name] = layer(all_inputs[feature.name])
+        continue
       restore = _restore_input(all_inputs[feature.name], feature.name)
       model_inputs.pop(feature.name)
       model_inputs[fs.restore_key(feature.name)] = restore
@@ -181,9 +198,7 @@ class ModelBuilder(tfr.keras.model.ModelBuilder):
                                   name=f"sparse_lookup_{feature.name}")
       sparse_layers.append(layer)
       plan = (plan_inputs[table],) if table in plan_inputs else ()
-      embedded = layer((restore, unique_rows_inputs[table], *plan))
-      target = context_features if feature.name in context_inputs else example_features
-      target[feature.name] = embedded
+      target[feature.name] = layer((restore, unique_rows_inputs[table], *plan))
     context_features, example_features = self.preprocess(context_features, example_features, mask)
     logits = self.score(context_features, example_features, mask)
     model_inputs[self._mask_feature_name] = mask

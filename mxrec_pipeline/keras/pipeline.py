@@ -36,6 +36,7 @@ from mxrec_pipeline.hparams import (  # pylint: disable=unused-import
 from mxrec_pipeline.keras import callbacks as callbacks_lib
 from mxrec_pipeline.keras import export as export_lib
 from mxrec_pipeline.keras import model as model_lib
+from mxrec_pipeline.keras import sharded
 from mxrec_pipeline.keras.layers import SparseFeature
 from mxrec_pipeline.optimizers import factory
 from mxrec_pipeline.util import initialize
@@ -99,6 +100,13 @@ def epoch_steps(num_epochs: int, num_train_steps: int | None) -> list[int | None
   return [min(per_epoch, num_train_steps - start) for start in range(0, num_train_steps, per_epoch)]
 
 
+def _data_sharded(dataset: tf.data.Dataset) -> tf.data.Dataset:
+  """`dataset` with tf.data's DATA auto-sharding: each worker keeps its part of every batch."""
+  options = tf.data.Options()
+  options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
+  return dataset.with_options(options)
+
+
 class BaseDatasetBuilder(tfr.keras.pipeline.BaseDatasetBuilder):
   """tfr's BaseDatasetBuilder plus insertion of the sparse id features.
 
@@ -120,6 +128,9 @@ class BaseDatasetBuilder(tfr.keras.pipeline.BaseDatasetBuilder):
     super().__init__(context_feature_spec, example_feature_spec, training_only_example_spec,
                      mask_feature_name, hparams, training_only_context_spec)
     self.sparse_features = list(sparse_features)
+    # True when the model looks its tables up by raw ids (tables sharded over
+    # workers, keras/sharded.py): no insertion in tf.data. Set by the pipeline.
+    self.keep_raw_ids = False
     known = {**context_feature_spec, **example_feature_spec}
     for feature in self.sparse_features:
       if feature.name not in known:
@@ -127,14 +138,16 @@ class BaseDatasetBuilder(tfr.keras.pipeline.BaseDatasetBuilder):
                          f"feature spec {sorted(known)}")
 
   def _insert(self, dataset: tf.data.Dataset, is_training: bool) -> tf.data.Dataset:
-    if self.sparse_features:
+    if self.sparse_features and not self.keep_raw_ids:
       specs = [fs.FeatureSpec(f.name, table_name=f.table) for f in self.sparse_features]
       dataset = dataset.map(helper.get_asc_insert_func(specs, is_training=is_training))
       raw_ids = {f.name for f in self.sparse_features}
       # The model reads the insertion results, not the raw ids.
       dataset = dataset.map(lambda features, *rest:
                             ({k: v for k, v in features.items() if k not in raw_ids}, *rest))
-    return dataset.prefetch(tf.data.AUTOTUNE)
+    # `build_train_epoch` wraps `_build_dataset` in flat_map, whose options
+    # do not reach the outer dataset: set DATA sharding again (see there).
+    return _data_sharded(dataset.prefetch(tf.data.AUTOTUNE))
 
   def _build_dataset(self, file_pattern: str, batch_size: int, list_size: int | None = None,
                      randomize_input: bool = True, num_epochs: int | None = None,
@@ -163,10 +176,8 @@ class BaseDatasetBuilder(tfr.keras.pipeline.BaseDatasetBuilder):
         reader=self._hparams.dataset_reader, num_epochs=num_epochs, shuffle=randomize_input,
         shuffle_buffer_size=1000, shuffle_seed=shuffle_seed, sloppy_ordering=False,
         drop_final_batch=False, shuffle_examples=False)
-    options = tf.data.Options()
-    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
-    return dataset.map(self._features_and_labels,
-                       num_parallel_calls=tf.data.AUTOTUNE).with_options(options)
+    return _data_sharded(dataset.map(self._features_and_labels,
+                                     num_parallel_calls=tf.data.AUTOTUNE))
 
   def build_train_dataset(self, num_epochs: int | None = None) -> tf.data.Dataset:
     """See `AbstractDatasetBuilder`. Shuffled; new ids get rows.
@@ -328,6 +339,13 @@ class ModelFitPipeline(AbstractPipeline):
       `get_strategy(hparams.strategy)`. With N > 1 replicas of one host
       (MirroredStrategy), each global batch is inserted once and split into N
       per-replica batches (core/asc/replicas.py); see docs/distributed.md.
+      Under MultiWorkerMirroredStrategy with N > 1 workers the tables are
+      sharded by key over the workers (keras/sharded.py).
+    shard_checkpoint_dir: Where every worker saves its table shards with
+      each checkpoint when tables are sharded over workers: a directory all
+      workers write (jobs.train gives the chief's `model_dir/checkpoints`,
+      as non-chief workers train in a temporary model_dir); None:
+      `model_dir/checkpoints`.
 
   Raises:
     ValueError: builders of the wrong type.
@@ -335,7 +353,8 @@ class ModelFitPipeline(AbstractPipeline):
 
   def __init__(self, model_builder: model_lib.AbstractModelBuilder,
                dataset_builder: BaseDatasetBuilder, hparams: PipelineHparams,
-               strategy: tf.distribute.Strategy | None = None):
+               strategy: tf.distribute.Strategy | None = None,
+               shard_checkpoint_dir: str | None = None):
     if not isinstance(model_builder, model_lib.AbstractModelBuilder):
       raise ValueError(f"`model_builder` must be an AbstractModelBuilder, got "
                        f"{type(model_builder).__name__}")
@@ -347,8 +366,11 @@ class ModelFitPipeline(AbstractPipeline):
     self._hparams = hparams
     self.model = None
     self._strategy = strategy
+    self._shard_checkpoint_dir = shard_checkpoint_dir
     self.checkpoint = None
     self.history = None
+    self._strategy_in_use = None
+    self._sharded_tables = None  # Table name -> ShardedTable when sharded over workers.
 
   @property
   def model_builder(self) -> model_lib.AbstractModelBuilder:
@@ -401,23 +423,30 @@ class ModelFitPipeline(AbstractPipeline):
   def export_saved_model(self, model, export_to: str) -> str:
     """Exports a SavedModel that scores raw ids; see export.export_serving_model."""
     builder = self._dataset_builder
+    snapshots = None
+    if self._sharded_tables:  # Every worker gathers; only the chief's export_to is kept.
+      snapshots = sharded.gathered_snapshots(self._strategy_in_use, self._sharded_tables)
     return export_lib.export_serving_model(
         model,
         export_to,
         context_feature_spec=builder._context_feature_spec,  # pylint: disable=protected-access
         example_feature_spec=builder._example_feature_spec,  # pylint: disable=protected-access
         mask_feature_name=builder._mask_feature_name,  # pylint: disable=protected-access
-        sparse_features=builder.sparse_features)
+        sparse_features=builder.sparse_features,
+        snapshots=snapshots)
 
-  def _compile(self, model):
+  def _sparse_optimizer(self):
+    hparams = self._hparams
+    return factory.get_optimizer(hparams.sparse_optimizer, hparams.sparse_learning_rate or
+                                 hparams.learning_rate)
+
+  def _compile(self, model, sparse_optimizer=None):
     hparams = self._hparams
     model.compile(
         optimizer=tf.keras.optimizers.get({
             "class_name": hparams.optimizer, "config": {"learning_rate": hparams.learning_rate}
-        }), sparse_optimizer=factory.get_optimizer(
-            hparams.sparse_optimizer, hparams.sparse_learning_rate or
-            hparams.learning_rate), loss=self.build_loss(), metrics=self.build_metrics(),
-        weighted_metrics=self.build_weighted_metrics(),
+        }), sparse_optimizer=sparse_optimizer or self._sparse_optimizer(), loss=self.build_loss(),
+        metrics=self.build_metrics(), weighted_metrics=self.build_weighted_metrics(),
         steps_per_execution=hparams.steps_per_execution)
 
   def train_and_validate(
@@ -443,7 +472,10 @@ class ModelFitPipeline(AbstractPipeline):
     rows (core/asc/replicas.py); training, validation and evaluation then
     equal one replica's on the same global batches (docs/distributed.md),
     except for per-replica layers (batch normalization, dropout) and
-    partial final batches.
+    partial final batches. Under MultiWorkerMirroredStrategy with N > 1
+    workers the tables are sharded by key over the workers
+    (keras/sharded.py): the dataset keeps raw ids, each worker saves its
+    shards with every checkpoint, the export gathers them.
 
     Args:
       verbose: Keras fit verbosity (0, 1, 2).
@@ -466,21 +498,20 @@ class ModelFitPipeline(AbstractPipeline):
     if not initialize.is_initialized():
       initialize.init()
     strategy = self._strategy or get_strategy(hparams.strategy, hparams.collective_timeout_s)
-    if (isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy) and
-        strategy.num_replicas_in_sync > 1 and
-        getattr(self._dataset_builder, "sparse_features", None)):
-      # Tables sharded over workers run in custom loops (mxrec_pipeline.distributed);
-      # the Keras pipeline splits batches over the replicas of one host only.
-      raise ValueError(
-          f"{MULTI_WORKER_MIRRORED} with {strategy.num_replicas_in_sync} replicas: the Keras "
-          "pipeline's sparse features train on the replicas of one host (MirroredStrategy); "
-          "across workers use mxrec_pipeline.distributed.ShardedTable in a custom loop "
-          "(docs/distributed.md)")
-    with strategy.scope(), _generator_rng(hparams.seed is not None):
-      model = self.build_compiled_model()
+    self._strategy_in_use = strategy
+    if self._shards_tables(strategy):
+      model = self._build_sharded_model(strategy)
+    else:
+      with strategy.scope(), _generator_rng(hparams.seed is not None):
+        model = self.build_compiled_model()
     self.model = model
+    shards = None
+    if self._sharded_tables:
+      shards = sharded.ShardCheckpoints(
+          strategy, self._shard_checkpoint_dir or os.path.join(hparams.model_dir, "checkpoints"),
+          self._sharded_tables, model.sparse_optimizer)
     self.checkpoint = callbacks_lib.TrainingCheckpoint(
-        model, os.path.join(hparams.model_dir, "checkpoints"))
+        model, os.path.join(hparams.model_dir, "checkpoints"), shards=shards)
     plan = epoch_steps(hparams.num_epochs, hparams.num_train_steps)
     start_epoch = self._restore(self.checkpoint, len(plan))
     run_callbacks = callbacks_lib.RunCallbacks(
@@ -514,6 +545,41 @@ class ModelFitPipeline(AbstractPipeline):
     return {key: float(results[metric_name(key)]) for key in RANKING_METRICS
            } | {"loss": float(results["loss"])}
 
+  def _shards_tables(self, strategy: tf.distribute.Strategy) -> bool:
+    """Whether the tables are sharded over workers (MultiWorkerMirroredStrategy, N > 1)."""
+    return (isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy) and
+            strategy.num_replicas_in_sync > 1 and
+            bool(getattr(self._dataset_builder, "sparse_features", None)))
+
+  def _build_sharded_model(self, strategy: tf.distribute.Strategy) -> tf.keras.Model:
+    """The compiled model with its tables sharded by key over the workers (keras/sharded.py).
+
+    The ShardedTables and the hash optimizer (with its slots) are created
+    outside the strategy's scope, as each worker's own variables; the dense
+    model and its optimizer inside it, mirrored. The dataset then keeps raw
+    ids (no insertion in tf.data).
+
+    Raises:
+      ValueError: a model builder that is not a ModelBuilder (its tables
+        unknown), or a tiered table.
+    """
+    hparams = self._hparams
+    if not isinstance(self._model_builder, model_lib.ModelBuilder):
+      raise ValueError(
+          f"{MULTI_WORKER_MIRRORED} with {strategy.num_replicas_in_sync} workers shards the "
+          f"tables of an mxrec_pipeline ModelBuilder; got {type(self._model_builder).__name__}")
+    tables = sharded.create_sharded_tables(strategy, self._model_builder.tables.values(),
+                                           self._model_builder.seed, hparams.collective_timeout_s or
+                                           0.0)
+    sparse_optimizer = self._sparse_optimizer()
+    sparse_optimizer.build([table.variable for table in tables.values()])
+    self._dataset_builder.keep_raw_ids = True
+    self._sharded_tables = tables
+    with strategy.scope(), _generator_rng(hparams.seed is not None):
+      model = self._model_builder.build(sharded_tables=tables)
+      self._compile(model, sparse_optimizer)
+    return model
+
   def _restore(self, checkpoint: callbacks_lib.TrainingCheckpoint, num_epochs: int) -> int:
     """Restores the run's latest checkpoint as `hparams.resume` says; returns the start epoch."""
     if checkpoint.latest is None:
@@ -545,8 +611,8 @@ class ModelFitPipeline(AbstractPipeline):
         [fs.FeatureSpec(f.name, table_name=f.table) for f in self._dataset_builder.sparse_features])
 
   def _splits_batches(self, strategy: tf.distribute.Strategy) -> bool:
-    """Whether global batches are split per replica (N > 1 and sparse features)."""
-    return (strategy.num_replicas_in_sync > 1 and
+    """Whether global batches are split per replica (one host, N > 1, sparse features)."""
+    return (not self._shards_tables(strategy) and strategy.num_replicas_in_sync > 1 and
             bool(getattr(self._dataset_builder, "sparse_features", None)))
 
   def _train_epoch(self, epoch: int, num_steps: int | None) -> tf.data.Dataset:

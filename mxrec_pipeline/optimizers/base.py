@@ -119,7 +119,13 @@ class HashOptimizer(tf.Module):
             "IndexedSlices")
     self.build([v for _, v in pairs])
     with tf.name_scope(name or self.optimizer_name):
-      if tf.distribute.has_strategy() and tf.distribute.in_cross_replica_context() is False:
+      in_replica = tf.distribute.has_strategy() and not tf.distribute.in_cross_replica_context()
+      if in_replica and not any(isinstance(v, tf.distribute.DistributedValues) for _, v in pairs):
+        # Each worker's own variables (a shard of distributed.ShardedTable):
+        # their gradients are already complete at the owner, so neither
+        # all-reduce nor merge_call; slots and `iterations` must be plain too.
+        return self._apply_local(pairs, tables, global_step)
+      if in_replica:
         context = tf.distribute.get_replica_context()
         grads = [g for g, _ in pairs]
         # MirroredStrategy (one machine): the replicas' rows are concatenated in
@@ -157,6 +163,28 @@ class HashOptimizer(tf.Module):
       if global_step is not None:
         increments.append(
             strategy.extended.update(global_step, lambda v: v.assign_add(1), group=True))
+    if tf.executing_eagerly():
+      return None
+    return tf.group(updates + increments)
+
+  def _apply_local(self, pairs, tables, global_step):
+    """Applies (grad, var) pairs of non-distributed variables in a replica context."""
+    for var in [self.iterations] + [self._slots[t.table_name] for t in tables]:
+      for v in (var.values() if isinstance(var, dict) else [var]):
+        if isinstance(v, tf.distribute.DistributedValues):
+          raise ValueError(
+              f"{self.optimizer_name}: the variables of this worker's own tables need the "
+              "optimizer's slots and `iterations` outside the strategy; create and build the "
+              "hash optimizer outside strategy.scope()")
+    step = self.iterations + 1
+    updates = [
+        self._apply_one(var, grad, self._slots[table.table_name], step)
+        for (grad, var), table in zip(pairs, tables)
+    ]
+    with tf.control_dependencies(updates):
+      increments = [self.iterations.assign_add(1)]
+      if global_step is not None:
+        increments.append(global_step.assign_add(1))
     if tf.executing_eagerly():
       return None
     return tf.group(updates + increments)

@@ -1,0 +1,232 @@
+"""Keras side of tables sharded over workers (distributed.ShardedTable).
+
+Under MultiWorkerMirroredStrategy with more than one worker, the pipeline
+(keras/pipeline.py) shards every table of the model by key over the workers
+(docs/distributed.md "Many workers"): it creates one `ShardedTable` per
+TableSpec with `create_sharded_tables` (outside the strategy's scope: each
+worker's shard is its own variable) and builds the model with `ShardedLookup`
+layers, which take the feature's raw ids (no insertion in tf.data) and call
+`ShardedTable.lookup` inside the Keras train/test step (`strategy.run`). The
+table gradient comes back to each owner as IndexedSlices on its shard, which
+the hash optimizer applies locally (optimizers/base.py). Single-process
+modules (core, keras/layers.py) stay unaware of sharding.
+
+Serving: `gathered_snapshots` all-gathers every shard
+(distributed/export.gather_shards) into the compact snapshot a single-process
+table exports (rows in key order + a default row, a stock StaticHashTable
+key -> position); `ShardedLookup.serving_rows`/`serving_positions` then read
+it, so the SavedModel serves raw ids with plain TensorFlow.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import os
+import shutil
+from typing import Iterable, Mapping
+
+import numpy as np
+import tensorflow as tf
+
+from mxrec_pipeline.core import key_index as key_index_lib
+from mxrec_pipeline.distributed import checkpoint as checkpoint_lib
+from mxrec_pipeline.distributed import export as distributed_export
+from mxrec_pipeline.distributed.sharded_table import ShardedTable
+from mxrec_pipeline.keras import layers
+
+
+def create_sharded_tables(strategy: tf.distribute.Strategy, specs: Iterable[layers.TableSpec],
+                          seed: int | None = None,
+                          collective_timeout_s: float = 0.0) -> dict[str, ShardedTable]:
+  """One ShardedTable per spec, created in spec order (the same on every worker).
+
+  Call outside `strategy.scope()`, after init(). Rows per shard are the
+  spec's device_vocabulary_size; initial rows by layers.table_initializer
+  (random ones are drawn per shard, so other initial rows than one
+  process's; "zeros" gives the same).
+
+  Args:
+    strategy: The MultiWorkerMirroredStrategy, one replica per worker.
+    specs: The model's TableSpecs.
+    seed: The run's seed, or None.
+    collective_timeout_s: The all-to-all routing's timeout (unused by the
+      default all_gather routing, which takes the strategy's).
+
+  Returns:
+    Table name -> ShardedTable.
+
+  Raises:
+    ValueError: a tiered spec (host/SSD tiers are not sharded yet), naming
+      the table; anything ShardedTable refuses (e.g. a config differing on
+      another worker).
+  """
+  tables = {}
+  for spec in specs:
+    if spec.tiered:
+      raise ValueError(f"table '{spec.name}': tiered tables (host_vocabulary_size > 0) cannot be "
+                       "sharded over workers yet; use MirroredStrategy on one host")
+    tables[spec.name] = ShardedTable(strategy, name=spec.name, dim=spec.dim,
+                                     rows_per_shard=spec.device_vocabulary_size,
+                                     emb_initializer=layers.table_initializer(spec, seed),
+                                     key_dtype=tf.as_dtype(spec.key_dtype),
+                                     collective_timeout_s=collective_timeout_s)
+  return tables
+
+
+class ShardedLookup(tf.keras.layers.Layer):
+  """Embeds one sparse feature through a table sharded over the workers.
+
+  Call with the feature's raw ids: [batch_size, ..., num_ids] of the table's
+  key dtype (int64, int32 or string), or a tf.RaggedTensor of them. Returns
+  [batch_size, ..., dim] float32 (combined over num_ids by the feature's
+  combiner), or [batch_size, ..., num_ids, dim] with combiner None. In
+  training absent keys get rows at their owners; otherwise they read zeros.
+  Must run inside the strategy's replica context (Keras' train/test step).
+
+  Args:
+    feature: The SparseFeature it embeds.
+    table: The ShardedTable of the feature's table.
+
+  Attributes:
+    embeddings: This worker's shard variable (the table's rows it owns); not
+      among the layer's Keras weights.
+    serving_rows, serving_positions: During export: the gathered snapshot's
+      [num_keys + 1, dim] rows and its StaticHashTable key -> position.
+  """
+
+  def __init__(self, feature: layers.SparseFeature, table: ShardedTable, **kwargs):
+    super().__init__(**kwargs)
+    self.feature = feature
+    # Neither tracked: Keras refuses a model variable created outside the
+    # strategy's scope, which this worker's own shard is; checkpoints save
+    # the shards per worker (distributed/checkpoint.py).
+    object.__setattr__(self, "table", table)
+    object.__setattr__(self, "embeddings", table.variable)
+    self.serving_rows = None
+    self.serving_positions = None
+
+  def call(self, ids, training=None):
+    training = bool(training) if training is not None else False
+    flat = ids.flat_values if isinstance(ids, tf.RaggedTensor) else ids
+    if self.serving_rows is not None:
+      keys = key_index_lib.to_keys(flat, f"table '{self.feature.table}'")
+      emb = tf.gather(self.serving_rows, self.serving_positions.lookup(keys))
+    elif tf.distribute.in_cross_replica_context() and self._in_scratch_graph():
+      # Keras builds the functional model by tracing `call` on placeholders
+      # in its scratch graph, under the strategy's scope but outside any
+      # replica context: only the output's shape and dtype matter there.
+      emb = tf.zeros(tf.concat([tf.shape(flat), [self.table.dim]], 0), self.table.variable.dtype)
+    else:
+      emb = self.table.lookup(flat, training=training)
+    if isinstance(ids, tf.RaggedTensor):
+      emb = ids.with_flat_values(emb)
+    return layers.combine(emb, self.feature.combiner)
+
+  def _in_scratch_graph(self) -> bool:
+    """Whether Keras is tracing `call` for the output's signature only.
+
+    Keras 2.15 (base_layer._infer_output_signature) traces a layer called on
+    symbolic inputs in a FuncGraph named "<layer name>_scratch_graph".
+    """
+    return getattr(tf.compat.v1.get_default_graph(), "name", None) == f"{self.name}_scratch_graph"
+
+  def get_config(self):
+    config = super().get_config()
+    config.update(feature=dataclasses.asdict(self.feature), table=self.feature.table)
+    return config
+
+
+@dataclasses.dataclass
+class Snapshot:
+  """A sharded table gathered for serving: rows [num_keys + 1, dim] (default last), positions."""
+
+  rows: tf.Variable
+  positions: tf.lookup.StaticHashTable
+
+
+def gathered_snapshots(strategy: tf.distribute.Strategy,
+                       tables: Mapping[str, ShardedTable]) -> dict[str, Snapshot]:
+  """Every sharded table's serving snapshot, on every worker (all workers call it, eagerly).
+
+  The same compact form as KeyIndex.to_compact_table of a single-process
+  table: the keys in increasing order, their rows, and a zero default row.
+  """
+  snapshots = {}
+  for name, table in tables.items():
+    keys, rows = distributed_export.gather_shards(strategy, table)
+    default = np.zeros([1, table.dim], rows.dtype)
+    num_keys = np.int64(len(keys))
+    positions = tf.lookup.StaticHashTable(
+        tf.lookup.KeyValueTensorInitializer(tf.constant(keys, tf.int64),
+                                            tf.range(num_keys, dtype=tf.int64)),
+        default_value=num_keys, name=f"{name}_positions")
+    snapshots[name] = Snapshot(
+        tf.Variable(np.concatenate([rows, default]), trainable=False, name=f"{name}_serving_rows"),
+        positions)
+  return snapshots
+
+
+class ShardCheckpoints:
+  """The per-shard part of a sharded run's training checkpoints (distributed/checkpoint.py).
+
+  Beside each `ckpt-<N>` of the TrainingCheckpoint (dense model, dense
+  optimizer, epoch), every worker saves its shard of every table, with the
+  hash optimizer's slots and step count, as
+  `<directory>/shards-<N>/<table>/shard-<i>-of-<W>`. `directory` must be the
+  chief's checkpoint directory on storage every worker writes (non-chief
+  workers' own model_dir is a temporary one, jobs.worker_config). Restoring
+  re-shards the keys by owner, so a run resumes onto another number of
+  workers (or one process restores with distributed/checkpoint.restore_shard).
+
+  Args:
+    strategy: The run's MultiWorkerMirroredStrategy.
+    directory: The shared checkpoint directory.
+    tables: Table name -> ShardedTable.
+    optimizer: The tables' hash optimizer.
+  """
+
+  def __init__(self, strategy: tf.distribute.Strategy, directory: str,
+               tables: Mapping[str, ShardedTable], optimizer):
+    self._strategy = strategy
+    self.directory = directory
+    self._tables = dict(tables)
+    self._optimizer = optimizer
+
+  def path(self, number: int) -> str:
+    """`<directory>/shards-<number>`: the shards of checkpoint ckpt-<number>."""
+    return os.path.join(self.directory, f"shards-{number}")
+
+  def save(self, number: int) -> None:
+    """Saves this worker's shards as checkpoint `number` (every worker calls it).
+
+    Returns once every worker has saved (a collective barrier), so the
+    chief's `ckpt-<number>`, written after it, never lacks a shard.
+    """
+    for table in self._tables.values():
+      checkpoint_lib.save_shard(self.path(number), table, [self._optimizer])
+    _barrier(self._strategy)
+
+  def prune(self, kept: Iterable[int]) -> None:
+    """The chief removes the shards of checkpoints other than `kept` (others do nothing)."""
+    if next(iter(self._tables.values())).shard_id != 0:
+      return
+    keep = {self.path(n) for n in kept}
+    for path in glob.glob(os.path.join(glob.escape(self.directory), "shards-*")):
+      if path not in keep:
+        shutil.rmtree(path, ignore_errors=True)
+
+  def restore(self, number: int) -> None:
+    """Restores this worker's shards (keys it owns now) of checkpoint `number`.
+
+    Raises:
+      FileNotFoundError: a table's shards are missing (naming table and file).
+    """
+    for table in self._tables.values():
+      checkpoint_lib.restore_shard(self.path(number), table, [self._optimizer])
+
+
+def _barrier(strategy: tf.distribute.Strategy) -> None:
+  """Returns once every worker reached it: an all-reduce of one number."""
+  strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(lambda: tf.constant(1, tf.int32)),
+                  axis=None).numpy()

@@ -1,0 +1,116 @@
+"""MovieLens with its tables sharded by key over 2 workers (`train --local-cluster workers=2`).
+
+The Keras pipeline's sparse features under MultiWorkerMirroredStrategy
+(keras/sharded.py over distributed.ShardedTable) against one process on the
+same global batches: per-epoch losses, validation metrics, every table's rows
+by key in the exports (gathered from the shards), and the served scores; the
+2-worker job stops after epoch 1 and resumes from its per-shard checkpoints.
+"""
+
+import json
+import pathlib
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import cluster_testlib as lib
+from mxrec_pipeline import cli
+from mxrec_pipeline import serving
+from mxrec_pipeline.evaluation import METRICS_FILE
+
+pytestmark = [pytest.mark.slow, pytest.mark.cluster]
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+CONFIG = str(REPO / "configs" / "movielens_listwise.yaml")
+sys.path.insert(0, str(REPO / "tests" / "builders"))
+import builders_testlib  # pylint: disable=wrong-import-position  # noqa: E402
+
+TIMEOUT_S = 240  # A guard against a hung cluster only.
+TABLES = ("user", "item", "user_attribute", "zip", "genre", "title_token")
+
+
+def _overrides(tmp_path, data_dir, model_dir, **pipeline):
+  # Zero initial rows: random ones are drawn per shard (docs/distributed.md).
+  # No dropout; tfr's mean squared loss, as the replica tests (a softmax loss
+  # leaves the output bias to Adam's steps of rounding noise). Batches of 4
+  # lists split 2 + 2; 16 validation lists in 4 batches.
+  sets = [
+      f"data.data_dir={data_dir}", f"data.elwc_dir={tmp_path / 'elwc'}",
+      f"pipeline.model_dir={model_dir}", "model.device_vocabulary_size=200",
+      "model.hidden_layer_dims=[8]", "model.dropout=0.0", "model.table_initializer=zeros",
+      "dataset.train_batch_size=4", "dataset.valid_batch_size=4", "pipeline.num_epochs=2",
+      "pipeline.num_train_steps=6", "pipeline.loss=mean_squared_loss", "pipeline.seed=1",
+      "pipeline.collective_timeout_s=60", "pipeline.export_best_model=false"
+  ] + [f"pipeline.{k}={v}" for k, v in pipeline.items()]
+  return [a for s in sets for a in ("--set", s)]
+
+
+def _epoch_losses(model_dir: pathlib.Path) -> list[float]:
+  """The chief's `epoch_loss` TensorBoard scalars, in step order."""
+  losses = {}
+  for path in (model_dir / "logs" / "train").glob("events.out.tfevents.*"):
+    for event in tf.compat.v1.train.summary_iterator(str(path)):
+      for value in event.summary.value:
+        if value.tag == "epoch_loss":
+          losses[event.step] = float(tf.make_ndarray(value.tensor))
+  return [losses[step] for step in sorted(losses)]
+
+
+def _export(model_dir: pathlib.Path):
+  return tf.saved_model.load(str(model_dir / "export" / "latest_model"))
+
+
+def test_movielens_on_two_workers_trains_as_one_process(tmp_path, capsys):
+  data_dir = builders_testlib.write_movielens(tmp_path / "ml", num_users=16, ratings_per_user=10,
+                                              num_items=20)
+  env, marker = lib.marked_env()
+  model_dir = tmp_path / "run2"
+  # Epoch 1 of 2, then the same job again: both workers resume from their shards.
+  outputs = []
+  for pipeline in ({"num_epochs": 1, "num_train_steps": 3}, {}):
+    try:
+      launcher = subprocess.run([
+          sys.executable, "-m", "mxrec_pipeline.cli", "train", CONFIG, "--verbose=0",
+          "--local-cluster", "workers=2", *_overrides(tmp_path, data_dir, model_dir, **pipeline)
+      ], env=env, capture_output=True, text=True, timeout=TIMEOUT_S, check=False)
+      assert lib.marked_pids(marker) == []
+    finally:
+      lib.kill_marked(marker)
+    assert launcher.returncode == 0, launcher.stderr[-3000:]
+    outputs.append(launcher.stdout + (model_dir / "local_cluster" / "worker-1.log").read_text())
+  assert outputs[1].count("1 epoch(s) and 3 step(s) done, continuing at epoch 2 of 2") == 2
+  # Each worker's shard of each table beside the chief's checkpoints (ckpt-1, ckpt-2).
+  for number in (1, 2):
+    for table in TABLES:
+      assert sorted(
+          p.name for p in (model_dir / "checkpoints" / f"shards-{number}" /
+                           table).glob("*.index")) == ["shard-0-of-2.index", "shard-1-of-2.index"]
+
+  # One process, the same global batches.
+  assert cli.main(["train", CONFIG, "--verbose=0"] +
+                  _overrides(tmp_path, data_dir, tmp_path / "run1", strategy="null")) == 0
+  capsys.readouterr()
+  runs = (model_dir, tmp_path / "run1")
+  losses = [_epoch_losses(d) for d in runs]
+  assert len(losses[0]) == 2  # The epochs of both launches.
+  np.testing.assert_allclose(losses[0], losses[1], rtol=1e-5)
+  metrics = [json.loads((d / METRICS_FILE).read_text())["model"] for d in runs]
+  assert metrics[0] == pytest.approx(metrics[1], abs=1e-5)
+  assert 0.0 < metrics[0]["ndcg@1"] < 1.0  # Validation that can tell models apart.
+
+  # The chief's export holds every shard: the rows of every key, in key order.
+  exports = [_export(d) for d in runs]
+  for table in TABLES:
+    rows = [e.serving_rows[table].numpy() for e in exports]
+    assert rows[0].shape == rows[1].shape, table
+    assert np.abs(rows[1][:-1]).max() > 0, table  # Trained away from the zero rows.
+    np.testing.assert_allclose(rows[0], rows[1], atol=1e-5, err_msg=table)
+
+  # It serves raw ids with plain TF, as `mxrec-pipeline predict` does.
+  valid = str(tmp_path / "elwc" / "valid.tfrecord")
+  scores = [serving.predict_file(str(d / "export" / "latest_model"), valid) for d in runs]
+  assert len(scores[0]) == 16
+  np.testing.assert_allclose(np.concatenate(scores[0]), np.concatenate(scores[1]), atol=1e-5)
