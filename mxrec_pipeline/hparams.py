@@ -21,7 +21,7 @@ MULTI_WORKER_MIRRORED = "MultiWorkerMirroredStrategy"
 STRATEGIES = (None, "MirroredStrategy", MULTI_WORKER_MIRRORED)
 # Seconds a collective op (all-reduce) of MultiWorkerMirroredStrategy waits for its
 # peers before failing (tf.distribute.experimental.CommunicationOptions.timeout_seconds).
-DEFAULT_COLLECTIVE_TIMEOUT_S = 300.0
+DEFAULT_COLLECTIVE_TIMEOUT_S = None
 # The values of tfr.keras.losses.RankingLossKey (tensorflow-ranking 0.5.5); a
 # test keeps them equal.
 LOSS_KEYS = frozenset({
@@ -73,11 +73,16 @@ class PipelineHparams:
       workers of the cluster in the TF_CONFIG environment variable, every local
       GPU or the CPU of each; see docs/distributed.md). The worker that is the
       chief (mxrec_pipeline.cluster.tf_config) writes the run's outputs.
-    collective_timeout_s: Seconds, finite and > 0, that a collective op of
-      MultiWorkerMirroredStrategy (the all-reduce of a step) waits for its
-      peers before it fails, ending the job instead of hanging when a worker
-      died (tf.distribute.experimental.CommunicationOptions.timeout_seconds).
-      Used only by that strategy.
+    collective_timeout_s: None (default), or seconds, finite and > 0, that a
+      collective op of MultiWorkerMirroredStrategy (the all-reduce of a step)
+      waits for its peers before it fails
+      (tf.distribute.experimental.CommunicationOptions.timeout_seconds). Used
+      only by that strategy. Without it a dead or frozen worker still ends the
+      job: its connections reset, or the strategy's peer health check (every
+      30 s) aborts the collectives. TF 2.15 keeps one thread per collective op
+      waiting for the whole timeout (~2 per step and table, more with sharded
+      lookups), so a timeout of T seconds holds about steps/s x T x that many
+      threads: keep it short only for short jobs.
     seed: Seed of TensorFlow, Python and NumPy, of the tables, of dropout
       and of the order of the training data (each epoch's shuffle is seeded
       by `seed` and the epoch number); None: unseeded.
@@ -102,7 +107,7 @@ class PipelineHparams:
   best_exporter_metric: str = "ndcg@10"
   best_exporter_metric_higher_better: bool = True
   strategy: str | None = "MirroredStrategy"
-  collective_timeout_s: float = DEFAULT_COLLECTIVE_TIMEOUT_S
+  collective_timeout_s: float | None = DEFAULT_COLLECTIVE_TIMEOUT_S
   seed: int | None = None
   resume: bool = True
 

@@ -163,7 +163,11 @@ def _peer_errors(config: config_lib.JobConfig) -> Iterator[None]:
     raise tf_config.PeerError(
         f"{cluster.task_name} of a {cluster.num_workers}-worker cluster stopped: "
         f"{' and '.join(peers) if peers else 'another task'} failed or could not be reached "
-        f"(collective timeout {config.pipeline.collective_timeout_s:g} s): {reason}") from e
+        f"({_timeout_text(config.pipeline.collective_timeout_s)}): {reason}") from e
+
+
+def _timeout_text(timeout_s: float | None) -> str:
+  return "no collective timeout" if timeout_s is None else f"collective timeout {timeout_s:g} s"
 
 
 @contextlib.contextmanager

@@ -267,7 +267,7 @@ CASES = [
     ("local cluster not an int", ["train", "{tmp}/job.yaml", "--local-cluster", "workers=two"],
      {"job.yaml": JOB}, 2, "--local-cluster 'workers=two': `workers` must be an int >= 0"),
     ("local cluster ps", ["train", "{tmp}/job.yaml", "--local-cluster", "workers=2,ps=1"],
-     {"job.yaml": JOB}, 2, "ParameterServerStrategy is not supported yet"),
+     {"job.yaml": JOB}, 2, "does not run the Keras pipeline under ParameterServerStrategy yet"),
     # Sweep storage (none of these reaches a trial).
     _sweep("storage missing SQLite dir", "sqlite:///{tmp}/no/such/dir/study.db", 2,
            "the directory {tmp}/no/such/dir of the SQLite file does not exist"),
