@@ -8,6 +8,12 @@ the same work per step; examples/s = batch x mean list length / median step
 time of the epochs after the first (which traces), validation excluded, and
 examples per process CPU-second as a cross-check on a shared machine.
 
+`--only workers`: the same MovieLens job through the command line, in one
+process (`pipeline.strategy=null`) and with `--local-cluster workers=2`
+(MultiWorkerMirroredStrategy, tables sharded by key over the 2 workers), the
+same global batches; examples/s from Keras' per-epoch `ms/step` of the epochs
+after the first and the examples per global batch of the training data.
+
 `--only zipf`: a synthetic job of 10M keys drawn from Zipf(1.2) ids (a
 `--zipf-batch`-example global batch of 8 ids each, dim 16, one table, lazy
 Adam, score = sum of the embeddings, squared error), the same global batches
@@ -21,6 +27,7 @@ the bytes each worker receives per step, measured beside
 Usage:
   python benchmarks/bench_distributed.py --only replicas               # 1 and 2 replicas
   python benchmarks/bench_distributed.py --only replicas --replicas 1 2 4 --epochs 3
+  python benchmarks/bench_distributed.py --only workers  # MovieLens: 1 process, 2 workers
   python benchmarks/bench_distributed.py --only zipf     # 10M keys: 1/2 replicas, 1/2 workers
 """
 
@@ -31,6 +38,7 @@ import json
 import math
 import os
 import pathlib
+import re
 import statistics
 import subprocess
 import sys
@@ -49,7 +57,6 @@ def child_replicas(num_replicas: int, epochs: int, model_dir: str) -> dict:
     tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] *
                                                num_replicas)
   import builders  # pylint: disable=import-outside-toplevel
-  import tensorflow_ranking as tfr  # pylint: disable=import-outside-toplevel
   from mxrec_pipeline import config as config_lib  # pylint: disable=import-outside-toplevel
   from mxrec_pipeline.keras import pipeline as pipeline_lib  # pylint: disable=import-outside-toplevel
 
@@ -67,15 +74,7 @@ def child_replicas(num_replicas: int, epochs: int, model_dir: str) -> dict:
       ranker.build_dataset_builder(paths, config.dataset, config.model), config.pipeline,
       strategy=strategy)
   metrics = pipe.train_and_validate(callbacks=[timer])
-  lists = examples = 0
-  label_name, label_spec = ranker.feature_specs()[2]
-  for serialized in tf.data.TFRecordDataset(paths.train).batch(512):
-    labels = tfr.data.parse_from_example_list(serialized,
-                                              example_feature_spec={label_name: label_spec
-                                                                   })[label_name]
-    lists += int(labels.shape[0])
-    examples += int(tf.reduce_sum(tf.cast(labels >= 0, tf.int32)))
-  examples_per_step = config.dataset.train_batch_size * examples / lists
+  lists, examples_per_step = _training_lists(ranker, paths, config)
   steps = timer.step_seconds
   return {
       "replicas": num_replicas, "devices": list(strategy.extended.worker_devices
@@ -201,6 +200,80 @@ def run_child(kind: str, params: dict) -> dict:
     return json.loads(pathlib.Path(out.name).read_text())
 
 
+def movielens_examples_per_step(model_dir: str) -> float:
+  """Mean examples (unpadded documents) per global batch of the MovieLens job's training data.
+
+  Reads the training ELWC files of the job that trained in `model_dir` (its
+  config.yaml) in a child process, as `child_replicas` counts them.
+  """
+  return run_child("examples_per_step", {"model_dir": model_dir})["examples_per_step"]
+
+
+def child_examples_per_step(model_dir: str) -> dict:
+  """See `movielens_examples_per_step`."""
+  import builders  # pylint: disable=import-outside-toplevel
+  from mxrec_pipeline import config as config_lib  # pylint: disable=import-outside-toplevel
+
+  config = config_lib.load(os.path.join(model_dir, "config.yaml"), [])
+  ranker = builders.get_builder(config.builder)
+  _, examples_per_step = _training_lists(ranker, ranker.prepare_data(config.data), config)
+  return {"examples_per_step": examples_per_step}
+
+
+def _training_lists(ranker, paths, config) -> tuple[int, float]:
+  """(lists, mean examples per global batch) of the job's training ELWC files.
+
+  Examples are the unpadded documents (label >= 0); a global batch holds
+  `train_batch_size` lists.
+  """
+  import tensorflow as tf  # pylint: disable=import-outside-toplevel
+  import tensorflow_ranking as tfr  # pylint: disable=import-outside-toplevel
+  label_name, label_spec = ranker.feature_specs()[2]
+  lists = examples = 0
+  for serialized in tf.data.TFRecordDataset(paths.train).batch(512):
+    labels = tfr.data.parse_from_example_list(serialized,
+                                              example_feature_spec={label_name: label_spec
+                                                                   })[label_name]
+    lists += int(labels.shape[0])
+    examples += int(tf.reduce_sum(tf.cast(labels >= 0, tf.int32)))
+  return lists, config.dataset.train_batch_size * examples / lists
+
+
+def run_workers(epochs: int, tmp: str) -> list[dict]:
+  """examples/s of the MovieLens job in one process and on 2 local workers (CLI)."""
+  rows = []
+  for workers in (1, 2):
+    model_dir = f"{tmp}/workers_{workers}"
+    cmd = [
+        sys.executable, "-m", "mxrec_pipeline.cli", "train",
+        str(CONFIG), "--set", f"pipeline.model_dir={model_dir}", "--set",
+        f"pipeline.num_epochs={epochs}", "--set", "pipeline.export_best_model=false"
+    ] + (["--local-cluster", f"workers={workers}"]
+         if workers > 1 else ["--set", "pipeline.strategy=null"])
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=str(ROOT))
+    start = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, check=False)
+    wall = time.perf_counter() - start
+    if proc.returncode != 0:
+      raise RuntimeError(f"{' '.join(cmd)} failed:\n{proc.stderr[-4000:]}")
+    step_ms = [float(m) for m in re.findall(r"(\d+)ms/step", proc.stdout + proc.stderr)]
+    if len(step_ms) != epochs:
+      raise RuntimeError(f"expected {epochs} epochs' ms/step, got {step_ms}")
+    per_step = movielens_examples_per_step(model_dir)
+    ndcg = json.loads(pathlib.Path(model_dir, "metrics.json").read_text())["model"]["ndcg@10"]
+    row = {
+        "workers": workers, "step_ms": step_ms, "examples_per_step": per_step,
+        "examples_per_s": per_step / (statistics.median(step_ms[1:]) / 1000), "wall_s": wall,
+        "ndcg@10": ndcg
+    }
+    rows.append(row)
+    print(
+        f"  movielens {workers} worker(s){' (tables sharded)' if workers > 1 else ''}: "
+        f"{row['examples_per_s']:,.0f} examples/s (median ms/step of epochs 2-{epochs}: "
+        f"{statistics.median(step_ms[1:]):g}), {wall:.0f} s in all, ndcg@10 {ndcg:.4f}", flush=True)
+  return rows
+
+
 def run_replicas(replica_counts, epochs: int, tmp: str) -> list[dict]:
   """examples/s of the MovieLens job per replica count, one child process each."""
   rows = []
@@ -272,7 +345,7 @@ def run_zipf(keys: int, global_batch: int, steps: int, tmp: str) -> dict:
 
 def main(argv=None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  parser.add_argument("--only", choices=("replicas", "zipf"), action="append",
+  parser.add_argument("--only", choices=("replicas", "workers", "zipf"), action="append",
                       help="which trials to run (repeatable; default: all)")
   parser.add_argument("--zipf-keys", type=int, default=10_000_000, help="keys of the Zipf job")
   parser.add_argument("--zipf-batch", type=int, default=1024,
@@ -287,8 +360,10 @@ def main(argv=None) -> int:
   args = parser.parse_args(argv)
   if args.child:
     out, kind, params = args.child
-    result = {"replicas": child_replicas,
-              "zipf_replicas": child_zipf_replicas}[kind](**json.loads(params))
+    result = {
+        "replicas": child_replicas, "zipf_replicas": child_zipf_replicas,
+        "examples_per_step": child_examples_per_step
+    }[kind](**json.loads(params))
     pathlib.Path(out).write_text(json.dumps(result))
     return 0
   if args.epochs < 2:
@@ -298,9 +373,11 @@ def main(argv=None) -> int:
         flush=True)
   results = {}
   with tempfile.TemporaryDirectory(prefix="bench_distributed_") as tmp:
-    only = args.only or ["replicas", "zipf"]
+    only = args.only or ["replicas", "workers", "zipf"]
     if "replicas" in only:
       results["replicas"] = run_replicas(args.replicas, args.epochs, tmp)
+    if "workers" in only:
+      results["workers"] = run_workers(max(args.epochs, 3), tmp)
     if "zipf" in only:
       results["zipf"] = run_zipf(args.zipf_keys, args.zipf_batch, args.zipf_steps, tmp)
   if args.json:
