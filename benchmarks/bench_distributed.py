@@ -45,6 +45,8 @@ import sys
 import tempfile
 import time
 
+import bench_pipeline  # benchmarks/: the Keras step timer.
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 CONFIG = ROOT / "configs" / "movielens_listwise.yaml"
 
@@ -68,7 +70,7 @@ def child_replicas(num_replicas: int, epochs: int, model_dir: str) -> dict:
   paths = ranker.prepare_data(config.data)
   strategy = pipeline_lib.get_strategy("MirroredStrategy")
   assert strategy.num_replicas_in_sync == num_replicas, strategy.extended.worker_devices
-  timer = _step_timer()
+  timer = bench_pipeline.step_timer()
   pipe = pipeline_lib.SimplePipeline(
       ranker.build_model_builder(config.model, config.pipeline.seed),
       ranker.build_dataset_builder(paths, config.dataset, config.model), config.pipeline,
@@ -156,37 +158,6 @@ def child_zipf_replicas(num_replicas: int, keys: int, global_batch: int, steps: 
       "examples_per_s": global_batch * steps / seconds,
       "examples_per_cpu_s": global_batch * steps / cpu_seconds
   }
-
-
-def _step_timer():
-  """A Keras callback timing the training steps of the epochs after the first.
-
-  Wall and process CPU seconds between consecutive training steps; an epoch's
-  first step is timed from the epoch's start.
-  """
-  import tensorflow as tf  # pylint: disable=import-outside-toplevel
-
-  class StepTimer(tf.keras.callbacks.Callback):
-    """Step durations (wall and process CPU seconds) after the first epoch."""
-
-    def __init__(self):
-      super().__init__()
-      self.step_seconds: list[float] = []
-      self.cpu_seconds = 0.0
-      self._epoch = 0
-      self._last = self._last_cpu = 0.0
-
-    def on_epoch_begin(self, epoch, logs=None):
-      self._epoch, self._last, self._last_cpu = epoch, time.perf_counter(), time.process_time()
-
-    def on_train_batch_end(self, batch, logs=None):
-      now, now_cpu = time.perf_counter(), time.process_time()
-      if self._epoch >= 1:
-        self.step_seconds.append(now - self._last)
-        self.cpu_seconds += now_cpu - self._last_cpu
-      self._last, self._last_cpu = now, now_cpu
-
-  return StepTimer()
 
 
 def run_child(kind: str, params: dict) -> dict:

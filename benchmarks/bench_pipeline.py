@@ -168,7 +168,7 @@ def child_zipf_data(out_dir: str, id_space: int, num_lists: int, list_size: int)
   return {"distinct_train_items": len(distinct)}
 
 
-def _timer():
+def step_timer():
   """A Keras callback timing the training steps of epochs after the first.
 
   Records the wall time between consecutive training steps (validation and
@@ -269,7 +269,7 @@ def child_train(variant: str, seed: int, epochs: int | None, steps_per_epoch: in
   # data repeats), so examples per step are batch * the mean list length.
   config.pipeline.num_train_steps = steps_per_epoch * config.pipeline.num_epochs
   config.pipeline.export_best_model = False
-  timer = _timer()
+  timer = step_timer()
   tf.keras.utils.set_random_seed(seed)
   features, tables = ranker.sparse_features(config.model)
 
