@@ -120,10 +120,14 @@ class HashOptimizer(tf.Module):
     self.build([v for _, v in pairs])
     with tf.name_scope(name or self.optimizer_name):
       in_replica = tf.distribute.has_strategy() and not tf.distribute.in_cross_replica_context()
-      if in_replica and not any(isinstance(v, tf.distribute.DistributedValues) for _, v in pairs):
+      if (in_replica and
+          isinstance(tf.distribute.get_strategy(), tf.distribute.MultiWorkerMirroredStrategy) and
+          not any(isinstance(v, tf.distribute.DistributedValues) for _, v in pairs)):
         # Each worker's own variables (a shard of distributed.ShardedTable):
         # their gradients are already complete at the owner, so neither
         # all-reduce nor merge_call; slots and `iterations` must be plain too.
+        # (Under MirroredStrategy a plain variable is shared by the replicas:
+        # their gradients are still summed below.)
         return self._apply_local(pairs, tables, global_step)
       if in_replica:
         context = tf.distribute.get_replica_context()
