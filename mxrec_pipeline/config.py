@@ -1,12 +1,13 @@
 """YAML job configs, validated into dataclasses before anything runs.
 
-A job config has five sections:
+A job config has five sections, and an optional sixth:
 
   builder: movielens_listwise     # a name in builders.REGISTRY
   data: {...}                     # the builder's DataConfig
   model: {...}                    # the builder's ModelConfig
   dataset: {...}                  # builders.DatasetConfig (batching)
   pipeline: {...}                 # mxrec_pipeline.keras.pipeline.PipelineHparams
+  lambdamart: {...}               # mxrec_pipeline.gbdt.config.LambdaMartConfig (optional)
 
 Unknown keys, values of the wrong type and missing required values raise
 ConfigError naming the dotted key (e.g. `pipeline.learning_rate`), as do the
@@ -25,11 +26,12 @@ from typing import Any
 
 import builders
 from builders.base_config import DatasetConfig
+from mxrec_pipeline.gbdt.config import LambdaMartConfig
 from mxrec_pipeline.hparams import PipelineHparams
 from mxrec_pipeline.util import config_parsing
 from mxrec_pipeline.util import yaml_io
 
-SECTIONS = ("builder", "data", "model", "dataset", "pipeline")
+SECTIONS = ("builder", "data", "model", "dataset", "pipeline", "lambdamart")
 
 
 class ConfigError(ValueError):
@@ -46,6 +48,7 @@ class JobConfig:
     model: The ranker's ModelConfig.
     dataset: Batching.
     pipeline: Pipeline hyperparameters.
+    lambdamart: The LambdaMART baseline scored beside the model.
   """
 
   builder: str
@@ -53,10 +56,11 @@ class JobConfig:
   model: Any
   dataset: DatasetConfig
   pipeline: PipelineHparams
+  lambdamart: LambdaMartConfig = dataclasses.field(default_factory=LambdaMartConfig)
 
   def to_dict(self) -> dict:
     """Plain dict of the config, loadable again by `from_dict`."""
-    sections = ("data", "model", "dataset", "pipeline")
+    sections = ("data", "model", "dataset", "pipeline", "lambdamart")
     return {
         "builder": self.builder,
         **{name: dataclasses.asdict(getattr(self, name)) for name in sections}
@@ -96,13 +100,16 @@ def from_dict(raw: dict) -> JobConfig:
   data_config, model_config = builders.get_config_classes(raw["builder"])
   if "pipeline" not in raw:
     raise ConfigError("config needs a `pipeline` section (with at least model_dir)")
-  return JobConfig(builder=raw["builder"], data=build_dataclass(data_config,
-                                                                raw.get("data") or {}, "data"),
-                   model=build_dataclass(model_config,
-                                         raw.get("model") or {}, "model"),
-                   dataset=build_dataclass(DatasetConfig,
-                                           raw.get("dataset") or {}, "dataset"),
-                   pipeline=build_dataclass(PipelineHparams, raw["pipeline"] or {}, "pipeline"))
+  return JobConfig(
+      builder=raw["builder"], data=build_dataclass(data_config,
+                                                   raw.get("data") or {}, "data"),
+      model=build_dataclass(model_config,
+                            raw.get("model") or {},
+                            "model"), dataset=build_dataclass(DatasetConfig,
+                                                              raw.get("dataset") or {}, "dataset"),
+      pipeline=build_dataclass(PipelineHparams, raw["pipeline"] or {}, "pipeline"),
+      lambdamart=build_dataclass(LambdaMartConfig,
+                                 raw.get("lambdamart") or {}, "lambdamart"))
 
 
 def build_dataclass(cls, values: dict, where: str):

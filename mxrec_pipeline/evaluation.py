@@ -40,14 +40,19 @@ def evaluate_scores(dataset: tf.data.Dataset, score_fn: Callable[[dict],
 
 
 def write_metrics(model_dir: str, model: dict[str, float], baseline: dict[str, float],
-                  data: dict | None = None) -> str:
-  """Writes `{"model": .., "baseline": ..[, "data": data]}` to model_dir/metrics.json atomically.
+                  data: dict | None = None, extra: dict | None = None) -> str:
+  """Writes `{"model": .., "baseline": ..[, "data": data], **extra}` to model_dir/metrics.json.
 
-  `data` is the report of the data checks (mxrec_pipeline.data.checks.check_splits).
+  Atomically (a temporary file renamed into place). `data` is the report of
+  the data checks (mxrec_pipeline.data.checks.check_splits); `extra` holds
+  further top-level entries (the job's "lambdamart", "lambdamart_info" and
+  "wall_s").
   """
   path = os.path.join(model_dir, METRICS_FILE)
   tmp = path + ".tmp"
-  contents = {"model": model, "baseline": baseline, **({"data": data} if data else {})}
+  contents = {
+      "model": model, "baseline": baseline, **({"data": data} if data else {}), **(extra or {})
+  }
   with open(tmp, "w", encoding="utf-8") as f:
     json.dump(contents, f, indent=2, sort_keys=True)
   os.replace(tmp, path)

@@ -21,18 +21,21 @@ import os
 import shutil
 import sys
 import tempfile
+import time
 from typing import Iterator, Sequence
 
 import tensorflow as tf
 import yaml
 
 import builders
+from builders.base_config import DatasetConfig
 from mxrec_pipeline import config as config_lib
 from mxrec_pipeline import evaluation
 from mxrec_pipeline import hparams as hparams_lib
 from mxrec_pipeline.cluster import tf_config
 from mxrec_pipeline.data import checks
 from mxrec_pipeline.data import validation
+from mxrec_pipeline.gbdt import lambdamart
 from mxrec_pipeline.keras import callbacks as callbacks_lib
 from mxrec_pipeline.keras import pipeline as pipeline_lib
 from mxrec_pipeline.util import initialize
@@ -90,9 +93,14 @@ def train(config: config_lib.JobConfig, verbose: int = 2,
       (`clear_run_outputs`).
 
   Returns:
-    {"model": metrics, "baseline": metrics} on the whole validation split,
-    metrics keyed as RANKING_METRICS. metrics.json also holds "data", the
-    data checks' report (mxrec_pipeline.data.checks.check_splits).
+    {"model": metrics, "baseline": metrics, "lambdamart": metrics or None,
+    "lambdamart_info": dict, "wall_s": dict} on the whole validation split,
+    metrics keyed as RANKING_METRICS: LightGBM's LambdaMART
+    (`lambdamart_metrics`) or None with `lambdamart_info["reason"]`; "wall_s": wall
+    seconds of "model" (train_and_validate: training, validation, export),
+    "baseline" (build and score) and "lambdamart" (read the training file,
+    fit, score). metrics.json holds the same and "data", the data checks'
+    report (mxrec_pipeline.data.checks.check_splits).
 
   Raises:
     ValueError: bad data (a bad record, an empty split, a corrupt ELWC file;
@@ -121,6 +129,7 @@ def train(config: config_lib.JobConfig, verbose: int = 2,
                                            config.pipeline.collective_timeout_s)
     ranker, paths, pipeline = _setup(config, strategy, shard_checkpoint_dir)
     data_report = _check_data(paths, pipeline)
+    start = time.perf_counter()
     try:
       model_metrics = pipeline.train_and_validate(verbose=verbose, callbacks=callbacks)
     except (tf.errors.ResourceExhaustedError, tf.errors.InvalidArgumentError) as e:
@@ -129,10 +138,57 @@ def train(config: config_lib.JobConfig, verbose: int = 2,
         raise
       raise ValueError(line) from None  # The CLI's exit 2 with this one line.
     model_metrics.pop("loss")
+    wall_s = {"model": time.perf_counter() - start}
+    start = time.perf_counter()
     baseline = evaluation.evaluate_scores(pipeline.dataset_builder.build_raw_valid_dataset(),
                                           ranker.build_baseline(paths, config.data))
-    evaluation.write_metrics(model_dir, model_metrics, baseline, data=data_report)
-    return {"model": model_metrics, "baseline": baseline}
+    wall_s["baseline"] = time.perf_counter() - start
+    start = time.perf_counter()
+    gbdt_metrics, gbdt_info = lambdamart_metrics(config, ranker, paths,
+                                                 pipeline.dataset_builder.build_raw_valid_dataset())
+    wall_s["lambdamart"] = time.perf_counter() - start
+    if gbdt_metrics is None:
+      print(f"lambdamart: not scored: {gbdt_info['reason']}", flush=True)
+    extra = {"lambdamart": gbdt_metrics, "lambdamart_info": gbdt_info, "wall_s": wall_s}
+    evaluation.write_metrics(model_dir, model_metrics, baseline, data=data_report, extra=extra)
+    return {"model": model_metrics, "baseline": baseline, **extra}
+
+
+def lambdamart_metrics(config: config_lib.JobConfig, ranker, paths,
+                       valid_dataset: tf.data.Dataset) -> tuple[dict[str, float] | None, dict]:
+  """LightGBM's LambdaMART on a job's data: (validation metrics or None, info).
+
+  Trained on every whole list of the training file (the ranker's own
+  dataset builder with the training file as its validation split, so labels
+  are the model's), with the features of `lambdamart.feature_layout` (the
+  sparse features' ids as categorical), then scored by
+  `evaluation.evaluate_scores`. Only the chief of a multi-worker job trains
+  it.
+
+  Args:
+    config: The job (its `lambdamart` section; seed None: `pipeline.seed`).
+    ranker: The job's RankerBuilder.
+    paths: Its `prepare_data` result.
+    valid_dataset: The raw validation batches the model and baseline are
+      scored on (`build_raw_valid_dataset`).
+
+  Returns:
+    See `lambdamart.evaluate`; disabled or not the chief: None and the reason.
+  """
+  cluster = _cluster(config)
+  if cluster is not None and not cluster.is_chief:
+    return None, {"reason": f"trained by the chief only, this is {cluster.task_name}"}
+  if not config.lambdamart.enabled:
+    return None, {"reason": lambdamart.DISABLED}
+  context, example, _ = ranker.feature_specs()
+  ids = [feature.name for feature in ranker.sparse_features(config.model)[0]]
+  whole_lists = DatasetConfig(train_batch_size=config.dataset.train_batch_size,
+                              valid_batch_size=config.dataset.valid_batch_size)
+  train_data = ranker.build_dataset_builder(dataclasses.replace(paths, valid=paths.train),
+                                            whole_lists, config.model).build_raw_valid_dataset()
+  seed = config.lambdamart.seed if config.lambdamart.seed is not None else config.pipeline.seed
+  return lambdamart.evaluate(train_data, valid_dataset, context, example, ids, config.lambdamart,
+                             seed)
 
 
 def _cluster(config: config_lib.JobConfig) -> tf_config.TFConfig | None:
@@ -248,11 +304,23 @@ def export(config: config_lib.JobConfig, export_dir: str | None = None) -> str:
 
 
 def format_metrics(result: dict) -> str:
-  """A two-row table of model and baseline metrics."""
+  """A table of the model's, the baseline's and LambdaMART's metrics, with wall seconds.
+
+  LambdaMART's row says why it is absent when it is (`result["lambdamart"]`
+  None); a result without "wall_s" or "lambdamart" (an older metrics.json)
+  prints without them.
+  """
   keys = list(pipeline_lib.RANKING_METRICS)
-  lines = ["          " + "".join(f"{k:>10}" for k in keys)]
-  for row in ("model", "baseline"):
-    lines.append(f"{row:<10}" + "".join(f"{result[row][k]:>10.4f}" for k in keys))
+  wall_s = result.get("wall_s", {})
+  lines = ["            " + "".join(f"{k:>10}" for k in keys) + ("    wall s" if wall_s else "")]
+  for row in ("model", "baseline", "lambdamart"):
+    if row not in result:
+      continue
+    if result[row] is None:
+      lines.append(f"{row:<12}not scored: {result.get(row + '_info', {}).get('reason', '?')}")
+      continue
+    seconds = f"{wall_s[row]:>10.1f}" if row in wall_s else ""
+    lines.append(f"{row:<12}" + "".join(f"{result[row][k]:>10.4f}" for k in keys) + seconds)
   return "\n".join(lines)
 
 

@@ -1,0 +1,341 @@
+"""LightGBM's LambdaMART on a job's ELWC data, scored by the job's own metric code.
+
+The strong classical baseline of learning to rank: gradient-boosted trees
+trained with the LambdaRank gradients (Burges, "From RankNet to LambdaRank to
+LambdaMART: An Overview", MSR-TR-2010-82), as LightGBM implements them
+(objective "lambdarank"; its default label gains 2^label - 1 are NDCG's
+gains in tfr's metrics). It is trained with LightGBM's core API
+(`lightgbm.train`) and the parameters `lightgbm.LGBMRanker` passes it, so
+the trees are LGBMRanker's without its scikit-learn dependency. Trained on
+every list of the training file (whole lists, labels < 0 are padding), then scored on the same
+validation batches as the model and the simple baseline with
+`evaluation.evaluate_scores` (tfr's metrics).
+
+Features (`feature_layout`), from the ranker's ELWC feature specs:
+  - numeric: a FixedLenFeature of float32 or int64 that is not a sparse id
+    feature, one column per value (LETOR's `custom_features_*`, MovieLens'
+    age and year); context features are repeated for every document;
+  - categorical: a single-valued id feature (int64 or string; MovieLens'
+    user_id, item_id, gender, occupation, zip) or any single-valued string
+    feature: codes in order of first appearance in the training file; values
+    never seen there are missing (NaN) in validation;
+  - skipped (named in metrics.json): multi-valued features (RaggedFeature,
+    VarLenFeature or several ids per document: MovieLens' genres and title
+    tokens).
+
+LightGBM is an optional extra (`pip install 'mxrec-pipeline[lambdamart]'`),
+imported here only when a job trains LambdaMART; without it `evaluate` says
+why (`LIGHTGBM_MISSING`) and the job runs on.
+
+Example:
+
+    metrics, info = evaluate(train_batches, valid_batches, context_spec, example_spec,
+                             ["item_id"], LambdaMartConfig(), seed=1)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import math
+from typing import Collection, Iterable, Mapping
+
+import numpy as np
+import tensorflow as tf
+
+from mxrec_pipeline import evaluation
+from mxrec_pipeline.gbdt.config import LambdaMartConfig
+
+LIGHTGBM_MISSING = "lightgbm is not installed (pip install 'mxrec-pipeline[lambdamart]')"
+DISABLED = "disabled (lambdamart.enabled: false)"
+NUMERIC, CATEGORICAL = "numeric", "categorical"
+
+
+class LambdaMartUnavailable(Exception):
+  """LambdaMART cannot be trained on this job; `str(e)` is the reason, one line."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Column:
+  """A feature's columns in the LambdaMART matrix.
+
+  Attributes:
+    name: The ELWC feature.
+    kind: NUMERIC or CATEGORICAL.
+    width: Number of columns (values per document), >= 1; 1 for CATEGORICAL.
+    is_context: A context feature, repeated for every document of the list.
+  """
+
+  name: str
+  kind: str
+  width: int
+  is_context: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class FeatureLayout:
+  """The LambdaMART matrix's columns, in order, and the features left out.
+
+  Attributes:
+    columns: Context features first, then example features, each in spec order.
+    skipped: Names of the features that have no column (multi-valued).
+    list_feature: A dense example feature: its `[batch_size, list_size, ...]`
+      shape gives a batch's list size.
+  """
+
+  columns: tuple[Column, ...]
+  skipped: tuple[str, ...]
+  list_feature: str
+
+  @property
+  def column_names(self) -> list[str]:
+    """One name per matrix column: the feature's, with `[i]` when it has several values."""
+    return [
+        c.name if c.width == 1 else f"{c.name}[{i}]" for c in self.columns for i in range(c.width)
+    ]
+
+  @property
+  def categorical_indices(self) -> list[int]:
+    """Matrix column indices of the CATEGORICAL features (LightGBM's `categorical_feature`)."""
+    indices, start = [], 0
+    for column in self.columns:
+      if column.kind == CATEGORICAL:
+        indices.append(start)
+      start += column.width
+    return indices
+
+
+def feature_layout(
+    context_spec: Mapping[str, object], example_spec: Mapping[str, object],
+    id_features: Collection[str] = ()) -> FeatureLayout:
+  """Which ELWC features become which LambdaMART columns (see the module docstring).
+
+  Args:
+    context_spec, example_spec: The ranker's ELWC feature specs (name ->
+      tf.io.FixedLenFeature, RaggedFeature, VarLenFeature, ...).
+    id_features: Names of the sparse id features (the ranker's SparseFeatures).
+
+  Returns:
+    The layout; it may have no column (then `train` refuses it).
+
+  Raises:
+    LambdaMartUnavailable: `example_spec` has no tf.io.FixedLenFeature.
+  """
+  list_feature = next(
+      (name for name, f in example_spec.items() if isinstance(f, tf.io.FixedLenFeature)), None)
+  if list_feature is None:
+    raise LambdaMartUnavailable(f"no dense (FixedLenFeature) example feature, the example "
+                                f"spec has {sorted(example_spec)}")
+  columns, skipped = [], []
+  for is_context, spec in ((True, context_spec), (False, example_spec)):
+    for name, feature in spec.items():
+      width = math.prod(feature.shape) if isinstance(feature, tf.io.FixedLenFeature) else 0
+      is_string = getattr(feature, "dtype", None) == tf.string
+      if width == 1 and (is_string or name in id_features):
+        columns.append(Column(name, CATEGORICAL, 1, is_context))
+      elif width >= 1 and not is_string and name not in id_features:
+        columns.append(Column(name, NUMERIC, width, is_context))
+      else:
+        skipped.append(name)
+  return FeatureLayout(tuple(columns), tuple(skipped), list_feature)
+
+
+class Encoder:
+  """Raw feature batches -> LambdaMART matrices; holds the categorical codes.
+
+  Args:
+    layout: The columns.
+  """
+
+  def __init__(self, layout: FeatureLayout):
+    self.layout = layout
+    self._codes: dict[str, dict] = {c.name: {} for c in layout.columns if c.kind == CATEGORICAL}
+
+  def encode(self, features: Mapping[str, tf.Tensor], list_size: int,
+             add_codes: bool) -> np.ndarray:
+    """The matrix of one batch.
+
+    Args:
+      features: Raw features of a batch as tfr's ELWC parsing gives them:
+        context `[batch_size, width]`, example `[batch_size, list_size, width]`.
+      list_size: The batch's list size (of its labels).
+      add_codes: Give new categorical values new codes (training); else
+        they are NaN (LightGBM's missing value).
+
+    Returns:
+      `[batch_size, list_size, num_columns] float32`.
+    """
+    parts = []
+    for column in self.layout.columns:
+      value = features[column.name].numpy()
+      batch_size = value.shape[0]
+      value = value.reshape(batch_size, 1 if column.is_context else list_size, column.width)
+      if column.kind == CATEGORICAL:
+        value = self._codes_of(column.name, value, add_codes)
+      parts.append(np.broadcast_to(value.astype(np.float32), (batch_size, list_size, column.width)))
+    return np.concatenate(parts, axis=-1)
+
+  def _codes_of(self, name: str, values: np.ndarray, add_codes: bool) -> np.ndarray:
+    codes = self._codes[name]
+    if add_codes:
+      for value in np.unique(values).tolist():  # Python ints or bytes, sorted.
+        codes.setdefault(value, len(codes))
+    return np.vectorize(lambda v: codes.get(v, np.nan), otypes=[np.float32])(values)
+
+
+@dataclasses.dataclass
+class TrainedLambdaMart:
+  """A fitted LambdaMART with the encoder of its features.
+
+  Attributes:
+    model: The `lightgbm.Booster`.
+    encoder: Encodes raw features as in training.
+    info: What was trained (params, columns, lists and documents), for metrics.json.
+  """
+
+  model: object
+  encoder: Encoder
+  info: dict
+
+  def score(self, features: Mapping[str, tf.Tensor]) -> tf.Tensor:
+    """Scores of a raw batch: `[batch_size, list_size] float32` (padding scored too).
+
+    The list size is that of the batch's example features.
+    """
+    batch_size, list_size = features[self.encoder.layout.list_feature].shape[:2]
+    matrix = self.encoder.encode(features, list_size, add_codes=False)
+    flat = matrix.reshape(batch_size * list_size, -1)
+    return tf.constant(self.model.predict(flat).reshape(batch_size, list_size), tf.float32)
+
+
+def lgbm_params(config: LambdaMartConfig, seed: int | None) -> dict:
+  """LightGBM parameters (`lightgbm.train`'s `params`) of a config.
+
+  `LGBMRanker(objective="lambdarank", n_estimators=.., learning_rate=..,
+  num_leaves=.., min_child_samples=.., random_state=seed)` passes these
+  (`n_estimators` is `lightgbm.train`'s `num_boost_round`, `LambdaMartConfig`),
+  plus `deterministic` and `force_row_wise` (the same trees in every run of
+  the same data and seed, LightGBM's advice for reproducible results) and no
+  log output.
+  """
+  params = dict(objective="lambdarank", learning_rate=config.learning_rate,
+                num_leaves=config.num_leaves, min_child_samples=config.min_child_samples,
+                num_threads=config.num_threads, deterministic=True, force_row_wise=True, verbose=-1)
+  if seed is not None:
+    params["seed"] = seed
+  return params
+
+
+def import_lightgbm():
+  """The lightgbm module.
+
+  Raises:
+    LambdaMartUnavailable: it is not installed (LIGHTGBM_MISSING).
+  """
+  try:
+    return importlib.import_module("lightgbm")
+  except ImportError:
+    raise LambdaMartUnavailable(LIGHTGBM_MISSING) from None
+
+
+def collect(batches: Iterable, encoder: Encoder) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+  """The documents of every list of a dataset, as LightGBM's ranking input.
+
+  Args:
+    batches: (features, labels) batches; labels `[batch_size, list_size]`
+      float32, padding < 0.
+    encoder: Encodes the features; new categorical values get codes.
+
+  Returns:
+    (matrix `[num_documents, num_columns] float32`, labels `[num_documents]
+    int32`, group `[num_lists] int64`: documents per list, in order). Lists
+    without a document are left out.
+
+  Raises:
+    LambdaMartUnavailable: no document, or a label that is not an integer
+      (LightGBM's lambdarank takes integer grades).
+  """
+  rows, grades, group = [], [], []
+  for features, labels in batches:
+    labels = labels.numpy()
+    matrix = encoder.encode(features, labels.shape[1], add_codes=True)
+    valid = labels >= 0
+    for b in range(labels.shape[0]):
+      if valid[b].any():
+        rows.append(matrix[b][valid[b]])
+        grades.append(labels[b][valid[b]])
+        group.append(int(valid[b].sum()))
+  if not group:
+    raise LambdaMartUnavailable("the training file has no labeled document")
+  labels = np.concatenate(grades)
+  if np.any(labels != np.round(labels)):
+    bad = labels[labels != np.round(labels)][0]
+    raise LambdaMartUnavailable(f"a training label is not an integer ({bad:g}); LightGBM's "
+                                "lambdarank needs integer relevance grades")
+  return np.concatenate(rows), labels.astype(np.int32), np.asarray(group, np.int64)
+
+
+def train(train_batches: Iterable, layout: FeatureLayout, config: LambdaMartConfig,
+          seed: int | None) -> TrainedLambdaMart:
+  """Fits LightGBM's LambdaMART (objective "lambdarank") on every training list.
+
+  Args:
+    train_batches: (features, labels) batches of the training file (raw
+      features, whole lists).
+    layout: The feature columns.
+    config: Tree parameters.
+    seed: LightGBM's `seed` (None: its default seeds).
+
+  Raises:
+    LambdaMartUnavailable: lightgbm missing, no feature column, no labeled
+      document, or non-integer labels.
+  """
+  lightgbm = import_lightgbm()
+  if not layout.columns:
+    raise LambdaMartUnavailable(f"no feature it can use (skipped: {list(layout.skipped)})")
+  encoder = Encoder(layout)
+  matrix, labels, group = collect(train_batches, encoder)
+  params = lgbm_params(config, seed)
+  data = lightgbm.Dataset(matrix, labels, group=group,
+                          categorical_feature=layout.categorical_indices or "auto",
+                          params={"verbose": -1})
+  model = lightgbm.train(params, data, num_boost_round=config.n_estimators)
+  info = {
+      "params": {
+          "n_estimators": config.n_estimators,
+          **{k: v for k, v in params.items() if k != "verbose"}
+      },
+      "lightgbm_version": lightgbm.__version__,
+      "columns": len(layout.column_names),
+      "categorical_features": [c.name for c in layout.columns if c.kind == CATEGORICAL],
+      "skipped_features": list(layout.skipped),
+      "train_lists": int(group.size),
+      "train_documents": int(labels.size),
+  }
+  return TrainedLambdaMart(model, encoder, info)
+
+
+def evaluate(train_batches: Iterable, valid_dataset: tf.data.Dataset, context_spec: Mapping[str,
+                                                                                            object],
+             example_spec: Mapping[str, object], id_features: Collection[str],
+             config: LambdaMartConfig, seed: int | None) -> tuple[dict[str, float] | None, dict]:
+  """LambdaMART's validation metrics, or None and the reason it is absent.
+
+  Args:
+    train_batches: As `train`.
+    valid_dataset: The validation batches the model and baseline are scored
+      on (raw features), finite.
+    context_spec, example_spec, id_features: As `feature_layout`.
+    config, seed: As `train`.
+
+  Returns:
+    (metrics keyed as RANKING_METRICS, info): info is `train`'s, or
+    {"reason": one line} with metrics None (lightgbm missing, no usable
+    feature, non-integer labels, ...).
+  """
+  try:
+    layout = feature_layout(context_spec, example_spec, id_features)
+    trained = train(train_batches, layout, config, seed)
+  except LambdaMartUnavailable as e:
+    return None, {"reason": str(e)}
+  return evaluation.evaluate_scores(valid_dataset, trained.score), trained.info
