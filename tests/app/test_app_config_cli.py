@@ -16,12 +16,14 @@ def _load(tmp_path, raw, overrides=()):
 
 
 def test_defaults_and_overrides(tmp_path):
-  config = _load(
-      tmp_path, BASE,
-      ["pipeline.learning_rate=0.5", "model.hidden_layer_dims=[8]", "dataset.list_size=20"])
+  config = _load(tmp_path, BASE, [
+      "pipeline.learning_rate=0.5", "model.hidden_layer_dims=[8]", "dataset.list_size=20",
+      "lambdamart.n_estimators=7"
+  ])
   assert config.pipeline.learning_rate == 0.5
   assert config.model.hidden_layer_dims == [8]
   assert config.dataset.list_size == 20
+  assert config.lambdamart.n_estimators == 7 and config.lambdamart.num_leaves == 31
   assert config_lib.from_dict(config.to_dict()) == config
 
 
@@ -36,6 +38,8 @@ def test_defaults_and_overrides(tmp_path):
     ({**BASE, "data": {"data_dir": "/no/such/dir"}}, r"data.*no such directory: /no/such/dir"),
     ({**BASE, "pipeline": {"model_dir": "/x", "loss": "nope"}}, r"`loss` must be a tfr loss key"),
     ({**BASE, "extra": {}}, r"unknown config sections \['extra'\]"),
+    ({**BASE, "lambdamart": {"num_trees": 5}}, r"lambdamart\.num_trees"),
+    ({**BASE, "lambdamart": {"num_leaves": 1}}, r"lambdamart\.num_leaves must be >= 2, got 1"),
     ({"builder": "nope", "pipeline": {"model_dir": "/x"}}, r"unknown 'nope'"),
 ])
 def test_bad_configs_name_the_key(tmp_path, raw, message):
