@@ -25,7 +25,8 @@ LAYERS = (
     ("embedding",),  # TPUEmbedding's mid-level API.
     ("distributed",),  # Tables sharded by key over workers (MultiWorkerMirroredStrategy).
     ("keras",),  # tfr-shaped layers, models and pipelines.
-    ("config", "evaluation", "gbdt", "serving", "jobs", "sweep", "cluster", "cli"),  # Jobs, commands.
+    # Jobs and commands; gbdt: the LambdaMART baseline of the evaluation.
+    ("config", "evaluation", "gbdt", "serving", "jobs", "sweep", "cluster", "cli"),
 )
 # Tolerated upward imports, (importer, imported) units, each with the reason and
 # the issue that removes it. None today (core -> graph went with issue 15).
