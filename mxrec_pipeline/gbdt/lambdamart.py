@@ -48,6 +48,8 @@ from mxrec_pipeline.gbdt.config import LambdaMartConfig
 
 LIGHTGBM_MISSING = "lightgbm is not installed (pip install 'mxrec-pipeline[lambdamart]')"
 DISABLED = "disabled (lambdamart.enabled: false)"
+# LightGBM's default `label_gain` (2^i - 1) has entries for the grades 0..30.
+MAX_LABEL = 30
 NUMERIC, CATEGORICAL = "numeric", "categorical"
 
 
@@ -253,7 +255,7 @@ def collect(batches: Iterable, encoder: Encoder) -> tuple[np.ndarray, np.ndarray
 
   Raises:
     LambdaMartUnavailable: no document, or a label that is not an integer
-      (LightGBM's lambdarank takes integer grades).
+      (LightGBM's lambdarank takes integer grades) or above MAX_LABEL.
   """
   rows, grades, group = [], [], []
   for features, labels in batches:
@@ -272,6 +274,9 @@ def collect(batches: Iterable, encoder: Encoder) -> tuple[np.ndarray, np.ndarray
     bad = labels[labels != np.round(labels)][0]
     raise LambdaMartUnavailable(f"a training label is not an integer ({bad:g}); LightGBM's "
                                 "lambdarank needs integer relevance grades")
+  if labels.max() > MAX_LABEL:
+    raise LambdaMartUnavailable(f"a training label is above {MAX_LABEL} ({labels.max():g}), "
+                                "the highest grade of LightGBM's default label_gain")
   return np.concatenate(rows), labels.astype(np.int32), np.asarray(group, np.int64)
 
 
@@ -288,7 +293,8 @@ def train(train_batches: Iterable, layout: FeatureLayout, config: LambdaMartConf
 
   Raises:
     LambdaMartUnavailable: lightgbm missing, no feature column, no labeled
-      document, or non-integer labels.
+      document, labels that are not integers in [0, MAX_LABEL], or
+      LightGBM's own error (its message).
   """
   lightgbm = import_lightgbm()
   if not layout.columns:
@@ -299,7 +305,10 @@ def train(train_batches: Iterable, layout: FeatureLayout, config: LambdaMartConf
   data = lightgbm.Dataset(matrix, labels, group=group,
                           categorical_feature=layout.categorical_indices or "auto",
                           params={"verbose": -1})
-  model = lightgbm.train(params, data, num_boost_round=config.n_estimators)
+  try:
+    model = lightgbm.train(params, data, num_boost_round=config.n_estimators)
+  except lightgbm.basic.LightGBMError as e:
+    raise LambdaMartUnavailable(f"LightGBM failed: {e}") from e
   info = {
       "params": {
           "n_estimators": config.n_estimators,

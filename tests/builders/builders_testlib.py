@@ -84,12 +84,18 @@ def cli_error(capsys, args: list[str]) -> str:
 
 
 def assert_metrics_file(metrics: dict) -> None:
-  """`{"model": {...}, "baseline": {...}, "data": {...}}`, every RANKING_METRICS key in [0, 1]."""
-  assert sorted(metrics) == ["baseline", "data", "model"]
+  """`{"model", "baseline", "lambdamart", "data", ...}`, every RANKING_METRICS key in [0, 1].
+
+  LambdaMART's metrics are checked when LightGBM scored it (else its reason is given).
+  """
+  assert sorted(metrics) == ["baseline", "data", "lambdamart", "lambdamart_info", "model", "wall_s"]
+  assert sorted(metrics["wall_s"]) == ["baseline", "lambdamart", "model"]
+  if metrics["lambdamart"] is None:
+    assert metrics["lambdamart_info"]["reason"]
   for split in ("train", "valid"):
     assert metrics["data"][split]["lists"] > 0 and metrics["data"][split]["files"] == 1
   assert 0 < metrics["data"]["valid"]["lists_with_relevant"] <= metrics["data"]["valid"]["lists"]
-  for row in (metrics["model"], metrics["baseline"]):
+  for row in (metrics["model"], metrics["baseline"], metrics["lambdamart"] or metrics["model"]):
     assert sorted(row) == sorted(RANKING_METRICS)
     assert all(0.0 <= v <= 1.0 for v in row.values()), row
 

@@ -161,7 +161,7 @@ def test_encoder_broadcasts_context_and_codes_ids_in_first_seen_order():
   assert layout.column_names == ["user", "item", "x[0]", "x[1]"]
 
 
-def test_collect_groups_documents_and_refuses_fractional_labels():
+def test_collect_groups_documents_and_refuses_labels_lightgbm_cannot_rank():
   layout = lambdamart.feature_layout({}, {"x": tf.io.FixedLenFeature([1], tf.float32)})
   batch = ({"x": tf.constant([[[1.0], [2.0], [0.0]],
                               [[3.0], [0.0],
@@ -173,6 +173,9 @@ def test_collect_groups_documents_and_refuses_fractional_labels():
   fractional = (batch[0], tf.constant([[2.5, 0.0, -1.0], [1.0, -1.0, -1.0]]))
   with pytest.raises(lambdamart.LambdaMartUnavailable, match=r"not an integer \(2.5\)"):
     lambdamart.collect([fractional], lambdamart.Encoder(layout))
+  too_high = (batch[0], tf.constant([[31.0, 0.0, -1.0], [1.0, -1.0, -1.0]]))
+  with pytest.raises(lambdamart.LambdaMartUnavailable, match=r"above 30 \(31\)"):
+    lambdamart.collect([too_high], lambdamart.Encoder(layout))
 
 
 def test_config_checks_name_the_key():
