@@ -17,8 +17,9 @@ Features (`feature_layout`), from the ranker's ELWC feature specs:
     age and year); context features are repeated for every document;
   - categorical: a single-valued id feature (int64 or string; MovieLens'
     user_id, item_id, gender, occupation, zip) or any single-valued string
-    feature: codes in order of first appearance in the training file; values
-    never seen there are missing (NaN) in validation;
+    feature: codes numbered as values first appear in the training file
+    (sorted within a batch); values never seen there are missing (NaN) in
+    validation;
   - skipped (named in metrics.json): multi-valued features (RaggedFeature,
     VarLenFeature or several ids per document: MovieLens' genres and title
     tokens).
