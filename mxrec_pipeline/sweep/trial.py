@@ -16,7 +16,8 @@ worker over two pipes, one JSON object a line:
                     {"error": "ConfigError: ..."}      failed (traceback in the log)
 
 A trial is the same job `mxrec-pipeline train` runs: reproduce it with
-`mxrec-pipeline train BASE --set ...` (trial.json has the exact list).
+`mxrec-pipeline train BASE --set ...` (trial.json has the exact list), except
+that a trial does not fit the LambdaMART baseline (the same in every trial).
 
 This module imports TensorFlow only in `main`, so the worker can import its
 names without it.
@@ -25,6 +26,7 @@ names without it.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -103,6 +105,10 @@ def main(argv=None) -> int:
     from mxrec_pipeline.sweep import reporter
     spec = read_spec(args.trial_dir)
     config = config_lib.load(spec["base_config"], spec["overrides"])
+    # Trials differ in the ranker's hyperparameters only: LambdaMART's figure
+    # (jobs.lambdamart_metrics) would be the same in each, so it is not refit.
+    config = dataclasses.replace(config,
+                                 lambdamart=dataclasses.replace(config.lambdamart, enabled=False))
     monitor = "val_" + pipeline_lib.metric_name(spec["metric"])
     try:
       result = jobs.train(config, verbose=2,
