@@ -69,10 +69,10 @@ $(TIER_STORE_TEST): native/core/tier_store.cc native/core/tier_store.h native/co
 	  -lgtest -lgtest_main -pthread -o $@
 
 $(ROW_OPTIMIZERS_TEST): native/core/row_optimizers.cc native/core/row_optimizers.h \
-    native/tests/row_optimizers_test.cc | system-deps
+    native/core/key_index.cc native/core/key_index.h native/tests/row_optimizers_test.cc | system-deps
 	mkdir -p native/build
 	g++ -std=c++20 -O1 -g -Wall -Wextra -Werror $(SANITIZE) \
-	  native/core/row_optimizers.cc native/tests/row_optimizers_test.cc \
+	  native/core/row_optimizers.cc native/core/key_index.cc native/tests/row_optimizers_test.cc \
 	  -lgtest -lgtest_main -pthread -o $@
 
 $(DEVICE_CACHE_TEST): native/core/device_cache.cc native/core/device_cache.h \

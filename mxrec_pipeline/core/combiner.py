@@ -72,6 +72,12 @@ def combine(per_id, combiner: str | None, weights=None, segment_ids: tf.Tensor |
   check_combiner(combiner, "combine")
   if (segment_ids is None) != (num_segments is None):
     raise ValueError("combine: give both segment_ids and num_segments, or neither")
+  if (segment_ids is None and weights is None and not isinstance(per_id, tf.RaggedTensor) and
+      per_id.shape.rank is not None and per_id.shape.rank >= 2 and per_id.shape[-2] == 1):
+    # One id of weight 1 per position (e.g. an item id): every combiner gives
+    # its embedding. Skips a sum over one id and a division by one (forward
+    # and backward), which cost ~10% of the MovieLens step's op time.
+    return tf.squeeze(per_id, -2)
 
   def reduce(values):  # [...ids' layout..., k] -> [..., k], summed over each position's ids
     if segment_ids is not None:

@@ -21,6 +21,8 @@ class Adagrad(HashOptimizer):
     ValueError: learning_rate <= 0 or initial_accumulator_value <= 0.
   """
 
+  sums_repeated_rows_of = (tf.float32,)  # The fused native op sums them.
+
   def __init__(self, learning_rate=0.001, initial_accumulator_value=0.9, name="Adagrad"):
     super().__init__(learning_rate, name)
     if not initial_accumulator_value > 0:

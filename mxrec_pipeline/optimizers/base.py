@@ -2,7 +2,8 @@
 
 A step touches only the rows a batch looked up, and only their slots: the
 gradient of a table is IndexedSlices (see sparse_lookup); duplicate rows are
-summed first, then a subclass's `_update_rows` updates those rows. Works eagerly,
+summed first, then a subclass's `_update_rows` updates those rows (a fused
+native update sums them in its own pass: `sums_repeated_rows_of`). Works eagerly,
 in tf.function / Keras train steps (also under tf.distribute strategies, which
 all-reduce the gradients first) and in tf.compat.v1 sessions, where
 `apply_gradients` returns the training op, as mxRec's hash optimizers do.
@@ -53,9 +54,15 @@ class HashOptimizer(tf.Module):
     learning_rate: Python float.
     iterations: int64 variable, the number of apply_gradients calls so far.
     slot_initial_values: Slot name -> initial value of its rows (class level).
+    sums_repeated_rows_of: Table dtypes whose `_update_rows` takes the
+      gradient's rows as they are, repeated ones included, and sums their
+      gradients itself (a fused native op, see native/core/row_optimizers.h);
+      for other dtypes apply_gradients sums them first with tf.unique +
+      unsorted_segment_sum (class level).
   """
 
   slot_initial_values: dict[str, float] = {}
+  sums_repeated_rows_of: tuple[tf.DType, ...] = ()
 
   def __init__(self, learning_rate: float, name: str):
     super().__init__(name=None)
@@ -196,6 +203,9 @@ class HashOptimizer(tf.Module):
   def _apply_one(self, var, grad, slots, step):
     # Per-replica slot copies are reached through the strategy's mirrored values.
     local_slots = {name: _local(slot, var) for name, slot in slots.items()}
+    if var.dtype in self.sums_repeated_rows_of:
+      # A fused native op sums the gradients of repeated rows in its own pass.
+      return tf.group(self._update_rows(var, local_slots, grad.indices, grad.values, step))
     rows, position = tf.unique(grad.indices)
     summed = tf.math.unsorted_segment_sum(grad.values, position, tf.size(rows))
     return tf.group(self._update_rows(var, local_slots, rows, summed, step))
@@ -206,8 +216,10 @@ class HashOptimizer(tf.Module):
     Args:
       var: [capacity, dim] table variable.
       slots: Slot name -> [capacity, dim] variable.
-      rows: [n] int64 distinct rows.
-      grad: [n, dim] summed gradient of those rows.
+      rows: [n] int32 or int64 distinct rows; they may repeat when var's dtype
+        is in `sums_repeated_rows_of`.
+      grad: [n, dim] gradient of those rows (summed per row when they are
+        distinct).
       step: int64 scalar, 1 at the first apply_gradients.
 
     Returns:

@@ -42,6 +42,8 @@ class Ftrl(HashOptimizer):
     ValueError: a value out of range (named), or equal or ill-formed slot names.
   """
 
+  sums_repeated_rows_of = (tf.float32,)  # The fused native op sums them.
+
   def __init__(self, learning_rate, learning_rate_power=-0.5, initial_accumulator_value=0.1,
                l1_regularization_strength=0.0, l2_regularization_strength=0.0, accum_name=None,
                linear_name=None, l2_shrinkage_regularization_strength=0.0, name="Ftrl"):

@@ -20,6 +20,8 @@ class GradientDescent(HashOptimizer):
 
   slot_initial_values = {}
 
+  sums_repeated_rows_of = (tf.float32,)  # The fused native op sums them.
+
   def __init__(self, learning_rate, name="GradientDescent", weight_decay=None):
     super().__init__(learning_rate, name)
     weight_decay = 0.0 if weight_decay is None else float(weight_decay)

@@ -44,6 +44,8 @@ class LazyAdam(HashOptimizer):
 
   slot_initial_values = {"m": 0.0, "v": 0.0}
 
+  sums_repeated_rows_of = (tf.float32,)  # The fused native op sums them.
+
   def __init__(self, learning_rate=0.001, beta1=0.9, beta2=0.999, epsilon=1e-8, name="LazyAdam"):
     super().__init__(learning_rate, name)
     self.beta1, self.beta2, self.epsilon = adam_hyperparameters(name, beta1, beta2, epsilon)

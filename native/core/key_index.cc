@@ -31,6 +31,9 @@ uint64_t SlotCount(int64_t n) {
 // miss of a random slot behind the work on the keys before it.
 constexpr int64_t kPrefetchDistance = 16;
 
+// Slots Deduplicate starts with (64 KB): its table doubles as distinct keys come.
+constexpr uint64_t kDedupInitialSlots = 1 << 14;
+
 // Prefetches the home slot of keys[i + kPrefetchDistance] in a power-of-two
 // array of slots, if any.
 inline void PrefetchAhead(const int64_t* keys, int64_t i, int64_t n, const int32_t* slots,
@@ -74,7 +77,11 @@ void Deduplicate(const int64_t* keys, int64_t n, std::vector<int64_t>* unique,
                  int32_t* restore) {
   unique->clear();
   if (n == 0) return;
-  const uint64_t mask = SlotCount(n) - 1;
+  // The table is sized by the distinct keys found so far, not by n, and kept at
+  // load <= 1/2 by doubling: a batch of repeated (Zipf) keys probes a table that
+  // stays in cache (2 MB for 200k distinct keys of 1M, not the 8 MB of 2n slots).
+  const uint64_t max_slots = SlotCount(n);
+  uint64_t mask = std::min(max_slots, kDedupInitialSlots) - 1;
   // Each slot holds a position in `unique`, or -1 when empty.
   std::vector<int32_t> slots(mask + 1, -1);
   unique->reserve(static_cast<size_t>(std::min<int64_t>(n, 1 << 20)));
@@ -85,9 +92,19 @@ void Deduplicate(const int64_t* keys, int64_t n, std::vector<int64_t>* unique,
     while (true) {
       const int32_t pos = slots[s];
       if (pos < 0) {
-        slots[s] = static_cast<int32_t>(unique->size());
-        restore[i] = slots[s];
+        const int32_t added = static_cast<int32_t>(unique->size());
+        slots[s] = added;
+        restore[i] = added;
         unique->push_back(key);
+        if (2 * unique->size() > mask + 1 && mask + 1 < max_slots) {
+          mask = 2 * mask + 1;
+          std::vector<int32_t>(mask + 1, -1).swap(slots);
+          for (int32_t p = 0; p <= added; ++p) {
+            uint64_t t = Mix((*unique)[p]) & mask;
+            while (slots[t] >= 0) t = (t + 1) & mask;
+            slots[t] = p;
+          }
+        }
         break;
       }
       if ((*unique)[pos] == key) {
@@ -144,14 +161,22 @@ Status KeyIndex::AllocateSlots(uint64_t count, int64_t keys, std::vector<Slot>* 
   return Status::Ok();
 }
 
-Status KeyIndex::RehashLocked(uint64_t count) {
+Status KeyIndex::RehashLocked(uint64_t count, int64_t keys) {
   std::vector<Slot> old;
-  Status allocated = AllocateSlots(count, size_, &old);
+  Status allocated = AllocateSlots(count, keys, &old);
   if (!allocated.ok()) return allocated;
   std::swap(slots_, old);
   num_slots_ = count;
+  // Keys are distinct: each goes to the first empty slot from its home, no key
+  // compared. Old slots in order map to (nearly) ascending homes: Reduce keeps
+  // the order of the hashes, so the writes sweep the new array.
   for (const Slot& slot : old) {
-    if (slot.row != kMissingRow) slots_[Probe(slot.key)] = slot;
+    if (slot.row == kMissingRow) continue;
+    uint64_t s = Home(slot.key);
+    while (slots_[s].row != kMissingRow) {
+      if (++s == num_slots_) s = 0;
+    }
+    slots_[s] = slot;
   }
   return Status::Ok();
 }
@@ -168,16 +193,7 @@ Status KeyIndex::ReserveLocked(int64_t keys) {
   // An overcount (repeated keys) must not regrow a full fixed-capacity array.
   if (!growable_) keys = std::min(keys, capacity_);
   if (FitsLocked(keys)) return Status::Ok();
-  const uint64_t count = SlotsFor(keys);
-  std::vector<Slot> grown;
-  Status allocated = AllocateSlots(count, keys, &grown);
-  if (!allocated.ok()) return allocated;
-  std::swap(slots_, grown);
-  num_slots_ = count;
-  for (const Slot& slot : grown) {
-    if (slot.row != kMissingRow) slots_[Probe(slot.key)] = slot;
-  }
-  return Status::Ok();
+  return RehashLocked(SlotsFor(keys), keys);
 }
 
 uint64_t KeyIndex::Probe(int64_t key) const { return ProbeFrom(Home(key), key); }
@@ -208,52 +224,83 @@ Status KeyIndex::GrowForLocked(int64_t new_keys, const char* verb) {
   return ReserveLocked(size_ + new_keys);
 }
 
+int64_t KeyIndex::InsertAtLocked(Slot& slot, int64_t key) {
+  slot.key = key;
+  slot.row = TakeFreeRow();
+  ++size_;
+  ++admissions_;
+  if (slot.row < static_cast<int64_t>(last_seen_.size())) last_seen_[slot.row] = now_;
+  return slot.row;
+}
+
+void KeyIndex::UndoInsertsLocked(const int64_t* keys, const int64_t* rows,
+                                 const std::vector<int64_t>& inserted, int64_t next_row_before) {
+  // Rows below next_row_before came from the free list, popped in this order:
+  // pushed back in reverse, the list is as it was (descending).
+  for (auto it = inserted.rbegin(); it != inserted.rend(); ++it) {
+    EraseSlotLocked(Probe(keys[*it]));
+    if (rows[*it] < next_row_before) free_rows_.push_back(rows[*it]);
+  }
+  const int64_t count = static_cast<int64_t>(inserted.size());
+  size_ -= count;
+  admissions_ -= count;
+  next_row_ = next_row_before;
+}
+
 Status KeyIndex::FindOrInsert(const int64_t* keys, int64_t n, int64_t* rows) {
   std::unique_lock<std::shared_mutex> lock(mu_);
-  // Pass 1: find, and count the distinct absent keys (a key may repeat in `keys`).
-  int64_t absent = 0;
-  // A miss keeps the empty slot it reached as a hint, -2 - slot: pass 2
-  // resumes probing there (slots before it stay taken: nothing is removed).
+  // One pass finds each key and inserts an absent one into the empty slot its
+  // probe reached (already in cache), while the array has room (load <= 0.8)
+  // and, for a fixed-capacity index, rows are left. From the first miss past
+  // that point on, misses are deferred: each keeps that empty slot as a hint,
+  // rows[i] = -2 - slot, and `deferred` counts it (a key repeated in `keys`
+  // twice). Positions of the keys inserted are kept to undo them.
+  const int64_t next_row_before = next_row_;
+  const int64_t room = std::min<int64_t>(static_cast<int64_t>(4 * num_slots_ / 5),
+                                         growable_ ? kMaxCapacity : capacity_);
+  std::vector<int64_t> inserted;
+  int64_t deferred = 0;
   for (int64_t i = 0; i < n; ++i) {
     PrefetchAhead(keys, i, n);
     const uint64_t s = Probe(keys[i]);
-    rows[i] = slots_[s].row;
-    if (rows[i] == kMissingRow) {
+    Slot& slot = slots_[s];
+    if (slot.row != kMissingRow) {
+      rows[i] = slot.row;
+    } else if (deferred == 0 && size_ < room) {
+      rows[i] = InsertAtLocked(slot, keys[i]);
+      inserted.push_back(i);
+    } else {
       rows[i] = -2 - static_cast<int64_t>(s);
-      ++absent;
+      ++deferred;
     }
   }
-  if (absent == 0) return Status::Ok();
+  if (deferred == 0) return Status::Ok();
+  // Room for the deferred keys (at most one rehash), or the whole batch undone.
+  const int64_t new_keys = static_cast<int64_t>(inserted.size());
+  if (size_ + deferred > (growable_ ? kMaxCapacity : capacity_)) {
+    // `deferred` may count a repeated key twice: recount exactly before failing.
+    deferred = CountDistinctMisses(keys, rows, n);
+  }
   const uint64_t slots_before = num_slots_;
-  if (growable_) {
-    Status reserved = GrowForLocked(absent, "brings up to");
-    if (!reserved.ok()) return reserved;
-  } else {
-    if (size_ + absent > capacity_) {
-      // `absent` may count a repeated key twice: recount exactly before failing.
-      absent = CountDistinctMisses(keys, rows, n);
-      if (size_ + absent > capacity_) {
-        return Status::ResourceExhausted(FullMessage(absent, "brings") +
+  Status reserved = Status::Ok();
+  if (growable_ && size_ + deferred > kMaxCapacity) {
+    UndoInsertsLocked(keys, rows, inserted, next_row_before);
+    reserved = GrowForLocked(new_keys + deferred, "brings up to");
+  } else if (!growable_ && size_ + deferred > capacity_) {
+    UndoInsertsLocked(keys, rows, inserted, next_row_before);
+    reserved = Status::ResourceExhausted(FullMessage(new_keys + deferred, "brings") +
                                          " (or drop rare keys before the lookup).");
-      }
-    }
-    Status reserved = ReserveLocked(size_ + absent);
-    if (!reserved.ok()) return reserved;
+  } else {
+    reserved = ReserveLocked(size_ + deferred);
+    if (!reserved.ok()) UndoInsertsLocked(keys, rows, inserted, next_row_before);
   }
-  // Pass 2: insert the absent keys in order of appearance.
+  if (!reserved.ok()) return reserved;
   const bool hints = num_slots_ == slots_before;  // no rehash in between
   for (int64_t i = 0; i < n; ++i) {
     if (rows[i] >= 0) continue;
     Slot& slot = slots_[hints ? ProbeFrom(static_cast<uint64_t>(-2 - rows[i]), keys[i])
                               : Probe(keys[i])];
-    if (slot.row == kMissingRow) {
-      slot.key = keys[i];
-      slot.row = TakeFreeRow();
-      ++size_;
-      ++admissions_;
-      if (slot.row < static_cast<int64_t>(last_seen_.size())) last_seen_[slot.row] = now_;
-    }
-    rows[i] = slot.row;
+    rows[i] = slot.row == kMissingRow ? InsertAtLocked(slot, keys[i]) : slot.row;
   }
   return Status::Ok();
 }
@@ -375,7 +422,7 @@ void KeyIndex::Evict(int64_t idle, std::vector<int64_t>* freed_rows) {
   // cannot allocate the smaller one.
   const uint64_t size = static_cast<uint64_t>(size_);
   if (num_slots_ > kMinSlots && 2 * num_slots_ > 3 * size + 3) {
-    (void)RehashLocked(std::max(kMinSlots, size + (size + 2) / 3));
+    (void)RehashLocked(std::max(kMinSlots, size + (size + 2) / 3), size_);
   }
 }
 

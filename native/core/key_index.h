@@ -84,6 +84,10 @@ class KeyIndex {
   // do not fit, nothing is inserted and ResourceExhausted names the table, its
   // capacity and the remedy. A growable index only fails past kMaxCapacity keys,
   // or with ResourceExhausted when the host cannot hold the larger slot array.
+  // One probe per key while the slot array has room: an absent key goes into
+  // the empty slot its probe reached; the keys past the array's room wait for
+  // one rehash; a failing batch undoes what it inserted (rows and free list
+  // as before).
   Status FindOrInsert(const int64_t* keys,  // (n)
                       int64_t n,
                       int64_t* rows);  // out: (n)
@@ -199,11 +203,21 @@ class KeyIndex {
   // A fresh array of `count` empty slots in `slots`, or ResourceExhausted when
   // the host cannot allocate it (`keys`: the keys it is for, in the message).
   Status AllocateSlots(uint64_t count, int64_t keys, std::vector<Slot>* slots) const;
-  // Moves every key into a fresh array of `count` slots. Caller holds mu_
-  // exclusively. Fails (changing nothing) when the host cannot allocate it.
-  Status RehashLocked(uint64_t count);
+  // Moves every key into a fresh array of `count` slots, made for `keys` keys
+  // (named in the error). Caller holds mu_ exclusively. Fails (changing
+  // nothing) when the host cannot allocate it.
+  Status RehashLocked(uint64_t count, int64_t keys);
   // Next row to hand out; caller holds mu_ exclusively and has checked room.
   int64_t TakeFreeRow();
+  // Stores `key` with the next row in the empty `slot`; returns the row. Caller
+  // holds mu_ exclusively and has checked room (slots and rows).
+  int64_t InsertAtLocked(Slot& slot, int64_t key);
+  // Removes the keys FindOrInsert inserted, keys[i] for i in `inserted` (in
+  // insertion order, rows[i] their rows), and gives their rows back as they
+  // were before it: next_row_ = next_row_before, popped free rows pushed back.
+  void UndoInsertsLocked(const int64_t* keys,  // (n)
+                         const int64_t* rows,  // (n)
+                         const std::vector<int64_t>& inserted, int64_t next_row_before);
   void ClearLocked();
   // Makes room for `keys` keys at load factor <= 0.8, rehashing into a larger
   // slot array (load 2/3). Caller holds mu_ exclusively. Fails (changing

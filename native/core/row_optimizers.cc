@@ -2,7 +2,23 @@
 
 #include <cmath>
 
+#include "key_index.h"
+
 namespace mxrec {
+
+bool SumRepeatedRows(const int64_t* rows, const float* grad, int64_t n, int64_t dim,
+                     std::vector<int64_t>* unique, std::vector<float>* summed) {
+  std::vector<int32_t> position(static_cast<size_t>(n));
+  Deduplicate(rows, n, unique, position.data());
+  if (static_cast<int64_t>(unique->size()) == n) return false;
+  summed->assign(unique->size() * static_cast<size_t>(dim), 0.0f);
+  for (int64_t i = 0; i < n; ++i) {
+    float* __restrict out = summed->data() + position[i] * dim;
+    const float* __restrict g = grad + i * dim;
+    for (int64_t j = 0; j < dim; ++j) out[j] += g[j];
+  }
+  return true;
+}
 
 void LazyAdamRows(float* var, float* m, float* v, int64_t dim, const int64_t* rows,
                   const float* grad, int64_t begin, int64_t end, float lr_t, float beta1,

@@ -5,16 +5,31 @@
 // on the buffers of the table variable and its slot variables, and the Python
 // hash optimizers (mxrec_pipeline/optimizers) keep a TF-op reference of each.
 //
-// Every function: `var` and its slots are [capacity, dim] row-major float32;
-// rows (n) are distinct and in [0, capacity) (callers check); grad is [n, dim],
-// grad[i] the summed gradient of rows[i]. Rows are independent: callers may
-// split [begin, end) ranges of the batch over threads.
+// Every update function: `var` and its slots are [capacity, dim] row-major
+// float32; rows (n) are distinct and in [0, capacity) (callers check); grad is
+// [n, dim], grad[i] the summed gradient of rows[i]. Rows are independent:
+// callers may split [begin, end) ranges of the batch over threads. Gradients of
+// repeated rows (an IndexedSlices gradient as autodiff gives it) are summed
+// first by SumRepeatedRows.
 #ifndef MXREC_PIPELINE_NATIVE_CORE_ROW_OPTIMIZERS_H_
 #define MXREC_PIPELINE_NATIVE_CORE_ROW_OPTIMIZERS_H_
 
 #include <cstdint>
+#include <vector>
 
 namespace mxrec {
+
+// Sums the gradients of repeated rows, as TF's sparse apply ops do (tf.unique +
+// unsorted_segment_sum, in one pass). rows (n) may repeat; grad is [n, dim].
+// Returns false when the rows are distinct (the common case: the callers then
+// use rows and grad as they are, nothing copied). Otherwise `unique` holds the
+// distinct rows in first-occurrence order and `summed` [u, dim] the sum of
+// their gradients, added in order of position. n < 2^31.
+bool SumRepeatedRows(const int64_t* rows,  // (n)
+                     const float* grad,    // (n, dim)
+                     int64_t n, int64_t dim,
+                     std::vector<int64_t>* unique,  // out: (u)
+                     std::vector<float>* summed);   // out: (u, dim)
 
 // Lazy Adam (tf.keras / mxRec lazy Adam, Kingma & Ba 2015 with the bias
 // correction folded into lr_t = lr * sqrt(1 - beta2^t) / (1 - beta1^t)):

@@ -2,7 +2,8 @@
 // look up the resource variables, make them safe to update in place (TF's
 // EnsureSparseVariableAccess, as its ResourceScatter* and sparse apply ops do),
 // lock their mutexes exclusively in address order, check the rows and shapes,
-// and run native/core/row_optimizers.cc over shards of the rows on TF's
+// sum the gradients of repeated rows, and run native/core/row_optimizers.cc
+// over shards of the distinct rows on TF's
 // intra-op threads. CPU only: the tables live on the host here. (GPU-ready
 // structure: the per-row math is TF-free and takes [begin, end) ranges.)
 #define EIGEN_USE_THREADS
@@ -10,6 +11,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <memory>
+#include <new>
 #include <vector>
 
 #include "../core/row_optimizers.h"
@@ -103,6 +105,42 @@ class LockedVariables {
   return ::tensorflow::OkStatus();
 }
 
+// The rows (input `first`) and gradients (input `first` + 1) to update: the
+// inputs themselves when their rows are distinct, else the distinct rows and
+// their summed gradients (SumRepeatedRows), held by this object.
+class SummedRows {
+ public:
+  // `n` rows of `dim` elements, checked by CheckRows; `name` names the op in
+  // the error of a failed allocation (nothing throws out of Compute).
+  ::tensorflow::Status Sum(OpKernelContext* ctx, int first, int64_t n, int64_t dim,
+                           const char* name) {
+    rows_ = ctx->input(first).flat<int64_t>().data();
+    grad_ = ctx->input(first + 1).flat<float>().data();
+    n_ = n;
+    try {
+      if (SumRepeatedRows(rows_, grad_, n, dim, &unique_, &summed_)) {
+        rows_ = unique_.data();
+        grad_ = summed_.data();
+        n_ = static_cast<int64_t>(unique_.size());
+      }
+    } catch (const std::bad_alloc&) {
+      return errors::ResourceExhausted(name, ": cannot allocate the summed gradients of ", n,
+                                       " rows of ", dim, " (host memory)");
+    }
+    return ::tensorflow::OkStatus();
+  }
+  const int64_t* rows() const { return rows_; }  // (n)
+  const float* grad() const { return grad_; }    // (n, dim)
+  int64_t n() const { return n_; }
+
+ private:
+  const int64_t* rows_ = nullptr;
+  const float* grad_ = nullptr;
+  int64_t n_ = 0;
+  std::vector<int64_t> unique_;
+  std::vector<float> summed_;
+};
+
 float Scalar(OpKernelContext* ctx, int i) { return ctx->input(i).scalar<float>()(); }
 
 // Runs fn(begin, end) over shards of [0, n) rows of `dim` elements.
@@ -125,8 +163,11 @@ class LazyAdamRowsOp : public OpKernel {
     OP_REQUIRES_OK(ctx, vars.Lock(ctx, 3, "MxLazyAdamRows"));
     int64_t n;
     OP_REQUIRES_OK(ctx, CheckRows(ctx, 3, vars, "MxLazyAdamRows", &n));
-    const int64_t* rows = ctx->input(3).flat<int64_t>().data();
-    const float* grad = ctx->input(4).flat<float>().data();
+    SummedRows summed;
+    OP_REQUIRES_OK(ctx, summed.Sum(ctx, 3, n, vars.dim(), "MxLazyAdamRows"));
+    const int64_t* rows = summed.rows();
+    const float* grad = summed.grad();
+    n = summed.n();
     const float lr_t = Scalar(ctx, 5), beta1 = Scalar(ctx, 6), beta2 = Scalar(ctx, 7),
                 epsilon = Scalar(ctx, 8);
     float *var = vars.data(0), *m = vars.data(1), *v = vars.data(2);
@@ -150,8 +191,11 @@ class AdagradRowsOp : public OpKernel {
     OP_REQUIRES_OK(ctx, vars.Lock(ctx, 2, "MxAdagradRows"));
     int64_t n;
     OP_REQUIRES_OK(ctx, CheckRows(ctx, 2, vars, "MxAdagradRows", &n));
-    const int64_t* rows = ctx->input(2).flat<int64_t>().data();
-    const float* grad = ctx->input(3).flat<float>().data();
+    SummedRows summed;
+    OP_REQUIRES_OK(ctx, summed.Sum(ctx, 2, n, vars.dim(), "MxAdagradRows"));
+    const int64_t* rows = summed.rows();
+    const float* grad = summed.grad();
+    n = summed.n();
     const float lr = Scalar(ctx, 4);
     float *var = vars.data(0), *acc = vars.data(1);
     const int64_t dim = vars.dim();
@@ -170,8 +214,11 @@ class FtrlRowsOp : public OpKernel {
     OP_REQUIRES_OK(ctx, vars.Lock(ctx, 3, "MxFtrlRows"));
     int64_t n;
     OP_REQUIRES_OK(ctx, CheckRows(ctx, 3, vars, "MxFtrlRows", &n));
-    const int64_t* rows = ctx->input(3).flat<int64_t>().data();
-    const float* grad = ctx->input(4).flat<float>().data();
+    SummedRows summed;
+    OP_REQUIRES_OK(ctx, summed.Sum(ctx, 3, n, vars.dim(), "MxFtrlRows"));
+    const int64_t* rows = summed.rows();
+    const float* grad = summed.grad();
+    n = summed.n();
     const float lr = Scalar(ctx, 5), power = Scalar(ctx, 6), l1 = Scalar(ctx, 7),
                 l2 = Scalar(ctx, 8), l2_shrinkage = Scalar(ctx, 9);
     float *var = vars.data(0), *accum = vars.data(1), *linear = vars.data(2);
@@ -191,8 +238,11 @@ class SgdRowsOp : public OpKernel {
     OP_REQUIRES_OK(ctx, vars.Lock(ctx, 1, "MxSgdRows"));
     int64_t n;
     OP_REQUIRES_OK(ctx, CheckRows(ctx, 1, vars, "MxSgdRows", &n));
-    const int64_t* rows = ctx->input(1).flat<int64_t>().data();
-    const float* grad = ctx->input(2).flat<float>().data();
+    SummedRows summed;
+    OP_REQUIRES_OK(ctx, summed.Sum(ctx, 1, n, vars.dim(), "MxSgdRows"));
+    const int64_t* rows = summed.rows();
+    const float* grad = summed.grad();
+    n = summed.n();
     const float lr = Scalar(ctx, 3), weight_decay = Scalar(ctx, 4);
     float* var = vars.data(0);
     const int64_t dim = vars.dim();

@@ -1,6 +1,7 @@
 // Registration and shape functions of the fused row optimizers
-// (MxLazyAdamRows, MxAdagradRows, MxFtrlRows, MxSgdRows): one op updates a batch's distinct
-// rows of a table variable and of its slot variables in one pass. Kernels in
+// (MxLazyAdamRows, MxAdagradRows, MxFtrlRows, MxSgdRows): one op sums the
+// gradients of a batch's repeated rows and updates its distinct rows of a
+// table variable and of its slot variables in one pass. Kernels in
 // native/kernels/row_optimizer_kernels.cc; the math in
 // native/core/row_optimizers.cc (no TF there). Used by the hash optimizers'
 // `_update_rows` (mxrec_pipeline/optimizers).
@@ -49,8 +50,9 @@ in one pass: m = beta1 m + (1 - beta1) g; v = beta2 v + (1 - beta2) g^2;
 var -= lr_t m / (sqrt(v) + epsilon), g = grad[i] for row rows[i]; with
 epsilon_inside_sqrt (TPUEmbedding's sum_inside_sqrt) var -= lr_t m / sqrt(v + epsilon^2).
 
-rows: [n] int64, distinct, in [0, capacity).
-grad: [n, dim] float32, the summed gradient of each row.
+rows: [n] int64 in [0, capacity); a row may repeat: the gradients of its
+  positions are summed first (as tf.unique + unsorted_segment_sum would).
+grad: [n, dim] float32, grad[i] the gradient of rows[i].
 lr_t: float32 scalar, lr * sqrt(1 - beta2^t) / (1 - beta1^t).
 )doc");
 

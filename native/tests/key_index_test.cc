@@ -102,6 +102,36 @@ TEST(KeyIndexTest, FullTableFailsWholeBatchNamingTable) {
   EXPECT_EQ(index.size(), 3);
 }
 
+TEST(KeyIndexTest, BatchFailingPastTheFirstInsertsUndoesThemAndKeepsHoles) {
+  // 40 rows; rows 1 and 3 are holes (free list). The array of 16 slots takes 12
+  // keys before growing, so a batch of 60 new keys is first inserted in part,
+  // then fails: the inserted keys go, the holes and the next row come back.
+  KeyIndex index(40, "t");
+  const std::vector<int64_t> keys = {100, 102, 104};
+  const std::vector<int64_t> rows = {0, 2, 4};
+  ASSERT_TRUE(index.Import(keys.data(), rows.data(), 3).ok());
+  std::vector<int64_t> batch;
+  for (int64_t k = 0; k < 60; ++k) batch.push_back(1000 + k);
+  std::vector<int64_t> out(batch.size());
+  Status status = index.FindOrInsert(batch.data(), batch.size(), out.data());
+  EXPECT_EQ(status.code(), Status::Code::kResourceExhausted);
+  EXPECT_NE(status.message().find("3 used, and this batch brings 60 new keys"), std::string::npos)
+      << status.message();
+  EXPECT_EQ(index.size(), 3);
+  std::vector<int64_t> found(batch.size());
+  index.Find(batch.data(), batch.size(), found.data());
+  EXPECT_EQ(found, std::vector<int64_t>(batch.size(), kMissingRow));
+  // 37 new keys fit exactly: holes first (1, 3), then rows 5..39, in order.
+  batch.resize(37);
+  out.resize(37);
+  ASSERT_TRUE(index.FindOrInsert(batch.data(), batch.size(), out.data()).ok());
+  EXPECT_EQ(out[0], 1);
+  EXPECT_EQ(out[1], 3);
+  for (int64_t i = 2; i < 37; ++i) EXPECT_EQ(out[i], i + 3);
+  index.Find(keys.data(), 3, found.data());
+  EXPECT_EQ(std::vector<int64_t>(found.begin(), found.begin() + 3), rows);
+}
+
 TEST(KeyIndexTest, FullMessageUsesTheGivenRowsAndRemedy) {
   // A tiered table: its rows are device + host + SSD, the remedy is a tier.
   KeyIndex index(2, "item", false, "2 rows in all (device 1 + host 1)", "Raise host rows");

@@ -11,6 +11,26 @@
 namespace mxrec {
 namespace {
 
+TEST(SumRepeatedRowsTest, DistinctRowsAreLeftAsTheyAre) {
+  const std::vector<int64_t> rows = {4, 0, 9};
+  const std::vector<float> grad = {1, 2, 3, 4, 5, 6};
+  std::vector<int64_t> unique = {7};
+  std::vector<float> summed;
+  EXPECT_FALSE(SumRepeatedRows(rows.data(), grad.data(), 3, 2, &unique, &summed));
+  EXPECT_TRUE(summed.empty());
+}
+
+TEST(SumRepeatedRowsTest, RepeatedRowsSumInFirstOccurrenceOrder) {
+  // Row 5 at positions 0, 2 and 3; row 2 at position 1.
+  const std::vector<int64_t> rows = {5, 2, 5, 5};
+  const std::vector<float> grad = {1, -1, 10, 20, 0.5f, 0.25f, 2, 4};
+  std::vector<int64_t> unique;
+  std::vector<float> summed;
+  ASSERT_TRUE(SumRepeatedRows(rows.data(), grad.data(), 4, 2, &unique, &summed));
+  EXPECT_EQ(unique, (std::vector<int64_t>{5, 2}));
+  EXPECT_EQ(summed, (std::vector<float>{3.5f, 3.25f, 10, 20}));
+}
+
 // A [4, 2] table: rows 3 and 1 are updated, rows 0 and 2 must not change.
 TEST(RowOptimizersTest, LazyAdamUpdatesOnlyTheGivenRows) {
   std::vector<float> var = {0, 0, 1, -1, 5, 5, 2, 3};

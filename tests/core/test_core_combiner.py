@@ -51,6 +51,20 @@ def test_dense_form_keeps_static_shape(kind):
   np.testing.assert_allclose(got.numpy(), want, rtol=1e-6)
 
 
+@pytest.mark.parametrize("kind", combiner.COMBINERS)
+def test_one_id_per_position_gives_its_embedding_and_gradient(kind):
+  # [2, 3 positions, 1 id, 2]: the shortcut for one unweighted id per position.
+  per_id = tf.constant(np.arange(12, dtype=np.float32).reshape(2, 3, 1, 2) - 5)
+  with tf.GradientTape() as tape:
+    tape.watch(per_id)
+    got = combiner.combine(per_id, kind)
+    loss = tf.reduce_sum(got * tf.constant([[1.0, -2.0]]))
+  assert got.shape == (2, 3, 2)
+  np.testing.assert_array_equal(got.numpy(), per_id.numpy()[:, :, 0])
+  np.testing.assert_array_equal(
+      tape.gradient(loss, per_id).numpy(), np.broadcast_to([[1.0, -2.0]], [2, 3, 1, 2]))
+
+
 def test_ragged_outer_dimension_pads_zero_rows():
   per_id = tf.ragged.constant([[[[1.0], [3.0]]], [[[2.0]], [[4.0], [6.0]]]], ragged_rank=2)
   np.testing.assert_allclose(

@@ -51,6 +51,34 @@ def test_fused_update_equals_the_tf_op_update(make):
     np.testing.assert_array_equal(fused_var.numpy()[[1, 3, 5]], untouched)
 
 
+@pytest.mark.parametrize("make", [
+    lambda: lazy_adam.LazyAdam(0.01),
+    lambda: adagrad.Adagrad(0.1),
+    lambda: gradient_descent.GradientDescent(0.1, weight_decay=0.01),
+    lambda: ftrl.Ftrl(0.1, l1_regularization_strength=0.01, l2_shrinkage_regularization_strength=
+                      0.03),
+], ids=["lazy_adam", "adagrad", "sgd", "ftrl"])
+def test_fused_update_sums_the_gradients_of_repeated_rows(make):
+  # Row 4 at positions 0, 2 and 3 (int32 indices, as autodiff may give them):
+  # the same update as the TF-op one on the distinct rows and summed gradients.
+  optimizer = make()
+  assert tf.float32 in optimizer.sums_repeated_rows_of
+  names = sorted(optimizer.slot_initial_values)
+  grad = np.random.RandomState(7).normal(size=[5, DIM]).astype(np.float32)
+  summed = np.stack([grad[0] + grad[2] + grad[3], grad[1], grad[4]])
+  fused_var, fused_slots = _variables(names, seed=3)
+  ref_var, ref_slots = _variables(names, seed=3)
+  step = tf.constant(2, tf.int64)
+  optimizer._update_rows(fused_var, fused_slots, tf.constant([4, 0, 4, 4, 2], tf.int32),
+                         tf.constant(grad), step)
+  optimizer._update_rows_tf(ref_var, ref_slots, tf.constant([4, 0, 2], tf.int64),
+                            tf.constant(summed), step)
+  np.testing.assert_allclose(fused_var.numpy(), ref_var.numpy(), rtol=1e-6, atol=1e-7)
+  for name in names:
+    np.testing.assert_allclose(fused_slots[name].numpy(), ref_slots[name].numpy(), rtol=1e-6,
+                               atol=1e-7)
+
+
 def test_fused_update_of_a_graph_function_sees_earlier_reads():
   # A value read before the update keeps its old content (copy on write).
   var, slots = _variables(["m", "v"], seed=0)
