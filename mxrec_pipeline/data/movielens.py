@@ -371,10 +371,9 @@ class TrainingFeatures:
       `item_statistics(item_id, own_rating)` plus
       `{"neighbor_rating_deviation": neighbor_rating_deviation(user_id, item_id)}`.
     """
-    return {
-        **self.item_statistics(item_id, own_rating), "neighbor_rating_deviation":
-            self.neighbor_rating_deviation(user_id, item_id)
-    }
+    features = self.item_statistics(item_id, own_rating)
+    features["neighbor_rating_deviation"] = self.neighbor_rating_deviation(user_id, item_id)
+    return features
 
   def neighbor_rating_deviation(self, user_id: int, item_id: int) -> float:
     """How the user's neighbors rated the movie against their own means.
@@ -412,9 +411,8 @@ class TrainingFeatures:
     total, count = self.item_totals.get(item_id, (0.0, 0))
     if own_rating is not None:
       total, count = total - own_rating, count - 1
-    return {
-        "item_mean_rating": total / count if count else self.global_mean, "item_rating_count": count
-    }
+    mean = total / count if count else self.global_mean
+    return {"item_mean_rating": mean, "item_rating_count": count}
 
   def history(self, user_id: int, items: Mapping[int, dict[str, object]]) -> dict[str, list]:
     """`{"history_item_ids": [int], "history_genres": [bytes]}` of a user.
