@@ -18,7 +18,10 @@ TPUEmbedding docs' dataset gives them:
              lists), the item-mean baseline's signal
     item_rating_count  [batch_size, LIST_SIZE] float32: how many other users
              rated it in training
-    (both from `movielens.training_features`: training ratings only)
+    neighbor_rating_deviation  [batch_size, LIST_SIZE] float32: how the
+             user's nearest users rated it against their own means
+    (all from `movielens.training_features`: training ratings only; 0 on
+    padding)
   labels     [batch_size, LIST_SIZE] float32 ratings, -1 on padding (tfr's mask)
 """
 
@@ -37,7 +40,7 @@ def build_lists(split: dict, history_of, statistics: movielens.TrainingFeatures,
                 training: bool) -> dict:
   """Lists of a split: {user_id, item_id (lists), history (lists), dense, labels}.
 
-  `training`: the item statistics leave each example's own rating out.
+  `training`: the item mean and count leave each example's own rating out.
   """
   users, items, histories, labels = [], [], [], []
   dense = {name: [] for name in movielens.RATING_STATISTICS_FEATURES}
