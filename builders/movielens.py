@@ -7,6 +7,18 @@ feature goes through the sparse core: user_id and item_id have their own
 tables, gender and occupation share one, genres and title tokens are
 multi-valued (ragged) and mean-combined.
 
+Features computed from the training ratings only (mxrec_pipeline.data.movielens
+documents them and why no validation rating reaches them):
+  context:  history_item_ids (the user's training movies; own table
+            "history_item") and history_genres (their genres; the "genre"
+            table of the movies' genres), both `combiner`-pooled lookups
+            through the sparse core (`model.user_history`);
+  examples: item_mean_rating (leave-one-out on training lists),
+            item_rating_count and neighbor_rating_deviation (user-based
+            collaborative filtering), dense (`model.rating_statistics`).
+The first is the baseline's own signal: the model gets what the baseline
+ranks by.
+
 The scorer (`MovieLensScorer`) adds two terms per movie: a DNN over every
 feature of the (user, movie) pair, and the dot product of the user_id and
 item_id embeddings, the matrix-factorization term of collaborative filtering
@@ -36,6 +48,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import pathlib
+from typing import Sequence
 
 import tensorflow as tf
 import tensorflow_ranking as tfr
@@ -55,12 +68,17 @@ CONTEXT_SPEC = {
     "gender": _F([1], tf.string, default_value=""),
     "occupation": _F([1], tf.string, default_value=""),
     "zip": _F([1], tf.string, default_value=""),
+    "history_item_ids": tf.io.RaggedFeature(tf.int64),
+    "history_genres": tf.io.RaggedFeature(tf.string),
 }
 EXAMPLE_SPEC = {
     "item_id": _F([1], tf.int64, default_value=0),
     "year": _F([1], tf.int64, default_value=0),
     "genres": tf.io.RaggedFeature(tf.string),
     "title_tokens": tf.io.RaggedFeature(tf.string),
+    "item_mean_rating": _F([1], tf.float32, default_value=0.0),
+    "item_rating_count": _F([1], tf.int64, default_value=0),
+    "neighbor_rating_deviation": _F([1], tf.float32, default_value=0.0),
 }
 LABEL_SPEC = ("rating", _F([1], tf.float32, default_value=-1.0))
 LIKED_RATING = 4.0
@@ -71,6 +89,9 @@ USER_FEATURE, ITEM_FEATURE = "user_id", "item_id"
 PREPROCESS_SPEC = {
     "age": lambda t: tf.cast(t, tf.float32) / 100.0,
     "year": lambda t: (tf.cast(t, tf.float32) - 1900.0) / 100.0,
+    "item_mean_rating": lambda t: (t - 3.0) / 2.0,
+    "item_rating_count": lambda t: tf.math.log1p(tf.cast(t, tf.float32)) / 6.0,
+    "neighbor_rating_deviation": lambda t: t / 2.0,
 }
 
 
@@ -106,8 +127,11 @@ class MovieLensPaths(DataPaths):
 class MovieLensScorer(tfr.keras.model.UnivariateScorer):
   """DNN over all features plus the user . item dot product, per movie.
 
-  `logit = dnn(concat(features)) + <e_user, e_item>`, with the L2 penalty of
-  `id_l2` on e_user and e_item (see the module docstring). Used by both the
+  `logit = dnn(concat(features)) + w . concat(linear_features) + <e_user, e_item>`,
+  with the L2 penalty of `id_l2` on e_user and e_item (see the module
+  docstring). The linear term is the wide part of Wide & Deep (Cheng et al.,
+  "Wide & Deep Learning for Recommender Systems", DLRS 2016) over the rating
+  statistics: the DNN alone was slow to rank by them. Used by both the
   sparse-core ranker and its dense twin (builders/movielens_dense.py).
 
   Args:
@@ -116,16 +140,19 @@ class MovieLensScorer(tfr.keras.model.UnivariateScorer):
       have the same dim.
     id_l2: L2 penalty weight on the user and item embeddings, >= 0.
     user_feature, item_feature: Names of the two id features.
+    linear_features: Dense features, [batch_size, list_size, 1] float32 each
+      after preprocessing, also added to the logit linearly; () for none.
   """
 
   def __init__(self, hidden_layer_dims, dropout: float = 0.0, use_batch_norm: bool = False,
                dot_product: bool = True, id_l2: float = 0.0, user_feature: str = USER_FEATURE,
-               item_feature: str = ITEM_FEATURE):
+               item_feature: str = ITEM_FEATURE, linear_features: Sequence[str] = ()):
     self._dnn_kwargs = dict(hidden_layer_dims=list(hidden_layer_dims), output_units=1,
                             dropout=dropout, use_batch_norm=use_batch_norm)
     self._dot_product = dot_product
     self._id_l2 = id_l2
     self._ids = (user_feature, item_feature)
+    self._linear_features = tuple(linear_features)
 
   def _score_flattened(self, context_features, example_features):
     """[batch_size * list_size, 1] logits; see `tfr.keras.model.UnivariateScorer`."""
@@ -136,6 +163,12 @@ class MovieLensScorer(tfr.keras.model.UnivariateScorer):
                                                                 name=f"{name}_l2")(features[name])
     flat = [tf.keras.layers.Flatten()(features[name]) for name in sorted(features)]
     logits = tfr.keras.layers.create_tower(**self._dnn_kwargs)(tf.keras.layers.Concatenate()(flat))
+    linear = [tf.keras.layers.Flatten()(features[name]) for name in self._linear_features]
+    if linear:
+      # The wide part: one weight per statistic, summed into the logit.
+      wide = tf.keras.layers.Concatenate()(linear) if len(linear) > 1 else linear[0]
+      logits = tf.keras.layers.Add()(
+          [logits, tf.keras.layers.Dense(1, use_bias=False, name="linear")(wide)])
     if self._dot_product:
       user, item = self._ids
       logits = tf.keras.layers.Add()(
@@ -145,9 +178,10 @@ class MovieLensScorer(tfr.keras.model.UnivariateScorer):
 
 def build_scorer(model: MovieLensModelConfig) -> MovieLensScorer:
   """The scorer of a model config (shared by the sparse and dense builders)."""
+  linear = movielens.RATING_STATISTICS_FEATURES if getattr(model, "rating_statistics", True) else ()
   return MovieLensScorer(model.hidden_layer_dims, dropout=model.dropout,
                          use_batch_norm=model.use_batch_norm, dot_product=model.dot_product,
-                         id_l2=model.id_l2)
+                         id_l2=model.id_l2, linear_features=linear)
 
 
 class RelevanceDatasetBuilder(pipeline_lib.SimpleDatasetBuilder):
@@ -180,8 +214,10 @@ class MovieLensListwise(RankerBuilder):
     data_dir = pathlib.Path(data.data_dir) if data.data_dir else fetch_lib.fetch("movielens_100k")
     checks = "" if (data.rating_range, data.on_bad_record) == ([1.0, 5.0], "error") else (
         f"_r{data.rating_range[0]:g}-{data.rating_range[1]:g}_{data.on_bad_record}")
+    # The history and neighbor sizes name the features' version too.
+    features = f"_h{movielens.HISTORY_SIZE}_n{movielens.NUM_NEIGHBORS}"
     out = pathlib.Path(data.elwc_dir) if data.elwc_dir else data_dir / (
-        f"elwc_v{data.valid_fraction}_l{data.max_list_size}{checks}")
+        f"elwc_v{data.valid_fraction}_l{data.max_list_size}{checks}{features}")
     train, valid = out / "train.tfrecord", out / "valid.tfrecord"
     report = out / "bad_records.json"
     if not (train.exists() and valid.exists()):
@@ -196,6 +232,18 @@ class MovieLensListwise(RankerBuilder):
   def feature_specs(self):
     return dict(CONTEXT_SPEC), dict(EXAMPLE_SPEC), LABEL_SPEC
 
+  def model_feature_specs(self, model) -> tuple[dict, dict]:
+    """(context, example) specs of the features `model` uses (`user_history`, `rating_statistics`).
+
+    Model configs without the two switches (e.g. movielens_dcn's) use every feature.
+    """
+    context, example, _ = self.feature_specs()
+    if not getattr(model, "user_history", True):
+      context = {k: v for k, v in context.items() if k not in movielens.HISTORY_FEATURES}
+    if not getattr(model, "rating_statistics", True):
+      example = {k: v for k, v in example.items() if k not in movielens.RATING_STATISTICS_FEATURES}
+    return context, example
+
   def sparse_features(self, model: MovieLensModelConfig):
     rows = model.device_vocabulary_size
     features = [
@@ -207,6 +255,11 @@ class MovieLensListwise(RankerBuilder):
         SparseFeature("genres", "genre", combiner=model.combiner),
         SparseFeature("title_tokens", "title_token", combiner=model.combiner),
     ]
+    if getattr(model, "user_history", True):
+      features += [
+          SparseFeature("history_item_ids", "history_item", combiner=model.combiner),
+          SparseFeature("history_genres", "genre", combiner=model.combiner),
+      ]
     # Model configs without tier fields (e.g. movielens_dcn's) keep flat tables.
     id_tiers = dict(host_vocabulary_size=getattr(model, "host_vocabulary_size", 0),
                     ssd_vocabulary_size=getattr(model, "ssd_vocabulary_size", 0),
@@ -224,12 +277,14 @@ class MovieLensListwise(RankerBuilder):
         TableSpec("title_token", model.attribute_dim, rows, key_dtype="string",
                   initializer=initializer),
     ]
+    if getattr(model, "user_history", True):
+      tables.append(TableSpec("history_item", model.id_dim, rows, initializer=initializer))
     return features, tables
 
   def build_model_builder(self, model: MovieLensModelConfig, seed):
     features, tables = self.sparse_features(model)
     return model_lib.ModelBuilder(
-        input_creator=model_lib.FeatureSpecInputCreator(CONTEXT_SPEC, EXAMPLE_SPEC),
+        input_creator=model_lib.FeatureSpecInputCreator(*self.model_feature_specs(model)),
         preprocessor=dict(PREPROCESS_SPEC), scorer=build_scorer(model),
         mask_feature_name=MASK_FEATURE, sparse_features=features, tables=tables, seed=seed,
         name="movielens_listwise")

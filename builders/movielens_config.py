@@ -75,6 +75,12 @@ class MovieLensModelConfig:
       `id_l2 * ||e||^2` averaged over the batch's (padded) examples, >= 0.
     table_initializer: Initial rows of every table: "truncated_normal" (the
       default) or "zeros" (TableSpec.initializer).
+    user_history: Use the user's training movies and their genres
+      (history_item_ids -> table "history_item", history_genres -> table
+      "genre", both `combiner`-pooled; mxrec_pipeline/data/movielens.py).
+    rating_statistics: Use each movie's leave-one-out mean training rating,
+      its rating count and the user's neighbors' rating deviation (dense
+      example features; mxrec_pipeline/data/movielens.py).
   """
 
   hidden_layer_dims: list[int] = dataclasses.field(default_factory=lambda: [64, 32])
@@ -92,6 +98,8 @@ class MovieLensModelConfig:
   dot_product: bool = True
   id_l2: float = 4.0
   table_initializer: str = "truncated_normal"
+  user_history: bool = True
+  rating_statistics: bool = True
 
   def __post_init__(self):
     if not 0.0 <= self.dropout < 1.0:

@@ -149,8 +149,8 @@ class DenseModelBuilder(tfr.keras.model.ModelBuilder):
     spec = {f.name: embed(f) for f in features}
     spec.update(movielens.PREPROCESS_SPEC)
     super().__init__(
-        input_creator=tfr.keras.model.FeatureSpecInputCreator(movielens.CONTEXT_SPEC,
-                                                              movielens.EXAMPLE_SPEC),
+        input_creator=tfr.keras.model.FeatureSpecInputCreator(
+            *movielens.MovieLensListwise().model_feature_specs(model)),
         preprocessor=tfr.keras.model.PreprocessorWithSpec(spec),
         scorer=movielens.build_scorer(model), mask_feature_name=MASK_FEATURE,
         name="movielens_listwise_dense")

@@ -29,6 +29,32 @@ ELWC features (all per the names below):
               each end, empty ones dropped), year int64 (0 if missing),
               timestamp int64 (Unix seconds), rating float (the label, 1-5)
 
+Features computed from the training split only (`training_features`), so
+nothing of a validation rating reaches any feature:
+    context:  history_item_ids [num_ids] int64: the user's training movies,
+              the latest `history_size` of them in time order; the ids only,
+              no rating (the implicit feedback N(u) of Koren's SVD++, "Factor
+              Meets the Neighborhood", KDD 2008). Every training rating of a
+              user is no later than the user's validation ratings, so a
+              validation list's history is earlier than the list.
+              history_genres [num_genres] bytes: the genres of those movies,
+              one entry per (movie, genre).
+    examples: item_mean_rating float: the movie's mean training rating by
+              the other users (leave-one-out: a training example's own rating
+              is left out, as a validation rating never is in), the global
+              training mean for a movie no other user rated in training;
+              item_rating_count int64: how many other users rated it in
+              training. The item-mean baseline's signal, given to the model.
+              neighbor_rating_deviation float: user-based collaborative
+              filtering (Herlocker et al., "An Algorithmic Framework for
+              Performing Collaborative Filtering", SIGIR 1999): the
+              similarity-weighted mean of `rating - that user's mean` over the
+              user's `num_neighbors` nearest users who rated the movie in
+              training, shrunk towards 0. Similarity is the Jaccard index of
+              the two users' sets of training movies (ids only, no rating),
+              and only other users' ratings enter, so no example's own rating
+              does.
+
 Every rating is checked once, while reading (`mxrec_pipeline.data.validation`):
 integer ids, a finite timestamp, a finite rating in `rating_range` (1-5). A bad
 row raises `BadRecordError` naming `ml-100k.inter:line`, the feature and its
@@ -42,6 +68,8 @@ import pathlib
 import string
 from typing import Mapping, Sequence
 
+import numpy as np
+
 from mxrec_pipeline.data import elwc
 from mxrec_pipeline.data import validation
 
@@ -53,7 +81,15 @@ ITEM_FILE = "ml-100k.item"
 
 CONTEXT_FEATURES = ("user_id", "age", "gender", "occupation", "zip")
 EXAMPLE_FEATURES = ("item_id", "genres", "title_tokens", "year", "timestamp")
+HISTORY_FEATURES = ("history_item_ids", "history_genres")
+RATING_STATISTICS_FEATURES = ("item_mean_rating", "item_rating_count", "neighbor_rating_deviation")
 LABEL_FEATURE = "rating"
+# Default `history_size`: the latest training movies of a user in its history.
+HISTORY_SIZE = 100
+# Defaults of `training_features`: nearest users per user, and the shrinkage
+# of their mean deviation (in units of their mean similarity).
+NUM_NEIGHBORS = 100
+NEIGHBOR_SHRINKAGE = 5.0
 
 # Placeholders the real ml-100k.item uses for unknown values ("unkonwn" [sic]
 # for item 267's title and year); item 1412 has release_year "V".
@@ -298,10 +334,167 @@ def split_by_time(
   return train, valid
 
 
+@dataclasses.dataclass(frozen=True)
+class TrainingFeatures:
+  """What the training split tells about items and users (`training_features`).
+
+  Attributes:
+    item_totals: item_id -> (sum of its training ratings, their count).
+    global_mean: Mean of all training ratings.
+    histories: user_id -> the user's latest `history_size` training
+      item_ids, in time order.
+    ratings: user_id -> {item_id: training rating}.
+    user_means: user_id -> mean training rating.
+    neighbors: user_id -> [(other user_id, Jaccard similarity > 0)], the
+      most similar first (ties: lower user_id first).
+    shrinkage: Weight of the prior 0 in `neighbor_rating_deviation`.
+  """
+
+  item_totals: Mapping[int, tuple[float, int]]
+  global_mean: float
+  histories: Mapping[int, list[int]]
+  ratings: Mapping[int, Mapping[int, float]] = dataclasses.field(default_factory=dict)
+  user_means: Mapping[int, float] = dataclasses.field(default_factory=dict)
+  neighbors: Mapping[int, list[tuple[int, float]]] = dataclasses.field(default_factory=dict)
+  shrinkage: float = NEIGHBOR_SHRINKAGE
+
+  def example_features(self, user_id: int, item_id: int,
+                       own_rating: float | None = None) -> dict[str, object]:
+    """The RATING_STATISTICS_FEATURES of one (user, movie) example.
+
+    Args:
+      user_id, item_id: The example.
+      own_rating: Its rating when it is a training example (see
+        `item_statistics`); None for a validation example.
+
+    Returns:
+      `item_statistics(item_id, own_rating)` plus
+      `{"neighbor_rating_deviation": neighbor_rating_deviation(user_id, item_id)}`.
+    """
+    features = self.item_statistics(item_id, own_rating)
+    features["neighbor_rating_deviation"] = self.neighbor_rating_deviation(user_id, item_id)
+    return features
+
+  def neighbor_rating_deviation(self, user_id: int, item_id: int) -> float:
+    """How the user's neighbors rated the movie against their own means.
+
+    `sum_v w_v (r_v - mean_v) / (sum_v w_v + shrinkage * mean_v w_v)` over
+    the neighbors v of the user that rated the movie in training (w_v their
+    Jaccard similarity, mean_v their mean training rating; the last mean is
+    over all the user's neighbors); 0.0 when none did. The user's own rating
+    never enters.
+    """
+    neighbors = self.neighbors.get(user_id, [])
+    num = den = 0.0
+    for other, weight in neighbors:
+      rating = self.ratings[other].get(item_id)
+      if rating is not None:
+        num += weight * (rating - self.user_means[other])
+        den += weight
+    if not den:
+      return 0.0
+    return num / (den + self.shrinkage * sum(w for _, w in neighbors) / len(neighbors))
+
+  def item_statistics(self, item_id: int, own_rating: float | None = None) -> dict[str, object]:
+    """`{"item_mean_rating": float, "item_rating_count": int}` of a movie.
+
+    Args:
+      item_id: The movie.
+      own_rating: The example's own rating when it is a training rating:
+        left out of the mean and the count (leave-one-out); None for a
+        validation example (its rating is in no training total).
+
+    Returns:
+      The mean and count of the movie's other training ratings; the mean is
+      `global_mean` when there is none.
+    """
+    total, count = self.item_totals.get(item_id, (0.0, 0))
+    if own_rating is not None:
+      total, count = total - own_rating, count - 1
+    mean = total / count if count else self.global_mean
+    return {"item_mean_rating": mean, "item_rating_count": count}
+
+  def history(self, user_id: int, items: Mapping[int, dict[str, object]]) -> dict[str, list]:
+    """`{"history_item_ids": [int], "history_genres": [bytes]}` of a user.
+
+    Args:
+      user_id: The user (no training rating: empty lists).
+      items: `read_items` output, for the movies' genres.
+    """
+    ids = self.histories.get(user_id, [])
+    return {
+        "history_item_ids": list(ids),
+        "history_genres": [genre for item in ids for genre in items[item]["genres"]]
+    }
+
+
+def training_features(train: Mapping[int, Sequence[Rating]], history_size: int = HISTORY_SIZE,
+                      num_neighbors: int = NUM_NEIGHBORS,
+                      shrinkage: float = NEIGHBOR_SHRINKAGE) -> TrainingFeatures:
+  """Item rating totals, user histories and user neighbors of the training split.
+
+  Args:
+    train: `split_by_time`'s training split, {user_id: time-ordered ratings}.
+    history_size: Keep each user's latest this many training movies, >= 1.
+    num_neighbors: Nearest users kept per user, >= 1 (Jaccard similarity of
+      the sets of training movies; users sharing no movie are no neighbors).
+      Needs a [num_users, num_users] float64 matrix: fine for ml-100k's 943
+      users, not meant for millions.
+    shrinkage: See `TrainingFeatures.neighbor_rating_deviation`, >= 0.
+
+  Returns:
+    The `TrainingFeatures`; nothing in it depends on a validation rating.
+
+  Raises:
+    ValueError: `history_size` or `num_neighbors` < 1, `shrinkage` < 0, or
+      an empty split.
+  """
+  if history_size < 1:
+    raise ValueError(f"`history_size` must be positive, got {history_size}")
+  if num_neighbors < 1:
+    raise ValueError(f"`num_neighbors` must be positive, got {num_neighbors}")
+  if not shrinkage >= 0:
+    raise ValueError(f"`shrinkage` must be >= 0, got {shrinkage}")
+  totals: dict[int, tuple[float, int]] = {}
+  for ratings in train.values():
+    for r in ratings:
+      total, count = totals.get(r.item_id, (0.0, 0))
+      totals[r.item_id] = (total + r.rating, count + 1)
+  num_ratings = sum(count for _, count in totals.values())
+  if not num_ratings:
+    raise ValueError("training_features: the training split has no rating")
+  global_mean = sum(total for total, _ in totals.values()) / num_ratings
+  histories = {user: [r.item_id for r in rs[-history_size:]] for user, rs in train.items()}
+  ratings = {user: {r.item_id: r.rating for r in rs} for user, rs in train.items() if rs}
+  user_means = {user: sum(rs.values()) / len(rs) for user, rs in ratings.items()}
+  return TrainingFeatures(totals, global_mean, histories, ratings, user_means,
+                          _jaccard_neighbors(ratings, num_neighbors), shrinkage)
+
+
+def _jaccard_neighbors(ratings: Mapping[int, Mapping[int, float]],
+                       num_neighbors: int) -> dict[int, list[tuple[int, float]]]:
+  """user -> its `num_neighbors` most similar other users by Jaccard index of their movie sets."""
+  users = sorted(ratings)
+  column = {item: k for k, item in enumerate(sorted({i for rs in ratings.values() for i in rs}))}
+  rated = np.zeros((len(users), len(column)))
+  for row, user in enumerate(users):
+    rated[row, [column[item] for item in ratings[user]]] = 1.0
+  shared = rated @ rated.T
+  sizes = rated.sum(axis=1)
+  similarity = shared / (sizes[:, None] + sizes[None, :] - shared)
+  np.fill_diagonal(similarity, 0.0)
+  out = {}
+  for row, user in enumerate(users):
+    nearest = np.argsort(-similarity[row], kind="stable")[:num_neighbors]
+    out[user] = [(users[k], float(similarity[row, k])) for k in nearest if similarity[row, k] > 0]
+  return out
+
+
 def build_movielens_elwc(data_dir: PathLike, out_dir: PathLike, valid_fraction: float = 0.2,
                          max_list_size: int | None = None,
-                         rating_range: tuple[float, float] = RATING_RANGE,
-                         on_bad_record: str = "error") -> MovieLensElwc:
+                         rating_range: tuple[float,
+                                             float] = RATING_RANGE, on_bad_record: str = "error",
+                         history_size: int = HISTORY_SIZE) -> MovieLensElwc:
   """Writes `train.tfrecord` and `valid.tfrecord` (ELWC) for ml-100k.
 
   One list per user and split (see the module docstring for the features
@@ -317,13 +510,15 @@ def build_movielens_elwc(data_dir: PathLike, out_dir: PathLike, valid_fraction: 
       user's context, so no rating is dropped.
     rating_range, on_bad_record: the allowed ratings and what a bad row of
       `ml-100k.inter` does (`read_ratings`, `validation.ON_BAD_RECORD`).
+    history_size: Training movies per user in `history_item_ids`
+      (`training_features`).
 
   Returns:
     A `MovieLensElwc` with the paths, the list and rating counts and the
     skipped rows.
 
   Raises:
-    ValueError: bad `valid_fraction` or `max_list_size`, malformed files,
+    ValueError: bad `valid_fraction`, `max_list_size` or `history_size`, malformed files,
       a rating of a user or item the other files do not have, a bad rating
       row (`read_ratings`), or no validation list (no user with 2 ratings).
   """
@@ -337,10 +532,11 @@ def build_movielens_elwc(data_dir: PathLike, out_dir: PathLike, valid_fraction: 
     raise validation.BadRecordError(f"{data_dir / INTER_FILE}: no validation list: every user has "
                                     "fewer than 2 ratings")
   out_dir.mkdir(parents=True, exist_ok=True)
+  features = training_features(train, history_size)
   counts = []
   for name, split in (("train", train), ("valid", valid)):
     path = out_dir / f"{name}.tfrecord"
-    lists = _user_lists(split, users, items, max_list_size)
+    lists = _user_lists(split, users, items, max_list_size, features, training=name == "train")
     num_lists = elwc.write_elwc_tfrecord(path, lists)
     counts.append((path, num_lists, sum(map(len, split.values()))))
   (train_path, n_train, r_train), (valid_path, n_valid, r_valid) = counts
@@ -349,8 +545,9 @@ def build_movielens_elwc(data_dir: PathLike, out_dir: PathLike, valid_fraction: 
 
 
 def _user_lists(split: Mapping[int, list[Rating]], users: Mapping[int, dict[str, object]],
-                items: Mapping[int, dict[str, object]], max_list_size: int | None):
-  """Yields the ELWCs of one split, user by user."""
+                items: Mapping[int, dict[str, object]], max_list_size: int | None,
+                features: TrainingFeatures, training: bool):
+  """Yields the ELWCs of one split, user by user; `training`: leave-one-out item statistics."""
   for user_id, ratings in split.items():
     if user_id not in users:
       raise ValueError(f"user {user_id} has ratings but is not in "
@@ -360,10 +557,16 @@ def _user_lists(split: Mapping[int, list[Rating]], users: Mapping[int, dict[str,
       if r.item_id not in items:
         raise ValueError(f"item {r.item_id} is rated by user "
                          f"{user_id} but is not in {ITEM_FILE}")
-      examples.append({**items[r.item_id], "timestamp": r.timestamp_s, LABEL_FEATURE: r.rating})
+      examples.append({
+          **items[r.item_id],
+          **features.example_features(user_id, r.item_id, r.rating if training else None),
+          "timestamp": r.timestamp_s,
+          LABEL_FEATURE: r.rating,
+      })
+    context = {**users[user_id], **features.history(user_id, items)}
     size = max_list_size or len(examples)
     for start in range(0, len(examples), size):
-      yield elwc.make_elwc(users[user_id], examples[start:start + size])
+      yield elwc.make_elwc(context, examples[start:start + size])
 
 
 def _require_columns(path: pathlib.Path, rows: list[dict[str, str]],

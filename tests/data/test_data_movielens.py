@@ -208,3 +208,127 @@ def test_rating_range_is_a_parameter(tmp_path):
 def test_no_lists_is_an_error(tmp_path, inter, match):
   with pytest.raises(validation.BadRecordError, match=match):
     movielens.build_movielens_elwc(_write_dir(tmp_path, inter=inter), tmp_path / "out")
+
+
+# Training ratings of _INTER by item (user 1's item 12 and user 2's 18, 19 validate):
+#   10: 4 (u1), 1 (u2)   11: 3, 2   12: 3 (u2), 2 (u3)   13: 1, 4   14: 2, 5
+#   15: 1 (u2)   16: 2 (u2)   17: 3 (u2)   -> 13 ratings summing to 33.
+_GLOBAL_MEAN = 33 / 13
+
+
+def _lists(path):
+  """[(context features, [example features])] of a file, as Python values."""
+
+  def values(feature):
+    kind = feature.WhichOneof("kind")
+    return list(getattr(feature, kind).value) if kind else []
+
+  return [({k: values(v) for k, v in p.context.features.feature.items()},
+           [{k: values(v) for k, v in e.features.feature.items()} for e in p.examples])
+          for p in elwc.read_elwc_tfrecord(path)]
+
+
+def test_training_features_by_hand():
+  train, _ = movielens.split_by_time([movielens.Rating(*row) for row in _INTER])
+  features = movielens.training_features(train, history_size=2)
+  assert features.item_totals[14] == (7.0, 2)
+  assert features.item_totals[17] == (3.0, 1)
+  assert 18 not in features.item_totals and 19 not in features.item_totals
+  assert features.global_mean == pytest.approx(_GLOBAL_MEAN)
+  # Latest 2 training movies in time order; user 2's 16 and 17 tie at t=160 (item order).
+  assert features.histories == {1: [10, 14], 2: [16, 17], 3: [12]}
+  # A validation example: the mean of every training rating of the movie.
+  assert features.item_statistics(12) == {"item_mean_rating": 2.5, "item_rating_count": 2}
+  # A training example: its own rating left out (user 1 gave 10 a 4, user 2 a 1).
+  assert features.item_statistics(
+      10, own_rating=4.0) == {"item_mean_rating": 1.0, "item_rating_count": 1}
+  # No other rating: the global training mean.
+  assert features.item_statistics(
+      15, own_rating=1.0) == {"item_mean_rating": _GLOBAL_MEAN, "item_rating_count": 0}
+  assert features.item_statistics(18) == {"item_mean_rating": _GLOBAL_MEAN, "item_rating_count": 0}
+
+
+def test_neighbors_by_hand():
+  train, _ = movielens.split_by_time([movielens.Rating(*row) for row in _INTER])
+  features = movielens.training_features(train)
+  # Training movie sets: user 1 {10, 11, 13, 14}, user 2 {10, ..., 17}, user 3 {12}.
+  # Jaccard: (1, 2) 4 / 8, (2, 3) 1 / 8, (1, 3) 0 (no neighbor).
+  assert features.neighbors == {1: [(2, 0.5)], 2: [(1, 0.5), (3, 0.125)], 3: [(2, 0.125)]}
+  assert features.user_means == {1: 2.5, 2: 2.625, 3: 2.0}
+  # User 1, movie 12 (validation): user 2 gave it 3, 0.375 above its mean;
+  # 0.5 * 0.375 / (0.5 + 5 * 0.5).
+  assert features.neighbor_rating_deviation(1, 12) == pytest.approx(0.0625)
+  # User 1, movie 11 (training): user 2 gave it 2: 0.5 * -0.625 / 3.
+  assert features.neighbor_rating_deviation(1, 11) == pytest.approx(-0.3125 / 3)
+  # User 2, movie 10: only user 1 rated it (4, 1.5 above its mean); the shrinkage
+  # uses the mean similarity of both neighbors, (0.5 + 0.125) / 2.
+  assert features.neighbor_rating_deviation(2, 10) == pytest.approx(0.75 / (0.5 + 5 * 0.3125))
+  # No neighbor rated it, or no neighbor at all: 0.
+  assert features.neighbor_rating_deviation(2, 18) == 0.0
+  assert features.neighbor_rating_deviation(4, 10) == 0.0
+  unshrunk = movielens.training_features(train, shrinkage=0.0, num_neighbors=1)
+  assert unshrunk.neighbors[2] == [(1, 0.5)]
+  assert unshrunk.neighbor_rating_deviation(2, 10) == pytest.approx(1.5)
+  assert features.example_features(1, 12) == {
+      "item_mean_rating": 2.5, "item_rating_count": 2,
+      "neighbor_rating_deviation": pytest.approx(0.0625)
+  }
+
+
+def test_training_features_errors():
+  with pytest.raises(ValueError, match="`history_size` must be positive, got 0"):
+    movielens.training_features({}, history_size=0)
+  with pytest.raises(ValueError, match="`num_neighbors` must be positive, got 0"):
+    movielens.training_features({}, num_neighbors=0)
+  with pytest.raises(ValueError, match="`shrinkage` must be >= 0, got -1"):
+    movielens.training_features({}, shrinkage=-1.0)
+  with pytest.raises(ValueError, match="the training split has no rating"):
+    movielens.training_features({})
+
+
+def test_history_and_item_statistics_in_the_lists(tmp_path):
+  result = movielens.build_movielens_elwc(_write_dir(tmp_path), tmp_path / "out")
+  train, valid = _lists(result.train_path), _lists(result.valid_path)
+  # User 1 trains on 11, 13, 10, 14 (time order) and validates on 12.
+  (context, examples), = [lst for lst in train if lst[0]["user_id"] == [1]]
+  assert context["history_item_ids"] == [11, 13, 10, 14]
+  assert context["history_genres"] == [
+      b"Drama", b"Musical", b"Drama", b"Animation", b"Children's", b"Comedy", b"Drama"
+  ]
+  # Leave-one-out: item 11's other training rating is user 2's 2; 13's is 4; 10's 1; 14's 5.
+  assert [(e["item_id"], e["item_mean_rating"], e["item_rating_count"]) for e in examples
+         ] == [([11], [2.0], [1]), ([13], [4.0], [1]), ([10], [1.0], [1]), ([14], [5.0], [1])]
+  (context, examples), = [lst for lst in valid if lst[0]["user_id"] == [1]]
+  assert context["history_item_ids"] == [11, 13, 10, 14]
+  assert [(e["item_id"], e["item_mean_rating"], e["item_rating_count"]) for e in examples
+         ] == [([12], [2.5], [2])]
+  assert examples[0]["neighbor_rating_deviation"] == [0.0625]  # see test_neighbors_by_hand
+  (context, examples), = [lst for lst in valid if lst[0]["user_id"] == [2]]
+  assert context["history_item_ids"] == list(range(10, 18))
+  assert [e["item_rating_count"] for e in examples] == [[0], [0]]
+  assert [e["item_mean_rating"] for e in examples] == [[pytest.approx(_GLOBAL_MEAN)]] * 2
+  # Nobody else rated 18 and 19.
+  assert [e["neighbor_rating_deviation"] for e in examples] == [[0.0], [0.0]]
+
+
+def test_no_validation_rating_reaches_a_feature(tmp_path):
+  """Changing every validation rating changes the labels of the lists and nothing else."""
+  clean = movielens.build_movielens_elwc(_write_dir(tmp_path), tmp_path / "out")
+  valid_rows = {(u, i) for u, rows in _decode(clean.valid_path) for i, _, _ in rows}
+  assert valid_rows == {(1, 12), (2, 18), (2, 19)}
+  flipped = [(u, i, 6.0 - r if (u, i) in valid_rows else r, t) for u, i, r, t in _INTER]
+  (tmp_path / "flipped").mkdir()
+  result = movielens.build_movielens_elwc(_write_dir(tmp_path / "flipped", inter=flipped),
+                                          tmp_path / "flipped_out")
+
+  def without_labels(path):
+    return [(context, [{k: v for k, v in e.items() if k != "rating"} for e in examples])
+            for context, examples in _lists(path)]
+
+  for split in ("train_path", "valid_path"):
+    assert without_labels(getattr(result, split)) == without_labels(getattr(clean, split))
+  assert [e["rating"] for _, examples in _lists(result.valid_path) for e in examples
+         ] != [e["rating"] for _, examples in _lists(clean.valid_path) for e in examples]
+  # And no validation movie is in its user's history.
+  for context, examples in _lists(clean.valid_path):
+    assert not {e["item_id"][0] for e in examples} & set(context["history_item_ids"])
