@@ -1,12 +1,13 @@
 """YAML job configs, validated into dataclasses before anything runs.
 
-A job config has five sections:
+A job config has five sections, and an optional sixth:
 
   builder: movielens_listwise     # a name in builders.REGISTRY
   data: {...}                     # the builder's DataConfig
   model: {...}                    # the builder's ModelConfig
   dataset: {...}                  # builders.DatasetConfig (batching)
   pipeline: {...}                 # mxrec_pipeline.keras.pipeline.PipelineHparams
+  metrics: {...}                  # mxrec_pipeline.hparams.MetricsConfig (optional)
 
 Unknown keys, values of the wrong type and missing required values raise
 ConfigError naming the dotted key (e.g. `pipeline.learning_rate`), as do the
@@ -25,11 +26,11 @@ from typing import Any
 
 import builders
 from builders.base_config import DatasetConfig
-from mxrec_pipeline.hparams import PipelineHparams
+from mxrec_pipeline.hparams import MetricsConfig, PipelineHparams
 from mxrec_pipeline.util import config_parsing
 from mxrec_pipeline.util import yaml_io
 
-SECTIONS = ("builder", "data", "model", "dataset", "pipeline")
+SECTIONS = ("builder", "data", "model", "dataset", "pipeline", "metrics")
 
 
 class ConfigError(ValueError):
@@ -46,6 +47,8 @@ class JobConfig:
     model: The ranker's ModelConfig.
     dataset: Batching.
     pipeline: Pipeline hyperparameters.
+    metrics: How the validation metrics count queries without a relevant
+      document.
   """
 
   builder: str
@@ -53,10 +56,11 @@ class JobConfig:
   model: Any
   dataset: DatasetConfig
   pipeline: PipelineHparams
+  metrics: MetricsConfig = dataclasses.field(default_factory=MetricsConfig)
 
   def to_dict(self) -> dict:
     """Plain dict of the config, loadable again by `from_dict`."""
-    sections = ("data", "model", "dataset", "pipeline")
+    sections = ("data", "model", "dataset", "pipeline", "metrics")
     return {
         "builder": self.builder,
         **{name: dataclasses.asdict(getattr(self, name)) for name in sections}
@@ -102,7 +106,9 @@ def from_dict(raw: dict) -> JobConfig:
                                          raw.get("model") or {}, "model"),
                    dataset=build_dataclass(DatasetConfig,
                                            raw.get("dataset") or {}, "dataset"),
-                   pipeline=build_dataclass(PipelineHparams, raw["pipeline"] or {}, "pipeline"))
+                   pipeline=build_dataclass(PipelineHparams, raw["pipeline"] or {}, "pipeline"),
+                   metrics=build_dataclass(MetricsConfig,
+                                           raw.get("metrics") or {}, "metrics"))
 
 
 def build_dataclass(cls, values: dict, where: str):
