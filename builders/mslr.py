@@ -15,11 +15,10 @@ their width and longest list (`letor.scan_letor`), converted once to ELWC with
 `letor.letor_to_elwc`, both cached under names keyed by the source file's
 path, size and mtime. Validation keeps whole lists: its list size is the
 longest validation list unless `dataset.valid_list_size` says otherwise. By
-default the pinned MSLR-WEB Fold1 5k-line
-subsets (`mxrec-pipeline data fetch mslr_5k`: 43 train / 43 test queries, a
-smoke check rather than a benchmark); point `data.train_path` and
-`data.valid_path` at full MSLR-WEB10K/30K files (Fold1/train.txt and
-vali.txt) for the real thing.
+default the pinned MSLR-WEB Fold1 5k-line subsets (`mxrec-pipeline data fetch
+mslr_5k`: 43 train / 43 test queries, a smoke check rather than a benchmark);
+point `data.train_path` and `data.valid_path` at full MSLR-WEB10K/30K files
+(Fold1/train.txt and vali.txt) for the real thing.
 
 The context holds no feature: "qid" is an arbitrary query number, the same for
 every document of a list, so it cannot help a univariate scorer rank documents

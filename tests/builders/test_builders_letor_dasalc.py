@@ -41,8 +41,7 @@ def test_ensemble_mean_is_the_mean_at_inference_and_one_member_per_list_in_train
 
 
 def test_ensemble_scores_are_the_mean_of_its_members():
-  model = _model(DasalcModelConfig(hidden_layer_dims=[8], attention_head_size=4,
-                                   ensemble_size=3))
+  model = _model(DasalcModelConfig(hidden_layer_dims=[8], attention_head_size=4, ensemble_size=3))
   inputs = _inputs()
   members = tf.keras.Model(model.inputs,
                            [model.get_layer(f"member_{i}_logit").output for i in range(3)])
@@ -62,8 +61,8 @@ def test_noise_only_at_training_and_attention_sees_the_list(combine):
   # Changing another document of the list changes a document's score (attention across the
   # list); a plain DNN's would not change.
   other = dict(inputs)
-  other["custom_features_1"] = tf.tensor_scatter_nd_update(inputs["custom_features_1"],
-                                                           [[1, 4, 0]], [1000.0])
+  other["custom_features_1"] = tf.tensor_scatter_nd_update(inputs["custom_features_1"], [[1, 4, 0]],
+                                                           [1000.0])
   before, after = model(inputs, training=False), model(other, training=False)
   assert not np.allclose(before[1, 0], after[1, 0])
   np.testing.assert_allclose(before[2], after[2], rtol=1e-6)  # Other lists are untouched.
@@ -72,8 +71,7 @@ def test_noise_only_at_training_and_attention_sees_the_list(combine):
 @pytest.mark.slow
 def test_trains_exports_and_serves(tmp_path, capsys):
   train = lib.write_wide_letor(tmp_path / "train.txt", WIDTH, [5, 7, 3, 6], 25, seed=1)
-  valid = lib.write_wide_letor(tmp_path / "vali.txt", WIDTH, [4, 9, 3], 25, seed=2,
-                               first_qid=100)
+  valid = lib.write_wide_letor(tmp_path / "vali.txt", WIDTH, [4, 9, 3], 25, seed=2, first_qid=100)
   overrides = [
       f"data.train_path={train}", f"data.valid_path={valid}", f"data.elwc_dir={tmp_path / 'elwc'}",
       "data.baseline_feature=25", f"pipeline.model_dir={tmp_path / 'run'}",
@@ -84,8 +82,9 @@ def test_trains_exports_and_serves(tmp_path, capsys):
   lib.assert_metrics_file(metrics)
   (valid_elwc,) = [str(p) for p in (tmp_path / "elwc").glob("vali.*.tfrecord")]
   lists = lib.serialized_lists(valid_elwc)
-  served = tf.saved_model.load(str(tmp_path / "run" / "export" / "latest_model")).signatures[
-      "serving_default"](examples=lists)["scores"]
+  served = tf.saved_model.load(
+      str(tmp_path / "run" / "export" /
+          "latest_model")).signatures["serving_default"](examples=lists)["scores"]
   assert served.shape == [3, 9] and np.all(np.isfinite(served))
 
 
