@@ -156,3 +156,12 @@ def test_config_errors_exit_2(tmp_path, capsys):
   assert "metrics.skip_queries_without_relevant" in lib.cli_error(
       capsys, args + ["--set", "metrics.skip_queries_without_relevant=maybe"])
   assert "metrics.other" in lib.cli_error(capsys, args + ["--set", "metrics.other=1"])
+
+
+@pytest.mark.network
+@pytest.mark.slow
+def test_the_real_mslr_5k(tmp_path):
+  ranker = mslr.MslrDnn()
+  paths = ranker.prepare_data(mslr_config.MslrDataConfig(elwc_dir=str(tmp_path / "elwc")))
+  # Validation (the test split) keeps its longest list, 229 documents (not list_size 200).
+  assert (ranker.num_features, paths.valid_list_size) == (136, 229)
