@@ -21,6 +21,9 @@ REGISTRY = RankerRegistry({
     "mslr_dnn": RankerEntry(ranker="builders.mslr:MslrDnn",
                             data_config="builders.mslr_config:MslrDataConfig",
                             model_config="builders.mslr_config:MslrModelConfig"),
+    "letor_dasalc": RankerEntry(ranker="builders.letor_dasalc:LetorDasalc",
+                                data_config="builders.mslr_config:MslrDataConfig",
+                                model_config="builders.letor_dasalc_config:DasalcModelConfig"),
 })
 
 # Imported from builders.base (and so TensorFlow) on first use, by __getattr__.

@@ -27,6 +27,7 @@ from typing import Callable, ClassVar, Mapping
 import tensorflow as tf
 
 from builders.base_config import DatasetConfig
+from mxrec_pipeline.data import elwc
 from mxrec_pipeline.keras import pipeline as pipeline_lib
 from mxrec_pipeline.keras.layers import SparseFeature, TableSpec
 
@@ -43,11 +44,15 @@ class DataPaths:
     bad_records: Per split ("train", "valid"), what converting its source
       skipped (`mxrec_pipeline.data.validation.BadRecords.report()`); empty
       for data that was not converted. Logged and written to metrics.json.
+    valid_list_size: Examples of the longest validation list, when the
+      builder knows it (e.g. from converting the data); None:
+      `build_dataset_builder` reads the validation files to find it.
   """
 
   train: str
   valid: str
   bad_records: Mapping[str, dict] = dataclasses.field(default_factory=dict, compare=False)
+  valid_list_size: int | None = None
 
 
 class RankerBuilder(abc.ABC):
@@ -83,14 +88,21 @@ class RankerBuilder(abc.ABC):
     """A simple scorer (raw features -> [batch_size, list_size] scores)."""
 
   def build_dataset_builder(self, paths: DataPaths, dataset: DatasetConfig, model):
-    """A SimpleDatasetBuilder over the task's ELWC files and sparse features."""
+    """A SimpleDatasetBuilder over the task's ELWC files and sparse features.
+
+    Validation keeps whole lists: its list size is `dataset.valid_list_size`,
+    else the longest validation list (`paths.valid_list_size`, or one pass
+    over the validation files with `elwc.longest_list`).
+    """
     context, example, label = self.feature_specs()
+    valid_list_size = (dataset.valid_list_size or paths.valid_list_size or
+                       elwc.longest_list(paths.valid) or None)
     hparams = pipeline_lib.DatasetHparams(train_input_pattern=paths.train,
                                           valid_input_pattern=paths.valid,
                                           train_batch_size=dataset.train_batch_size,
                                           valid_batch_size=dataset.valid_batch_size,
                                           list_size=dataset.list_size,
-                                          valid_list_size=dataset.valid_list_size)
+                                          valid_list_size=valid_list_size)
     features, _ = self.sparse_features(model)
     return self.dataset_builder_class()(context, example, MASK_FEATURE, label, hparams,
                                         sparse_features=features)

@@ -17,7 +17,9 @@ class DatasetConfig:
     valid_batch_size: Lists per validation batch, > 0.
     list_size: Examples per list (truncated or padded); None pads to the
       longest list of each batch.
-    valid_list_size: list_size of validation; None uses list_size.
+    valid_list_size: list_size of validation (longer lists are cut, so
+      metrics see only their first valid_list_size examples); None keeps
+      whole lists (the longest validation list, found in the data).
   """
 
   train_batch_size: int = 32

@@ -1,20 +1,24 @@
 """DNN ranker on MSLR-WEB: TF-Ranking's DNN pipeline example, on the sparse core's pipeline.
 
 The seed example (tensorflow_ranking/examples/keras/keras_dnn_tfrecord.py): each
-query is a list of documents, each document 136 dense float features
-`custom_features_1` .. `custom_features_136` (see mxrec_pipeline.data.letor),
+query is a list of documents, each document `num_features` dense float features
+`custom_features_1` .. `custom_features_<num_features>` (136 in MSLR-WEB, 46 in
+LETOR 4.0, 700 in Yahoo! LTR: the width comes from the data or
+`data.num_features`; see mxrec_pipeline.data.letor),
 the label "utility" is the graded relevance 0-4. Features are joined and go
 through `sign(x) * log1p(|x|)` (the example's `use_log1p`), then tfr's
 DNNScorer with batch normalization of its inputs and hidden layers. There are no id features,
 so no table: the pipeline trains every variable with the dense optimizer.
 
-Data: LETOR text files (`<label> qid:<q> 1:<v> ... 136:<v>`), converted once to
-ELWC with `letor.letor_to_elwc` and cached under a name keyed by the source
-file's path, size and mtime. By default the pinned MSLR-WEB Fold1 5k-line
-subsets (`mxrec-pipeline data fetch mslr_5k`: 43 train / 43 test queries, a
-smoke check rather than a benchmark); point `data.train_path` and
-`data.valid_path` at full MSLR-WEB10K/30K files (Fold1/train.txt and
-vali.txt) for the real thing.
+Data: LETOR text files (`<label> qid:<q> 1:<v> ... 136:<v>`), scanned once for
+their width and longest list (`letor.scan_letor`), converted once to ELWC with
+`letor.letor_to_elwc`, both cached under names keyed by the source file's
+path, size and mtime. Validation keeps whole lists: its list size is the
+longest validation list unless `dataset.valid_list_size` says otherwise. By
+default the pinned MSLR-WEB Fold1 5k-line subsets (`mxrec-pipeline data fetch
+mslr_5k`: 43 train / 43 test queries, a smoke check rather than a benchmark);
+point `data.train_path` and `data.valid_path` at full MSLR-WEB10K/30K files
+(Fold1/train.txt and vali.txt) for the real thing.
 
 The context holds no feature: "qid" is an arbitrary query number, the same for
 every document of a list, so it cannot help a univariate scorer rank documents
@@ -107,9 +111,7 @@ def cached_elwc(src: str | os.PathLike, elwc_dir: str | os.PathLike, num_feature
     ValueError: a bad LETOR line (see letor.iter_letor), or no line left.
   """
   src = pathlib.Path(src).resolve()
-  stat = src.stat()
-  key = hashlib.sha256(f"{src}|{stat.st_size}|{stat.st_mtime_ns}|{num_features}|"
-                       f"{list(label_range)}|{on_bad_record}".encode()).hexdigest()[:16]
+  key = _source_key(src, num_features, list(label_range), on_bad_record)
   out = pathlib.Path(elwc_dir) / f"{src.stem}.{key}.tfrecord"
   if not out.is_file():
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -119,10 +121,54 @@ def cached_elwc(src: str | os.PathLike, elwc_dir: str | os.PathLike, num_feature
   return str(out)
 
 
+def cached_shape(src: str | os.PathLike, elwc_dir: str | os.PathLike) -> letor.LetorShape:
+  """`letor.scan_letor(src)`, scanned on first use and kept beside the ELWC conversions.
+
+  The cache name holds a digest of the source's absolute path, size and
+  mtime, as `cached_elwc`'s: an edited or replaced source is scanned again.
+  """
+  src = pathlib.Path(src).resolve()
+  out = pathlib.Path(elwc_dir) / f"{src.stem}.{_source_key(src)}.shape.json"
+  if out.is_file():
+    return letor.LetorShape.from_dict(json.loads(out.read_text(encoding="utf-8")))
+  shape = letor.scan_letor(src)
+  out.parent.mkdir(parents=True, exist_ok=True)
+  tmp = out.with_suffix(f".tmp{os.getpid()}")
+  tmp.write_text(json.dumps(shape.to_dict()), encoding="utf-8")
+  os.replace(tmp, out)
+  return shape
+
+
+def check_baseline_feature(feature: int, num_features: int, train: letor.LetorShape,
+                           train_path: str | os.PathLike) -> None:
+  """Refuses a baseline feature outside the width or 0 on every training line.
+
+  Raises:
+    ValueError: naming `data.baseline_feature`, its feature name and the
+      width or the training file.
+  """
+  name = f"{letor.FEATURE_NAME_PREFIX}{feature}"
+  if not 1 <= feature <= num_features:
+    raise ValueError(f"data.baseline_feature is {feature}, outside the data's width "
+                     f"[1, {num_features}] (data.num_features, or the largest feature id of "
+                     "the train and valid files)")
+  if feature > train.num_features or feature in train.zero_features:
+    raise ValueError(f"data.baseline_feature {feature} ({name}) is 0 on every line of the "
+                     f"training data {train_path}: a baseline ranking by it would be random; "
+                     "set data.baseline_feature to a feature of the data (docs/data.md)")
+
+
 def bad_records(elwc_path: str) -> dict:
   """What the conversion to `elwc_path` skipped (`validation.BadRecords.report()`), or {}."""
   path = _report_path(pathlib.Path(elwc_path))
   return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+
+
+def _source_key(src: pathlib.Path, *options) -> str:
+  """16 hex digits of a digest of `src`'s path, size and mtime, and `options`."""
+  stat = src.stat()
+  text = "|".join([str(src), str(stat.st_size), str(stat.st_mtime_ns)] + [str(o) for o in options])
+  return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def _report_path(elwc_path: pathlib.Path) -> pathlib.Path:
@@ -132,16 +178,30 @@ def _report_path(elwc_path: pathlib.Path) -> pathlib.Path:
 class MslrDnn(RankerBuilder):
   """The seed example: see the module docstring.
 
-  Other LETOR data sets (e.g. LETOR 4.0's 46 features) need a subclass with
-  their `num_features` and a DataConfig whose baseline feature fits.
+  Any LETOR width: `prepare_data` sets `num_features` from `data.num_features`
+  or the data (e.g. 46 for LETOR 4.0); the baseline feature is checked
+  against it.
+
+  Args:
+    num_features: The width, when known without data (e.g. to build a model
+      for given ELWC files); None: set by `prepare_data`.
   """
 
   name = "mslr_dnn"
   DataConfig = MslrDataConfig
   ModelConfig = MslrModelConfig
-  num_features: int = NUM_FEATURES
+
+  def __init__(self, num_features: int | None = None):
+    self.num_features = num_features
 
   def prepare_data(self, data: MslrDataConfig) -> DataPaths:
+    """See `RankerBuilder`; also sets `num_features` (the data's width).
+
+    Raises:
+      ValueError: a bad LETOR line (naming file:line; e.g. a feature id
+        above `data.num_features`), or a `data.baseline_feature` outside
+        the width or 0 on every training line.
+    """
     if data.train_path is None:
       fetched = fetch_lib.fetch(FETCHED)
       train, valid = fetched / FETCHED_TRAIN, fetched / FETCHED_VALID
@@ -149,14 +209,25 @@ class MslrDnn(RankerBuilder):
     else:
       train, valid = data.train_path, data.valid_path
       elwc_dir = data.elwc_dir or fetch_lib.default_cache_dir("mslr_elwc")
+    shapes = [cached_shape(src, elwc_dir) for src in (train, valid)]
+    self.num_features = data.num_features or max(1, *(s.num_features for s in shapes))
     converted = [
         cached_elwc(src, elwc_dir, self.num_features, data.label_range, data.on_bad_record)
         for src in (train, valid)
     ]
+    check_baseline_feature(data.baseline_feature, self.num_features, shapes[0], train)
     skipped = {split: bad_records(path) for split, path in zip(("train", "valid"), converted)}
-    return DataPaths(*converted, bad_records=skipped)
+    return DataPaths(*converted, bad_records=skipped, valid_list_size=shapes[1].max_list_size)
 
   def feature_specs(self):
+    """See `RankerBuilder`; `num_features` example features.
+
+    Raises:
+      ValueError: `num_features` unknown (neither given nor set by `prepare_data`).
+    """
+    if self.num_features is None:
+      raise ValueError(f"{self.name}: the number of features is known after prepare_data "
+                       "(or pass num_features)")
     return {}, example_feature_spec(self.num_features), LABEL_SPEC
 
   def build_model_builder(self, model: MslrModelConfig, seed):

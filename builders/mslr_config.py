@@ -7,7 +7,7 @@ import pathlib
 
 from builders.base_config import check_bad_record_options
 
-NUM_FEATURES = 136
+NUM_FEATURES = 136  # MSLR-WEB's width; other LETOR files have their own.
 BM25_WHOLE_DOCUMENT = 110
 FETCHED = "mslr_5k"
 
@@ -23,8 +23,14 @@ class MslrDataConfig:
       required with train_path, None with it.
     elwc_dir: Directory of the cached ELWC conversions; None: `elwc/` beside
       the fetched files, or ~/.cache/mxrec_pipeline/mslr_elwc for given files.
+    num_features: The width of the data: feature ids are 1..num_features
+      (`custom_features_1` ..); an id above it in a file stops the job
+      naming file:line, id and width. None: the largest id of the train and
+      valid files (one scan of each, cached beside the ELWC conversion).
     baseline_feature: 1-based id of the feature the baseline ranks by, in
-      [1, 136] (110: BM25 of the whole document).
+      [1, width] and not 0 on every training line (110: MSLR-WEB's BM25 of
+      the whole document; 46-feature LETOR 4.0 files: e.g. 25, BM25 of the
+      whole document). Checked against the data by `prepare_data`.
     label_range: [low, high]: the allowed labels, inclusive (MSLR-WEB's
       graded relevance 0-4).
     on_bad_record: "error" (a line with a non-finite feature or label, a
@@ -36,6 +42,7 @@ class MslrDataConfig:
   train_path: str | None = None
   valid_path: str | None = None
   elwc_dir: str | None = None
+  num_features: int | None = None
   baseline_feature: int = BM25_WHOLE_DOCUMENT
   label_range: list[float] = dataclasses.field(default_factory=lambda: [0.0, 4.0])
   on_bad_record: str = "error"
@@ -50,8 +57,11 @@ class MslrDataConfig:
       if path is not None and not pathlib.Path(path).is_file():
         raise ValueError(f"data.{name}: no such file: {path}")
     check_bad_record_options(self.on_bad_record, self.label_range, "data.label_range")
-    if not 1 <= self.baseline_feature <= NUM_FEATURES:
-      raise ValueError(f"data.baseline_feature must be in [1, {NUM_FEATURES}], "
+    if self.num_features is not None and self.num_features < 1:
+      raise ValueError(f"data.num_features must be a positive int, got {self.num_features}")
+    width = self.num_features or float("inf")
+    if not 1 <= self.baseline_feature <= width:
+      raise ValueError(f"data.baseline_feature must be in [1, {self.num_features or 'width'}], "
                        f"got {self.baseline_feature}")
 
 

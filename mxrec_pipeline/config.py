@@ -1,12 +1,13 @@
 """YAML job configs, validated into dataclasses before anything runs.
 
-A job config has five sections, and an optional sixth:
+A job config has five sections, and two optional ones:
 
   builder: movielens_listwise     # a name in builders.REGISTRY
   data: {...}                     # the builder's DataConfig
   model: {...}                    # the builder's ModelConfig
   dataset: {...}                  # builders.DatasetConfig (batching)
   pipeline: {...}                 # mxrec_pipeline.keras.pipeline.PipelineHparams
+  metrics: {...}                  # mxrec_pipeline.hparams.MetricsConfig (optional)
   lambdamart: {...}               # mxrec_pipeline.gbdt.config.LambdaMartConfig (optional)
 
 Unknown keys, values of the wrong type and missing required values raise
@@ -27,11 +28,11 @@ from typing import Any
 import builders
 from builders.base_config import DatasetConfig
 from mxrec_pipeline.gbdt.config import LambdaMartConfig
-from mxrec_pipeline.hparams import PipelineHparams
+from mxrec_pipeline.hparams import MetricsConfig, PipelineHparams
 from mxrec_pipeline.util import config_parsing
 from mxrec_pipeline.util import yaml_io
 
-SECTIONS = ("builder", "data", "model", "dataset", "pipeline", "lambdamart")
+SECTIONS = ("builder", "data", "model", "dataset", "pipeline", "metrics", "lambdamart")
 
 
 class ConfigError(ValueError):
@@ -48,6 +49,8 @@ class JobConfig:
     model: The ranker's ModelConfig.
     dataset: Batching.
     pipeline: Pipeline hyperparameters.
+    metrics: How the validation metrics count queries without a relevant
+      document.
     lambdamart: The LambdaMART baseline scored beside the model.
   """
 
@@ -56,11 +59,12 @@ class JobConfig:
   model: Any
   dataset: DatasetConfig
   pipeline: PipelineHparams
+  metrics: MetricsConfig = dataclasses.field(default_factory=MetricsConfig)
   lambdamart: LambdaMartConfig = dataclasses.field(default_factory=LambdaMartConfig)
 
   def to_dict(self) -> dict:
     """Plain dict of the config, loadable again by `from_dict`."""
-    sections = ("data", "model", "dataset", "pipeline", "lambdamart")
+    sections = ("data", "model", "dataset", "pipeline", "metrics", "lambdamart")
     return {
         "builder": self.builder,
         **{name: dataclasses.asdict(getattr(self, name)) for name in sections}
@@ -108,8 +112,11 @@ def from_dict(raw: dict) -> JobConfig:
                             "model"), dataset=build_dataclass(DatasetConfig,
                                                               raw.get("dataset") or {}, "dataset"),
       pipeline=build_dataclass(PipelineHparams, raw["pipeline"] or {}, "pipeline"),
-      lambdamart=build_dataclass(LambdaMartConfig,
-                                 raw.get("lambdamart") or {}, "lambdamart"))
+      metrics=build_dataclass(MetricsConfig,
+                              raw.get("metrics") or {},
+                              "metrics"), lambdamart=build_dataclass(LambdaMartConfig,
+                                                                     raw.get("lambdamart") or {},
+                                                                     "lambdamart"))
 
 
 def build_dataclass(cls, values: dict, where: str):

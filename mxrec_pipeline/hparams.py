@@ -143,3 +143,21 @@ class PipelineHparams:
 def _check_positive_int(name, value):
   if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
     raise ValueError(f"`{name}` must be a positive int, got {value!r}")
+
+
+@dataclasses.dataclass
+class MetricsConfig:
+  """How the validation metrics (RANKING_METRICS) treat queries without a relevant document.
+
+  Attributes:
+    skip_queries_without_relevant: False (default, TF-Ranking's convention,
+      `tfr.keras.metrics` 0.5.5): a validation list without a document of
+      label > 0 scores 0 in NDCG and MRR and counts with the mean list weight
+      (1 with unweighted lists), lowering the mean. True: such lists are
+      left out of every metric of the model and the baselines, which then
+      compare rankers on the lists where ranking matters (LightGBM's own
+      NDCG scores such a query 1, a third convention). metrics.json states
+      which was used.
+  """
+
+  skip_queries_without_relevant: bool = False

@@ -49,6 +49,7 @@ def _setup(config: config_lib.JobConfig, strategy: tf.distribute.Strategy | None
   paths = ranker.prepare_data(config.data)
   model_builder = ranker.build_model_builder(config.model, config.pipeline.seed)
   dataset_builder = ranker.build_dataset_builder(paths, config.dataset, config.model)
+  dataset_builder.skip_lists_without_relevant = config.metrics.skip_queries_without_relevant
   return ranker, paths, pipeline_lib.SimplePipeline(model_builder, dataset_builder, config.pipeline,
                                                     strategy=strategy,
                                                     shard_checkpoint_dir=shard_checkpoint_dir)
@@ -268,9 +269,10 @@ def worker_config(config: config_lib.JobConfig,
 
 def _check_data(paths, pipeline) -> dict:
   """checks.check_splits before training: prints skipped records and warnings; the report."""
+  builder = pipeline.dataset_builder
   report, warnings = checks.check_splits(paths.train, paths.valid,
-                                         pipeline.dataset_builder.build_raw_valid_dataset(),
-                                         paths.bad_records)
+                                         builder.build_raw_valid_dataset(all_lists=True),
+                                         paths.bad_records, builder.skip_lists_without_relevant)
   for skipped in paths.bad_records.values():
     if skipped["skipped"]:
       print(f"data: {validation.summary(skipped)}", flush=True)

@@ -5,11 +5,12 @@ fails at once with the file's name instead of as a `DataLossError` inside
 `IteratorGetNext`, Keras's "Unexpected result of `train_function` (Empty
 logs)" or a `KeyError` of a metric that was never computed.
 
-TF-Ranking's metric convention, stated in metrics.json when it matters: a
-validation list without a relevant document (no label > 0) scores 0 in NDCG
-and MRR and counts with the mean list weight
-(`tfr.keras.metrics`, `_per_example_weights_to_per_list_weights`); with no
-relevant document at all, every metric is 0.
+The metric convention for a validation list without a relevant document (no
+label > 0), stated in metrics.json (`metric_convention`): TF-Ranking's by
+default, where it scores 0 in NDCG and MRR and counts with the mean list
+weight (`tfr.keras.metrics`, `_per_example_weights_to_per_list_weights`; with
+no relevant document at all, every metric is 0); or, with
+`metrics.skip_queries_without_relevant: true`, such lists are left out.
 """
 
 from typing import Mapping
@@ -22,6 +23,9 @@ from mxrec_pipeline.data import elwc
 NO_RELEVANT_CONVENTION = (
     "tfr: a list without a relevant document (label > 0) scores 0 in NDCG and MRR and counts "
     "with the mean list weight")
+SKIP_NO_RELEVANT_CONVENTION = (
+    "skip: lists without a relevant document (label > 0) are left out of every metric "
+    "(metrics.skip_queries_without_relevant: true)")
 
 
 def check_split(pattern: str, split: str) -> dict:
@@ -65,7 +69,8 @@ def count_relevant_lists(dataset: tf.data.Dataset) -> tuple[int, int]:
 
 
 def check_splits(train_pattern: str, valid_pattern: str, valid_dataset: tf.data.Dataset,
-                 bad_records: Mapping[str, dict] | None = None) -> tuple[dict, list[str]]:
+                 bad_records: Mapping[str, dict] | None = None,
+                 skip_without_relevant: bool = False) -> tuple[dict, list[str]]:
   """Checks both splits before training; returns (report for metrics.json, warnings).
 
   Args:
@@ -74,11 +79,14 @@ def check_splits(train_pattern: str, valid_pattern: str, valid_dataset: tf.data.
       labels the metrics see (after any label transform).
     bad_records: per split, `validation.BadRecords.report()` of its
       conversion (records skipped under `data.on_bad_record: skip`).
+    skip_without_relevant: the metrics leave out lists without a relevant
+      document (MetricsConfig.skip_queries_without_relevant).
 
   Returns:
     `({"train": {...}, "valid": {...}}, warnings)`: per split the `check_split`
-    counts and `bad_records`; "valid" also holds `lists_with_relevant`, and
-    `metric_convention` when some list has no relevant document.
+    counts and `bad_records`; "valid" also holds `lists_with_relevant`,
+    `skip_queries_without_relevant` and `metric_convention`, the convention
+    text (NO_RELEVANT_CONVENTION or SKIP_NO_RELEVANT_CONVENTION).
 
   Raises:
     ValueError: as `check_split`.
@@ -90,9 +98,10 @@ def check_splits(train_pattern: str, valid_pattern: str, valid_dataset: tf.data.
     report[split]["bad_records"] = skipped
   lists, relevant = count_relevant_lists(valid_dataset)
   report["valid"]["lists_with_relevant"] = relevant
+  report["valid"]["skip_queries_without_relevant"] = skip_without_relevant
+  report["valid"]["metric_convention"] = (SKIP_NO_RELEVANT_CONVENTION
+                                          if skip_without_relevant else NO_RELEVANT_CONVENTION)
   warnings = []
-  if relevant < lists:
-    report["valid"]["metric_convention"] = NO_RELEVANT_CONVENTION
   if not relevant:
     warnings.append(f"no validation list has a relevant document (label > 0) in {valid_pattern}: "
                     "every ranking metric will be 0")

@@ -130,6 +130,24 @@ def read_elwc_tfrecord(path: PathLike) -> Iterator[input_pb2.ExampleListWithCont
     yield elwc
 
 
+def longest_list(pattern: str) -> int:
+  """Examples in the longest ELWC record of the files matching `pattern` (0: no record).
+
+  One pass over the records (tf.io.gfile.glob; each parsed); the list size that
+  keeps every list of a split whole.
+
+  Raises:
+    ValueError: no file matches `pattern`.
+    tf.errors.DataLossError, google.protobuf.message.DecodeError: as
+      `read_elwc_tfrecord`.
+  """
+  files = sorted(tf.io.gfile.glob(pattern))
+  if not files:
+    raise ValueError(f"no file matches {pattern}")
+  return max((len(proto.examples) for path in files for proto in read_elwc_tfrecord(path)),
+             default=0)
+
+
 def check_tfrecord(path: PathLike) -> int:
   """Checks every record of an ELWC TFRecord file; returns the number of records.
 

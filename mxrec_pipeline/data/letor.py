@@ -5,9 +5,11 @@ Format, one query-document pair per line, a query's lines consecutive:
     <label> qid:<int> <feature id>:<value> ... [# comment]
 
 e.g. `2 qid:1 1:3 2:3 ... 136:0` in MSLR-WEB (136 features, ids 1-136,
-graded labels 0-4). Feature ids are 1-based; a missing feature is 0. Source of
-the files: `fetch("mslr_5k")`, or MSLR-WEB10K/30K from Microsoft
-(docs/data.md). Lines may end in CRLF, as in the MSLR files.
+graded labels 0-4), 46 in LETOR 4.0 (MQ2007/MQ2008), 700 in Yahoo! LTR set 1.
+Feature ids are 1-based; a missing feature is 0. The width of a file (its
+largest feature id) and its longest list come from one pass over it
+(`scan_letor`). Source of the files: `fetch("mslr_5k")`, or MSLR-WEB10K/30K
+from Microsoft (docs/data.md). Lines may end in CRLF, as in the MSLR files.
 
 Every value is checked once, while reading (`mxrec_pipeline.data.validation`):
 labels must be finite and in `label_range` (MSLR-WEB's grades 0-4 by default),
@@ -39,6 +41,32 @@ LABEL_RANGE = (0.0, 4.0)
 
 
 @dataclasses.dataclass(frozen=True)
+class LetorShape:
+  """What one pass over a LETOR file found (`scan_letor`).
+
+  Attributes:
+    num_features: The largest feature id of the file (its width); 0 for a
+      file without any feature.
+    max_list_size: Lines of its longest query; 0 for a file without any.
+    num_lists: Its queries.
+    zero_features: Ids in [1, num_features] whose value is 0 (or missing) on
+      every line, ascending.
+  """
+
+  num_features: int
+  max_list_size: int
+  num_lists: int
+  zero_features: tuple[int, ...] = ()
+
+  def to_dict(self) -> dict:
+    return dataclasses.asdict(self) | {"zero_features": list(self.zero_features)}
+
+  @classmethod
+  def from_dict(cls, values: dict) -> "LetorShape":
+    return cls(**(values | {"zero_features": tuple(values["zero_features"])}))
+
+
+@dataclasses.dataclass(frozen=True)
 class QueryList:
   """The documents of one query.
 
@@ -57,6 +85,45 @@ class QueryList:
 def feature_names(num_features: int = 136) -> list[str]:
   """Returns ["custom_features_1", ..., f"custom_features_{num_features}"]."""
   return [f"{FEATURE_NAME_PREFIX}{i}" for i in range(1, num_features + 1)]
+
+
+def scan_letor(path: PathLike) -> LetorShape:
+  """One pass over a LETOR file: its width, longest list and all-zero features.
+
+  Lenient: a token or line that does not parse is passed over here (reading
+  the file with `iter_letor` reports it, naming file:line); a list is the run
+  of consecutive lines of one qid.
+
+  Args:
+    path: the text file (ASCII / UTF-8).
+
+  Returns:
+    The file's `LetorShape` (all 0 for a file without lines).
+  """
+  nonzero: set[int] = set()
+  max_id = max_list = num_lists = run = 0
+  qid = None
+  with open(path, encoding="utf-8") as f:
+    for line in f:
+      tokens = line.split("#", 1)[0].split()
+      if len(tokens) < 2:
+        continue
+      if tokens[1] != qid:
+        qid, run, num_lists = tokens[1], 0, num_lists + 1
+      run += 1
+      max_list = max(max_list, run)
+      for token in tokens[2:]:
+        fid_text, _, value_text = token.partition(":")
+        try:
+          fid, value = int(fid_text), float(value_text)
+        except ValueError:
+          continue
+        if fid >= 1:
+          max_id = max(max_id, fid)
+          if value != 0.0:
+            nonzero.add(fid)
+  zero = tuple(i for i in range(1, max_id + 1) if i not in nonzero)
+  return LetorShape(max_id, max_list, num_lists, zero)
 
 
 def iter_letor(path: PathLike, num_features: int = 136, label_range: tuple[float,
@@ -191,7 +258,8 @@ def _parse_line(tokens: list[str], num_features: int, label_range: tuple[float, 
     except ValueError:
       raise bad(f"bad feature token {token!r}, expected '<int id>:<float value>'") from None
     if not 1 <= fid <= num_features:
-      raise bad(f"feature id out of range [1, {num_features}] in token {token!r}")
+      raise bad(f"feature id {fid} out of range [1, {num_features}] (the data's width, "
+                f"data.num_features) in token {token!r}")
     if fid in seen:
       raise bad(f"repeated feature id in token {token!r}")
     seen.add(fid)

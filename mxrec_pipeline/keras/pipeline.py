@@ -100,6 +100,23 @@ def epoch_steps(num_epochs: int, num_train_steps: int | None) -> list[int | None
   return [min(per_epoch, num_train_steps - start) for start in range(0, num_train_steps, per_epoch)]
 
 
+def lists_with_relevant(features: dict, labels: tf.Tensor, *weights: tf.Tensor):
+  """(features, labels[, weights]) of the lists of a batch with a relevant document (label > 0).
+
+  Args:
+    features: name -> [batch_size, ...] tensors (dense, batch first).
+    labels: [batch_size, list_size] float32, padding < 0.
+    *weights: [batch_size, ...] sample weights, if the dataset has them.
+
+  Returns:
+    The same structure with the batch cut to its k lists that have a label
+    > 0, in order: [k, ...] tensors (k may be 0).
+  """
+  keep = tf.reduce_any(labels > 0, axis=1)
+  return ({name: tf.boolean_mask(value, keep) for name, value in features.items()},
+          *(tf.boolean_mask(t, keep) for t in (labels, *weights)))
+
+
 def _data_sharded(dataset: tf.data.Dataset) -> tf.data.Dataset:
   """`dataset` with tf.data's DATA auto-sharding: each worker keeps its part of every batch."""
   options = tf.data.Options()
@@ -131,6 +148,9 @@ class BaseDatasetBuilder(tfr.keras.pipeline.BaseDatasetBuilder):
     # True when the model looks its tables up by raw ids (tables sharded over
     # workers, keras/sharded.py): no insertion in tf.data. Set by the pipeline.
     self.keep_raw_ids = False
+    # True: validation batches keep only their lists with a relevant document
+    # (`lists_with_relevant`; MetricsConfig.skip_queries_without_relevant).
+    self.skip_lists_without_relevant = False
     known = {**context_feature_spec, **example_feature_spec}
     for feature in self.sparse_features:
       if feature.name not in known:
@@ -229,25 +249,35 @@ class BaseDatasetBuilder(tfr.keras.pipeline.BaseDatasetBuilder):
   def build_valid_dataset(self, num_epochs: int | None = None) -> tf.data.Dataset:
     """See `AbstractDatasetBuilder`. Unseen ids take no rows.
 
+    Lists are cut or padded to `valid_list_size`; None pads each batch to
+    its longest list (whole lists). With `skip_lists_without_relevant`, each
+    batch keeps only its lists with a relevant document.
+
     Args:
       num_epochs: Passes over the validation data; None repeats forever.
     """
-    dataset = self._build_dataset(
-        file_pattern=self._hparams.valid_input_pattern, batch_size=self._hparams.valid_batch_size,
-        list_size=self._hparams.valid_list_size or self._hparams.list_size, randomize_input=False,
-        num_epochs=num_epochs)
-    return self._insert(dataset, is_training=False)
+    return self._insert(self._valid_batches(num_epochs, all_lists=False), is_training=False)
 
-  def build_raw_valid_dataset(self) -> tf.data.Dataset:
+  def build_raw_valid_dataset(self, all_lists: bool = False) -> tf.data.Dataset:
     """One pass over the validation batches without insertion: raw ids kept.
 
     For scorers that read raw features (baselines); same batches and order as
     `build_valid_dataset(num_epochs=1)`.
+
+    Args:
+      all_lists: Keep every list, even under `skip_lists_without_relevant`
+        (e.g. to count them).
     """
-    return self._build_dataset(file_pattern=self._hparams.valid_input_pattern,
-                               batch_size=self._hparams.valid_batch_size,
-                               list_size=self._hparams.valid_list_size or self._hparams.list_size,
-                               randomize_input=False, num_epochs=1)
+    return self._valid_batches(1, all_lists)
+
+  def _valid_batches(self, num_epochs: int | None, all_lists: bool) -> tf.data.Dataset:
+    dataset = self._build_dataset(file_pattern=self._hparams.valid_input_pattern,
+                                  batch_size=self._hparams.valid_batch_size,
+                                  list_size=self._hparams.valid_list_size, randomize_input=False,
+                                  num_epochs=num_epochs)
+    if self.skip_lists_without_relevant and not all_lists:
+      dataset = _data_sharded(dataset.map(lists_with_relevant))
+    return dataset
 
   def count_batches(self, is_training: bool) -> int:
     """Batches in one pass over the training (or validation) files, > 0.

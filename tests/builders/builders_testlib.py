@@ -103,3 +103,23 @@ def assert_metrics_file(metrics: dict) -> None:
 def serialized_lists(path: str) -> tf.Tensor:
   """[num_lists] string: the serialized ELWC records of a TFRecord file."""
   return tf.constant(list(tf.data.TFRecordDataset(path).as_numpy_iterator()))
+
+
+def write_wide_letor(path: pathlib.Path, num_features: int, lists: list[int], baseline: int,
+                     seed: int, first_qid: int = 1) -> pathlib.Path:
+  """A LETOR file of `num_features` features; `lists`: documents per query.
+
+  Feature `baseline` equals the label (0-4; every query has a 4, so ranking by
+  it is perfect); features 1-3 random; `num_features` holds a random value, so
+  the file's width is `num_features`; every other feature is missing (0).
+  """
+  rng = np.random.default_rng(seed)
+  out = []
+  for q, size in enumerate(lists, start=first_qid):
+    labels = rng.permutation(np.concatenate([[4], rng.integers(0, 5, size - 1)]))
+    for label in labels:
+      noise = " ".join(f"{i}:{rng.uniform(0, 50):.3f}" for i in (1, 2, 3) if i != baseline)
+      out.append(f"{label} qid:{q} {noise} {baseline}:{label}.0 "
+                 f"{num_features}:{rng.uniform(-1, 1):.3f}\n")
+  path.write_text("".join(out))
+  return path

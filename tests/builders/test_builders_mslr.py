@@ -106,7 +106,8 @@ def test_baseline_ranks_by_whole_document_bm25():
 @pytest.mark.parametrize("overrides, key", [
     (["data.train_path={train}"], "data.valid_path"),
     (["data.train_path={missing}", "data.valid_path={train}"], "data.train_path"),
-    (["data.baseline_feature=137"], "data.baseline_feature"),
+    (["data.baseline_feature=0"], "data.baseline_feature"),
+    (["data.num_features=0"], "data.num_features"),
     (["model.dropout=1.5"], "model.dropout"),
     (["model.hidden_units=[8]"], "model.hidden_units"),
     (["model.use_log1p=yes please"], "model.use_log1p"),

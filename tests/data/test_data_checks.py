@@ -53,8 +53,13 @@ def test_check_splits_states_the_metric_convention(tmp_path):
   ]
 
 
-def test_all_relevant_validation_has_no_convention_note(tmp_path):
+def test_the_convention_is_always_stated(tmp_path):
   path = _write(tmp_path / "a.tfrecord", 1)
   report, warnings = checks.check_splits(
       path, path, tf.data.Dataset.from_tensors(({}, tf.constant([[1.0, 2.0]]))))
-  assert "metric_convention" not in report["valid"] and not warnings
+  assert report["valid"]["metric_convention"] == checks.NO_RELEVANT_CONVENTION and not warnings
+  report, _ = checks.check_splits(path, path,
+                                  tf.data.Dataset.from_tensors(({}, tf.constant([[1.0, 2.0]]))),
+                                  skip_without_relevant=True)
+  assert report["valid"]["skip_queries_without_relevant"] is True
+  assert report["valid"]["metric_convention"] == checks.SKIP_NO_RELEVANT_CONVENTION

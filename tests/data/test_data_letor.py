@@ -53,9 +53,9 @@ def test_iter_letor_yields_queries_one_at_a_time(tmp_path):
         ("1 qid:1 1:abc", r"in\.txt:2: bad feature token '1:abc'"),
         ("1 qid:1 1.5", r"in\.txt:2: bad feature token '1\.5'"),
         ("1 qid:1 x:1", r"in\.txt:2: bad feature token 'x:1'"),
-        ("1 qid:1 4:1", r"in\.txt:2: feature id out of range \[1, 3\] "
-         r"in token '4:1'"),
-        ("1 qid:1 0:1", r"in\.txt:2: feature id out of range .* '0:1'"),
+        ("1 qid:1 4:1", r"in\.txt:2: feature id 4 out of range \[1, 3\] \(the data's width, "
+         r"data.num_features\) in token '4:1'"),
+        ("1 qid:1 0:1", r"in\.txt:2: feature id 0 out of range .* '0:1'"),
         ("1 qid:1 2:1 2:3", r"in\.txt:2: repeated feature id in token '2:3'"),
     ],
 )

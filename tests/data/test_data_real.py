@@ -40,6 +40,12 @@ def test_mslr_5k(mslr_dir, split):
   assert set(labels.tolist()) == {0.0, 1.0, 2.0, 3.0, 4.0}
 
 
+@pytest.mark.parametrize("split, longest", [("train", 308), ("test", 229)])
+def test_mslr_5k_scan(mslr_dir, split, longest):
+  shape = letor.scan_letor(mslr_dir / f"msn1.fold1.{split}.5k.txt")
+  assert shape == letor.LetorShape(136, longest, 43, ())  # Every feature is non-zero somewhere.
+
+
 def test_mslr_5k_to_elwc_reads_with_tfr(mslr_dir, tmp_path):
   dst = tmp_path / "train.tfrecord"
   assert letor.letor_to_elwc(mslr_dir / "msn1.fold1.train.5k.txt", dst) == 43

@@ -1,0 +1,137 @@
+"""DASALC on LETOR data: the neural ranker that matches LambdaMART, from tfr's building blocks.
+
+Qin et al., "Are Neural Rankers still Outperformed by Gradient Boosted Decision
+Trees?", ICLR 2021 (https://openreview.net/forum?id=Ut1vF_q_vC): DASALC, "DNN
+with Data Augmentation and Self-Attention for Listwise Context", is
+
+* the log1p transform of every feature, `sign(x) * log1p(|x|)` (shared with
+  mslr_dnn: `Log1pConcatPreprocessor`);
+* Gaussian noise added to the transformed features at training, a data
+  augmentation (`tf.keras.layers.GaussianNoise`; tfr 0.5.5 has no noise layer
+  of its own beside DocumentInteractionAttention's noise on its projection);
+* a per-document DNN (Dense -> batch normalization -> ReLU -> dropout);
+* multi-head self-attention across the documents of a list
+  (`tfr.keras.layers.DocumentInteractionAttention`, Pasumarthi et al. 2020),
+  whose output joins the DNN's per document (`model.combine`: concatenation,
+  or the latent cross `h * (1 + W a)`), then Dense(1);
+* a listwise softmax loss (`pipeline.loss: softmax_loss`);
+* an ensemble of `model.ensemble_size` independently initialized networks,
+  their scores averaged (`EnsembleMean`).
+
+Data, feature names, the width and the baseline are mslr_dnn's (builders/mslr.py):
+any LETOR files, `data.num_features` or the data's width.
+"""
+
+from __future__ import annotations
+
+import tensorflow as tf
+import tensorflow_ranking as tfr
+
+from builders.base import MASK_FEATURE
+from builders.letor_dasalc_config import DasalcModelConfig
+from builders.mslr import Log1pConcatPreprocessor, MslrDnn
+from builders.mslr_config import MslrDataConfig
+from mxrec_pipeline.keras import model as model_lib
+
+FEATURES = "features"
+
+
+@tf.keras.utils.register_keras_serializable(package="mxrec_pipeline")
+class EnsembleMean(tf.keras.layers.Layer):
+  """The scores of an ensemble: the members' mean; at training, one member per list.
+
+  Inference (training False): `mean(scores, axis=-1)`. Training: list b of
+  the batch takes member `b mod k`'s score, so each member's gradient comes
+  from its own lists only (the members train as k models on disjoint parts
+  of each batch, without co-adapting to their average); the members are the
+  k seeds of DASALC's ensemble (Qin et al. 2021, section 4.4).
+
+  Call args:
+    scores: [batch_size, list_size, k] float32, member j's scores in [..., j].
+    training: Python or tensor bool.
+
+  Returns:
+    [batch_size, list_size] float32.
+  """
+
+  def call(self, scores, training=None):
+
+    def one_member_per_list():
+      k = tf.shape(scores)[-1]
+      member = tf.math.floormod(tf.range(tf.shape(scores)[0]), k)
+      return tf.reduce_sum(scores * tf.one_hot(member, k, dtype=scores.dtype)[:, None, :], -1)
+
+    def mean():
+      return tf.reduce_mean(scores, axis=-1)
+
+    if training is None:
+      training = tf.keras.backend.learning_phase()
+    if isinstance(training, bool):
+      return one_member_per_list() if training else mean()
+    return tf.cond(tf.cast(training, tf.bool), one_member_per_list, mean)
+
+
+class DasalcScorer(tfr.keras.model.Scorer):
+  """Scores a list with DASALC (see the module docstring).
+
+  Args:
+    config: The model config.
+    feature_name: The example feature holding all features, log1p-transformed,
+      [batch_size, list_size, num_features] float32.
+  """
+
+  def __init__(self, config: DasalcModelConfig, feature_name: str = FEATURES):
+    self._config = config
+    self._feature_name = feature_name
+
+  def __call__(self, context_features, example_features, mask):
+    """[batch_size, list_size] float32 scores. See tfr's `Scorer`."""
+    del context_features
+    config = self._config
+    x = example_features[self._feature_name]
+    if config.input_noise_stddev:
+      x = tf.keras.layers.GaussianNoise(config.input_noise_stddev, name="input_noise")(x)
+    members = [self._member(x, mask, i) for i in range(config.ensemble_size)]
+    scores = members[0] if len(members) == 1 else tf.keras.layers.Concatenate()(members)
+    return EnsembleMean(name="ensemble_mean")(scores)
+
+  def _member(self, x, mask, index: int):
+    """Member `index`'s scores, [batch_size, list_size, 1] float32."""
+    config = self._config
+    prefix = f"member_{index}"
+    h = x
+    for j, units in enumerate(config.hidden_layer_dims):
+      h = tf.keras.layers.Dense(units, name=f"{prefix}_dense_{j}")(h)
+      h = tf.keras.layers.BatchNormalization(momentum=config.batch_norm_moment,
+                                             name=f"{prefix}_batch_norm_{j}")(h)
+      h = tf.keras.layers.ReLU()(h)
+      if config.dropout:
+        h = tf.keras.layers.Dropout(config.dropout, name=f"{prefix}_dropout_{j}")(h)
+    if config.num_attention_heads:
+      a = tfr.keras.layers.DocumentInteractionAttention(num_heads=config.num_attention_heads,
+                                                        head_size=config.attention_head_size,
+                                                        num_layers=config.num_attention_layers,
+                                                        dropout=config.dropout,
+                                                        name=f"{prefix}_attention")((x, mask))
+      if config.combine == "concat":
+        h = tf.keras.layers.Concatenate(name=f"{prefix}_concat")([h, a])
+      else:  # latent_cross
+        cross = tf.keras.layers.Dense(config.hidden_layer_dims[-1], name=f"{prefix}_cross")(a)
+        h = tf.keras.layers.Multiply(name=f"{prefix}_latent_cross")([h, cross + 1.0])
+    return tf.keras.layers.Dense(1, name=f"{prefix}_logit")(h)
+
+
+class LetorDasalc(MslrDnn):
+  """DASALC on LETOR files of any width; data and baseline as `MslrDnn`."""
+
+  name = "letor_dasalc"
+  DataConfig = MslrDataConfig
+  ModelConfig = DasalcModelConfig
+
+  def build_model_builder(self, model: DasalcModelConfig, seed):
+    del seed  # No table; dense initializers follow the pipeline's global seed.
+    _, example_spec, _ = self.feature_specs()
+    return model_lib.ModelBuilder(
+        input_creator=model_lib.FeatureSpecInputCreator({}, example_spec),
+        preprocessor=Log1pConcatPreprocessor(list(example_spec), FEATURES),
+        scorer=DasalcScorer(model, FEATURES), mask_feature_name=MASK_FEATURE, name=self.name)
