@@ -11,7 +11,6 @@ import tensorflow_ranking as tfr
 
 import builders
 from builders import movielens
-from builders import mslr
 from mxrec_pipeline import cli
 from mxrec_pipeline import config as config_lib
 from mxrec_pipeline import jobs
@@ -23,6 +22,8 @@ from mxrec_pipeline.gbdt.config import LambdaMartConfig
 CONFIG = str(pathlib.Path(__file__).resolve().parents[2] / "configs" / "mslr_dnn.yaml")
 NUM_TREES = 20
 SEED = 3
+
+_WIDTH = 110  # The largest feature id _write_letor writes: the data's width.
 
 
 def _write_letor(path: pathlib.Path, num_queries: int, first_qid: int, seed: int) -> pathlib.Path:
@@ -71,8 +72,8 @@ def _job_lambdamart(config):
 def _reference_metrics(config) -> dict[str, float]:
   """LightGBM's lambdarank fitted on the LETOR text, tfr's metrics on its padded scores."""
   import lightgbm  # pylint: disable=import-outside-toplevel
-  train = list(letor.iter_letor(config.data.train_path, mslr.NUM_FEATURES))
-  valid = list(letor.iter_letor(config.data.valid_path, mslr.NUM_FEATURES))
+  train = list(letor.iter_letor(config.data.train_path, _WIDTH))
+  valid = list(letor.iter_letor(config.data.valid_path, _WIDTH))
   params = dict(objective="lambdarank", learning_rate=0.1, num_leaves=31, min_child_samples=2,
                 num_threads=1, deterministic=True, force_row_wise=True, seed=SEED, verbose=-1)
   data = lightgbm.Dataset(np.concatenate([q.features for q in train]),
@@ -96,7 +97,7 @@ def test_letor_metrics_are_lightgbms_scored_by_tfr(letor_job):
   metrics, info = _job_lambdamart(letor_job)
 
   assert metrics == pytest.approx(_reference_metrics(letor_job), abs=1e-6)
-  assert info["train_lists"] == 30 and info["columns"] == mslr.NUM_FEATURES
+  assert info["train_lists"] == 30 and info["columns"] == _WIDTH
   assert info["train_documents"] == len(
       pathlib.Path(letor_job.data.train_path).read_text().splitlines())
   assert info["params"]["seed"] == SEED and info["params"]["n_estimators"] == NUM_TREES
@@ -134,8 +135,10 @@ def test_movielens_layout_ids_are_categorical_multi_valued_skipped():
          ] == [("user_id", "categorical", True), ("age", "numeric", True),
                ("gender", "categorical", True), ("occupation", "categorical", True),
                ("zip", "categorical", True), ("item_id", "categorical", False),
-               ("year", "numeric", False)]
-  assert layout.skipped == ("genres", "title_tokens")
+               ("year", "numeric", False), ("item_mean_rating", "numeric", False),
+               ("item_rating_count", "numeric", False),
+               ("neighbor_rating_deviation", "numeric", False)]
+  assert layout.skipped == ("history_item_ids", "history_genres", "genres", "title_tokens")
   assert layout.categorical_indices == [0, 2, 3, 4, 5]
 
 
