@@ -587,10 +587,9 @@ class ModelFitPipeline(AbstractPipeline):
     run_callbacks.begin_run()
     for epoch in range(start_epoch, len(plan)):
       run_callbacks.set_epoch_steps(plan[epoch] or one_pass)
-      dataset = ps.per_worker_dataset(
-          lambda epoch=epoch: self._train_epoch(epoch, plan[epoch]))
-      model.fit(dataset, initial_epoch=epoch, epochs=epoch + 1,
-                steps_per_epoch=plan[epoch] or one_pass, callbacks=run_callbacks, verbose=verbose)
+      dataset = ps.per_worker_dataset(lambda epoch=epoch: self._train_epoch(epoch, plan[epoch]))
+      model.fit(dataset, initial_epoch=epoch, epochs=epoch + 1, steps_per_epoch=plan[epoch] or
+                one_pass, callbacks=run_callbacks, verbose=verbose)
       if model.stop_training:
         break
     run_callbacks.end_run()

@@ -29,8 +29,8 @@ from mxrec_pipeline.keras import layers
 from mxrec_pipeline.keras import sharded
 
 
-def create_ps_tables(strategy: tf.distribute.Strategy, specs: Iterable[layers.TableSpec],
-                     optimizer, seed: int | None = None) -> dict[str, PSShardedTable]:
+def create_ps_tables(strategy: tf.distribute.Strategy, specs: Iterable[layers.TableSpec], optimizer,
+                     seed: int | None = None) -> dict[str, PSShardedTable]:
   """One PSShardedTable per spec, shard i on ps task i. Call outside `strategy.scope()`.
 
   Rows per shard are the spec's device_vocabulary_size (so P ps tasks hold up

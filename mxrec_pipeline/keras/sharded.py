@@ -100,8 +100,7 @@ class ShardedLookup(tf.keras.layers.Layer):
       [num_keys + 1, dim] rows and its StaticHashTable key -> position.
   """
 
-  def __init__(self, feature: layers.SparseFeature, table: ShardedTable | PSShardedTable,
-               **kwargs):
+  def __init__(self, feature: layers.SparseFeature, table: ShardedTable | PSShardedTable, **kwargs):
     super().__init__(**kwargs)
     self.feature = feature
     # Neither tracked: Keras refuses a model variable created outside the
@@ -109,8 +108,8 @@ class ShardedLookup(tf.keras.layers.Layer):
     # the shards per worker (distributed/checkpoint.py) or per ps task.
     object.__setattr__(self, "table", table)
     object.__setattr__(self, "embeddings", getattr(table, "variable", None))
-    self._rows_dtype = (table.shard_variables[0] if self.embeddings is None else
-                        table.variable).dtype
+    self._rows_dtype = (table.shard_variables[0]
+                        if self.embeddings is None else table.variable).dtype
     self.serving_rows = None
     self.serving_positions = None
 
