@@ -19,7 +19,7 @@ and under ParameterServerStrategy with `--local-cluster workers=1,ps=2` and
 `workers=2,ps=2` (model.fit on the chief, tables sharded by key over the ps
 tasks, keras/ps.py), validation cut to one batch so that Keras' per-epoch
 `ms/step` is training: steps/s of the epochs after the first; the CPU seconds
-each ps and worker task spent over those epochs (/proc, from the line "Epoch
+each task (chief, workers, ps) spent over those epochs (/proc, from the line "Epoch
 2/" of the chief to its last epoch's line), per step; and the bytes a step
 ships to and from each ps, counted from the tensors of the step on the
 job's real batches (distributed/ps_table.step_bytes per sparse feature, plus
@@ -285,7 +285,7 @@ def run_ps(epochs: int, tmp: str) -> dict:
     tasks, step_ms, cpu, text = {}, [], {}, []
     for line in proc.stdout:
       text.append(line)
-      if (match := _TASK_LINE.search(line)) and not match.group(1).startswith("chief"):
+      if match := _TASK_LINE.search(line):
         tasks[match.group(1)] = int(match.group(2))
       if line.startswith("Epoch 2/"):
         cpu["start"] = {name: _cpu_seconds(pid) for name, pid in tasks.items()}
