@@ -249,11 +249,21 @@ def export(config: config_lib.JobConfig, export_dir: str | None = None) -> str:
 
   Raises:
     FileNotFoundError: no checkpoint in model_dir/checkpoints.
+    ValueError: the checkpoint is a sharded run's (its tables in a
+      `shards-<N>` directory beside it: MultiWorkerMirroredStrategy or
+      ParameterServerStrategy), which this single-process restore would
+      export without its tables' rows.
   """
   checkpoint_dir = os.path.join(config.pipeline.model_dir, "checkpoints")
   latest = tf.train.latest_checkpoint(checkpoint_dir)
   if latest is None:
     raise FileNotFoundError(f"no checkpoint in {checkpoint_dir}: train the config first")
+  shards = os.path.join(checkpoint_dir, "shards-" + latest.rsplit("-", 1)[1])
+  if os.path.isdir(shards):
+    raise ValueError(f"{latest} is a checkpoint of tables sharded over workers or ps tasks "
+                     f"({shards}); `export` restores single-process runs only: the sharded run "
+                     f"exported its tables at the end of training to "
+                     f"{os.path.join(config.pipeline.model_dir, 'export', 'latest_model')}")
   _, _, pipeline = _setup(config)
   if not initialize.is_initialized():
     initialize.init()

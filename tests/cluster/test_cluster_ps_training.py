@@ -117,7 +117,7 @@ def test_one_worker_trains_and_resumes_on_another_ps_count_as_one_process(moviel
     np.testing.assert_allclose(rows[0][table], rows[1][table], atol=1e-5, err_msg=table)
 
 
-def test_two_workers_train_asynchronously_and_the_export_serves_with_plain_tf(movielens):
+def test_two_workers_train_asynchronously_and_the_export_serves_with_plain_tf(movielens, capsys):
   tmp_path, data_dir, run1 = movielens
   model_dir = tmp_path / "run_ps2"
   _launch("workers=2,ps=2", tmp_path, data_dir, model_dir)
@@ -127,6 +127,10 @@ def test_two_workers_train_asynchronously_and_the_export_serves_with_plain_tf(mo
   rows = _serving_rows(model_dir)
   for table in TABLES:
     assert np.abs(rows[table][:-1]).max() > 0, table
+
+  # `mxrec-pipeline export` would restore no table rows from it: refused, pointing at the export.
+  assert cli.main(["export", CONFIG, *lib.movielens_overrides(tmp_path, data_dir, model_dir)]) == 2
+  assert "exported its tables at the end of training" in capsys.readouterr().err
 
   valid = tmp_path / "elwc" / "valid.tfrecord"
   served = _serve_in_fresh_process(model_dir, valid)
