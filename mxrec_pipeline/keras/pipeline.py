@@ -599,16 +599,15 @@ class ModelFitPipeline(AbstractPipeline):
 
   def _evaluate_on_coordinator(self) -> dict[str, float]:
     """ps.evaluate_on_coordinator over the validation data (`num_valid_steps` batches or all)."""
-    dataset = self._dataset_builder.build_valid_dataset(num_epochs=1)
-    if self._hparams.num_valid_steps:
-      dataset = self._dataset_builder.build_valid_dataset(num_epochs=None).take(
-          self._hparams.num_valid_steps)
+    steps = self._hparams.num_valid_steps
+    dataset = self._dataset_builder.build_valid_dataset(num_epochs=None if steps else 1)
+    if steps:
+      dataset = dataset.take(steps)
     return ps.evaluate_on_coordinator(self.model, dataset, self.build_metrics())
 
   def _uses_ps(self, strategy: tf.distribute.Strategy | None) -> bool:
-    """Whether the tables are sharded over parameter servers (ParameterServerStrategy)."""
-    return (isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy) and
-            bool(getattr(self._dataset_builder, "sparse_features", None)))
+    """Whether training runs under ParameterServerStrategy (tables sharded over the ps tasks)."""
+    return isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy)
 
   def _build_ps_model(self, strategy: tf.distribute.Strategy) -> tf.keras.Model:
     """The compiled model with its tables sharded over the ps tasks (keras/ps.py).
@@ -620,7 +619,8 @@ class ModelFitPipeline(AbstractPipeline):
 
     Raises:
       ValueError: a model builder that is not a ModelBuilder (its tables
-        unknown), or a tiered table.
+        unknown; the pipeline trains only those under the strategy), or a
+        tiered table.
     """
     if not isinstance(self._model_builder, model_lib.ModelBuilder):
       raise ValueError(f"{PARAMETER_SERVER} shards the tables of an mxrec_pipeline ModelBuilder; "
