@@ -14,6 +14,17 @@ process (`pipeline.strategy=null`) and with `--local-cluster workers=2`
 same global batches; examples/s from Keras' per-epoch `ms/step` of the epochs
 after the first and the examples per global batch of the training data.
 
+`--only ps`: the same MovieLens job through the command line in one process
+and under ParameterServerStrategy with `--local-cluster workers=1,ps=2` and
+`workers=2,ps=2` (model.fit on the chief, tables sharded by key over the ps
+tasks, keras/ps.py), validation cut to one batch so that Keras' per-epoch
+`ms/step` is training: steps/s of the epochs after the first; the CPU seconds
+each task (chief, workers, ps) spent over those epochs (/proc, from the line "Epoch
+2/" of the chief to its last epoch's line), per step; and the bytes a step
+ships to and from each ps, counted from the tensors of the step on the
+job's real batches (distributed/ps_table.step_bytes per sparse feature, plus
+the dense variables read and their gradients sent).
+
 `--only zipf`: a synthetic job of 10M keys drawn from Zipf(1.2) ids (a
 `--zipf-batch`-example global batch of 8 ids each, dim 16, one table, lazy
 Adam, score = sum of the embeddings, squared error), the same global batches
@@ -28,6 +39,7 @@ Usage:
   python benchmarks/bench_distributed.py --only replicas               # 1 and 2 replicas
   python benchmarks/bench_distributed.py --only replicas --replicas 1 2 4 --epochs 3
   python benchmarks/bench_distributed.py --only workers  # MovieLens: 1 process, 2 workers
+  python benchmarks/bench_distributed.py --only ps       # MovieLens: 1 process, 1/2 workers + 2 ps
   python benchmarks/bench_distributed.py --only zipf     # 10M keys: 1/2 replicas, 1/2 workers
 """
 
@@ -245,6 +257,122 @@ def run_workers(epochs: int, tmp: str) -> list[dict]:
   return rows
 
 
+PS_TRIALS = (None, "workers=1,ps=2", "workers=2,ps=2")  # --local-cluster of each `ps` trial.
+_TASK_LINE = re.compile(r"local cluster: (\w+ \d+) \(pid (\d+)\)")
+_EPOCH_LINE = re.compile(r"^\s*\d+/\d+ - .*?(\d+(?:\.\d+)?)(ms|s)/step")
+
+
+def _cpu_seconds(pid: int) -> float:
+  """User + system CPU seconds of process `pid` so far (/proc/<pid>/stat)."""
+  fields = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+  return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def run_ps(epochs: int, tmp: str) -> dict:
+  """steps/s, task CPU per step and per-ps bytes per step of the MovieLens job (PS_TRIALS)."""
+  rows = []
+  for spec in PS_TRIALS:
+    model_dir = f"{tmp}/ps_{spec or 'one_process'}".replace(",", "_").replace("=", "")
+    cmd = [
+        sys.executable, "-m", "mxrec_pipeline.cli", "train",
+        str(CONFIG), "--verbose=2", "--set", f"pipeline.model_dir={model_dir}", "--set",
+        f"pipeline.num_epochs={epochs}", "--set", "pipeline.export_best_model=false", "--set",
+        "pipeline.num_valid_steps=1"
+    ] + (["--local-cluster", spec] if spec else ["--set", "pipeline.strategy=null"])
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=str(ROOT))
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    tasks, step_ms, cpu, text = {}, [], {}, []
+    for line in proc.stdout:
+      text.append(line)
+      if match := _TASK_LINE.search(line):
+        tasks[match.group(1)] = int(match.group(2))
+      if line.startswith("Epoch 2/"):
+        cpu["start"] = {name: _cpu_seconds(pid) for name, pid in tasks.items()}
+      if match := _EPOCH_LINE.search(line):
+        step_ms.append(float(match.group(1)) * (1 if match.group(2) == "ms" else 1000))
+        if len(step_ms) == epochs:
+          cpu["end"] = {name: _cpu_seconds(pid) for name, pid in tasks.items()}
+    if proc.wait() != 0:
+      raise RuntimeError(f"{' '.join(cmd)} failed:\n{''.join(text)[-4000:]}")
+    if len(step_ms) != epochs:
+      raise RuntimeError(f"expected {epochs} epochs' ms/step, got {step_ms}")
+    if not rows:  # The same batches in every trial.
+      steps = run_child("ps_bytes", {"model_dir": model_dir, "num_ps": 2})
+    timed_steps = steps["steps_per_epoch"] * (epochs - 1)
+    row = {
+        "cluster": spec or "one process", "step_ms": step_ms,
+        "steps_per_s": 1000 / statistics.median(step_ms[1:]), "cpu_s_per_step": {
+            name: (cpu["end"][name] - cpu["start"][name]) / timed_steps for name in tasks
+        }
+    }
+    rows.append(row)
+    cpu_text = ", ".join(
+        f"{name} {seconds * 1000:.0f} ms" for name, seconds in row["cpu_s_per_step"].items())
+    print(
+        f"  movielens {row['cluster']}: {row['steps_per_s']:.2f} steps/s (median ms/step of epochs "
+        f"2-{epochs}: {statistics.median(step_ms[1:]):g})" +
+        (f"; CPU per step: {cpu_text}" if cpu_text else ""), flush=True)
+  for i, (to_ps, from_ps) in enumerate(steps["bytes_per_step"]):
+    print(
+        f"  ps {i} of 2 per step (mean over an epoch of {steps['steps_per_epoch']} steps): "
+        f"{to_ps / 1e3:,.1f} kB in, {from_ps / 1e3:,.1f} kB out (tables "
+        f"{steps['table_bytes_per_step'][i][0] / 1e3:,.1f} / "
+        f"{steps['table_bytes_per_step'][i][1] / 1e3:,.1f} kB)", flush=True)
+  return {"trials": rows, "bytes": steps}
+
+
+def child_ps_bytes(model_dir: str, num_ps: int) -> dict:
+  """Bytes a training step of the job in `model_dir` ships to/from each of `num_ps` ps tasks.
+
+  Tables: ps_table.step_bytes of every sparse feature's ids (each
+  ShardedLookup looks its feature up on its own), over the batches of the
+  job's first epoch, raw ids as the ps pipeline reads them. Dense: every
+  dense variable is read from its ps and its gradient sent there each step;
+  ParameterServerStrategy places them round-robin in creation order (model
+  variables first), which is taken as the per-ps split.
+  """
+  import numpy as np  # pylint: disable=import-outside-toplevel
+  import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+  import builders  # pylint: disable=import-outside-toplevel
+  from mxrec_pipeline import config as config_lib  # pylint: disable=import-outside-toplevel
+  from mxrec_pipeline.core import key_index  # pylint: disable=import-outside-toplevel
+  from mxrec_pipeline.distributed import ps_table  # pylint: disable=import-outside-toplevel
+  from mxrec_pipeline.keras import pipeline as pipeline_lib  # pylint: disable=import-outside-toplevel
+  from mxrec_pipeline.util import initialize  # pylint: disable=import-outside-toplevel
+
+  config = config_lib.load(os.path.join(model_dir, "config.yaml"), [])
+  ranker = builders.get_builder(config.builder)
+  paths = ranker.prepare_data(config.data)
+  model_builder = ranker.build_model_builder(config.model, config.pipeline.seed)
+  dataset_builder = ranker.build_dataset_builder(paths, config.dataset, config.model)
+  dataset_builder.keep_raw_ids = True
+  dims = {name: spec.dim for name, spec in model_builder.tables.items()}
+  tables = np.zeros([num_ps, 2], np.int64)
+  steps = 0
+  for features, _ in dataset_builder.build_train_epoch(0, config.pipeline.num_train_steps,
+                                                       config.pipeline.seed):
+    steps += 1
+    for feature in dataset_builder.sparse_features:
+      ids = features[feature.name]
+      flat = ids.flat_values if isinstance(ids, tf.RaggedTensor) else ids
+      tables += ps_table.step_bytes(key_index.to_keys(flat).numpy(), num_ps, dims[feature.table])
+  initialize.init()
+  pipe = pipeline_lib.SimplePipeline(model_builder, dataset_builder, config.pipeline)
+  model = pipe.build_compiled_model()
+  table_ids = {id(v) for v in model.table_variables}
+  dense = np.zeros([num_ps, 2], np.int64)
+  for i, variable in enumerate(v for v in model.trainable_variables if id(v) not in table_ids):
+    size = variable.shape.num_elements() * variable.dtype.size
+    dense[i % num_ps] += (size, size)  # Its gradient in, its value out.
+  tables = tables / steps
+  return {
+      "steps_per_epoch": steps, "table_bytes_per_step": tables.tolist(),
+      "dense_bytes_per_step": dense.tolist(), "bytes_per_step": (tables + dense).tolist()
+  }
+
+
 def run_replicas(replica_counts, epochs: int, tmp: str) -> list[dict]:
   """examples/s of the MovieLens job per replica count, one child process each."""
   rows = []
@@ -316,7 +444,7 @@ def run_zipf(keys: int, global_batch: int, steps: int, tmp: str) -> dict:
 
 def main(argv=None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  parser.add_argument("--only", choices=("replicas", "workers", "zipf"), action="append",
+  parser.add_argument("--only", choices=("replicas", "workers", "ps", "zipf"), action="append",
                       help="which trials to run (repeatable; default: all)")
   parser.add_argument("--zipf-keys", type=int, default=10_000_000, help="keys of the Zipf job")
   parser.add_argument("--zipf-batch", type=int, default=1024,
@@ -333,7 +461,7 @@ def main(argv=None) -> int:
     out, kind, params = args.child
     result = {
         "replicas": child_replicas, "zipf_replicas": child_zipf_replicas,
-        "examples_per_step": child_examples_per_step
+        "examples_per_step": child_examples_per_step, "ps_bytes": child_ps_bytes
     }[kind](**json.loads(params))
     pathlib.Path(out).write_text(json.dumps(result))
     return 0
@@ -344,11 +472,13 @@ def main(argv=None) -> int:
         flush=True)
   results = {}
   with tempfile.TemporaryDirectory(prefix="bench_distributed_") as tmp:
-    only = args.only or ["replicas", "workers", "zipf"]
+    only = args.only or ["replicas", "workers", "ps", "zipf"]
     if "replicas" in only:
       results["replicas"] = run_replicas(args.replicas, args.epochs, tmp)
     if "workers" in only:
       results["workers"] = run_workers(max(args.epochs, 3), tmp)
+    if "ps" in only:
+      results["ps"] = run_ps(max(args.epochs, 3), tmp)
     if "zipf" in only:
       results["zipf"] = run_zipf(args.zipf_keys, args.zipf_batch, args.zipf_steps, tmp)
   if args.json:

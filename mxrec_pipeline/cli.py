@@ -1,7 +1,7 @@
 """`mxrec-pipeline` command line: train, export, predict, sweep, data fetch.
 
   mxrec-pipeline train configs/movielens_listwise.yaml [--fresh] [--set pipeline.num_epochs=3 ...]
-                 [--local-cluster workers=2]
+                 [--local-cluster workers=2[,ps=2]]
   mxrec-pipeline export configs/movielens_listwise.yaml [--out DIR]
   mxrec-pipeline predict MODEL_DIR --input lists.json|lists.tfrecord
   mxrec-pipeline sweep configs/sweep_movielens.yaml [--n-trials N] [--n-jobs J] [--timeout S]
@@ -40,19 +40,19 @@ def _train(args) -> int:
 
 
 def _train_local_cluster(args, config: config_lib.JobConfig) -> int:
-  """`train --local-cluster workers=N`: N local processes of this train command (TF-free)."""
+  """`train --local-cluster workers=N[,ps=M]`: a local cluster running this train command (TF-free).
+
+  workers=N: N copies under MultiWorkerMirroredStrategy. With ps=M: the chief
+  runs it under ParameterServerStrategy (the coordinator), N worker and M ps
+  tasks run mxrec_pipeline.cluster.ps_server.
+  """
   from mxrec_pipeline.cluster import local  # pylint: disable=import-outside-toplevel
   spec = local.parse_spec(args.local_cluster)
-  if spec.ps:
-    raise local.LocalClusterError(
-        f"--local-cluster {args.local_cluster!r}: `train` does not run the Keras pipeline under "
-        "ParameterServerStrategy yet; train tables sharded over ps tasks with a custom loop "
-        "(PSShardedTable, docs/distributed.md): python -m mxrec_pipeline.cluster.local "
-        f"{args.local_cluster} -- python YOUR_COORDINATOR.py")
+  strategy = hparams.PARAMETER_SERVER if spec.ps else hparams.MULTI_WORKER_MIRRORED
   argv = [
       sys.executable, "-m", "mxrec_pipeline.cli", "train", args.config, f"--verbose={args.verbose}"
   ] + (["--fresh"] if args.fresh else [])
-  for override in [*args.set, f"pipeline.strategy={hparams.MULTI_WORKER_MIRRORED}"]:
+  for override in [*args.set, f"pipeline.strategy={strategy}"]:
     argv += ["--set", override]
   log_dir = os.path.join(config.pipeline.model_dir, LOCAL_CLUSTER_LOGS)
   return local.run(lambda task: argv, spec, log_dir)
@@ -103,11 +103,12 @@ def build_parser() -> argparse.ArgumentParser:
   commands.choices["train"].add_argument("--verbose", type=int, default=2,
                                          help="Keras fit verbosity (0, 1, 2)")
   commands.choices["train"].add_argument(
-      "--local-cluster", metavar="workers=N",
+      "--local-cluster", metavar="workers=N[,ps=M]",
       help="train on a cluster of N local processes under MultiWorkerMirroredStrategy, each "
       "with TF_CONFIG on free localhost ports; streams the chief's output (worker 0), logs the "
-      f"others to model_dir/{LOCAL_CLUSTER_LOGS}/ and stops them all when one fails "
-      "(docs/distributed.md)")
+      f"others to model_dir/{LOCAL_CLUSTER_LOGS}/ and stops them all when one fails; with ps=M "
+      "under ParameterServerStrategy: a chief (this command, the coordinator), N workers and M "
+      "ps tasks, the tables sharded over the ps tasks (docs/distributed.md)")
   commands.choices["export"].add_argument("--out", help="export directory")
   predict = commands.add_parser("predict", help="score lists with an exported SavedModel")
   predict.add_argument("model_dir", help="SavedModel directory (e.g. .../export/latest_model)")

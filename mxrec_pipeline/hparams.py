@@ -18,7 +18,8 @@ RANKING_METRICS = {
     "ndcg@1": ("ndcg", 1), "ndcg@5": ("ndcg", 5), "ndcg@10": ("ndcg", 10), "mrr": ("mrr", None)
 }
 MULTI_WORKER_MIRRORED = "MultiWorkerMirroredStrategy"
-STRATEGIES = (None, "MirroredStrategy", MULTI_WORKER_MIRRORED)
+PARAMETER_SERVER = "ParameterServerStrategy"
+STRATEGIES = (None, "MirroredStrategy", MULTI_WORKER_MIRRORED, PARAMETER_SERVER)
 # Seconds a collective op (all-reduce) of MultiWorkerMirroredStrategy waits for its
 # peers before failing (tf.distribute.experimental.CommunicationOptions.timeout_seconds).
 DEFAULT_COLLECTIVE_TIMEOUT_S = None
@@ -73,6 +74,10 @@ class PipelineHparams:
       workers of the cluster in the TF_CONFIG environment variable, every local
       GPU or the CPU of each; see docs/distributed.md). The worker that is the
       chief (mxrec_pipeline.cluster.tf_config) writes the run's outputs.
+      "ParameterServerStrategy": asynchronous training, the chief of the
+      TF_CONFIG cluster coordinating model.fit, its "worker" and "ps" tasks
+      running mxrec_pipeline.cluster.ps_server, the tables sharded by key
+      over the ps tasks (docs/distributed.md "Parameter servers").
     collective_timeout_s: None (default), or seconds, finite and > 0, that a
       collective op of MultiWorkerMirroredStrategy (the all-reduce of a step)
       waits for its peers before it fails

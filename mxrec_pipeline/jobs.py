@@ -9,7 +9,9 @@ their own in a temporary directory, deleted when they end: TF's pattern for
 saving under that strategy (every worker saves, so collective ops in saving
 do not deadlock; non-chief workers save to temporary paths; see
 https://www.tensorflow.org/tutorials/distribute/multi_worker_with_keras,
-"Model saving and loading").
+"Model saving and loading"). Under ParameterServerStrategy only the chief (the
+coordinator) runs `train`; the worker and ps tasks run
+mxrec_pipeline.cluster.ps_server.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from builders.base_config import DatasetConfig
 from mxrec_pipeline import config as config_lib
 from mxrec_pipeline import evaluation
 from mxrec_pipeline import hparams as hparams_lib
+from mxrec_pipeline.cluster import reach
 from mxrec_pipeline.cluster import tf_config
 from mxrec_pipeline.data import checks
 from mxrec_pipeline.data import validation
@@ -110,7 +113,8 @@ def train(config: config_lib.JobConfig, verbose: int = 2,
     tf_config.TFConfigError: a bad TF_CONFIG under MultiWorkerMirroredStrategy.
     tf_config.PeerError: under it, a collective op failed because another
       task died or could not be reached within `pipeline.collective_timeout_s`
-      (naming this task and the peer TF names).
+      (naming this task and the peer TF names); under ParameterServerStrategy,
+      a ps or worker task unreachable at the start, or a ps lost (naming it).
   """
   # Every worker saves its table shards beside the chief's checkpoints.
   shard_checkpoint_dir = os.path.join(config.pipeline.model_dir, "checkpoints")
@@ -123,9 +127,14 @@ def train(config: config_lib.JobConfig, verbose: int = 2,
     with open(os.path.join(model_dir, RESOLVED_CONFIG), "w", encoding="utf-8") as f:
       yaml.safe_dump(config.to_dict(), f, sort_keys=False)
     strategy = None
-    if config.pipeline.strategy == pipeline_lib.MULTI_WORKER_MIRRORED:
-      # TF configures its collective ops when the strategy is created, before
-      # any other op of the process: data preparation runs some.
+    if config.pipeline.strategy == pipeline_lib.PARAMETER_SERVER:
+      # TF's connect to a task nobody listens on blocks without an error.
+      reach.wait_for_tasks(tf_config.from_environment())
+    if config.pipeline.strategy in (pipeline_lib.MULTI_WORKER_MIRRORED,
+                                    pipeline_lib.PARAMETER_SERVER):
+      # TF configures its collective ops (connects to the cluster) when the
+      # strategy is created, before any other op of the process: data
+      # preparation runs some.
       strategy = pipeline_lib.get_strategy(config.pipeline.strategy,
                                            config.pipeline.collective_timeout_s)
     ranker, paths, pipeline = _setup(config, strategy, shard_checkpoint_dir)
@@ -193,8 +202,9 @@ def lambdamart_metrics(config: config_lib.JobConfig, ranker, paths,
 
 
 def _cluster(config: config_lib.JobConfig) -> tf_config.TFConfig | None:
-  """The TF_CONFIG of a MultiWorkerMirroredStrategy job (None: other strategies, or unset)."""
-  if config.pipeline.strategy != hparams_lib.MULTI_WORKER_MIRRORED:
+  """The TF_CONFIG of a multi-worker or parameter-server job (None: other strategies, or unset)."""
+  if config.pipeline.strategy not in (hparams_lib.MULTI_WORKER_MIRRORED,
+                                      hparams_lib.PARAMETER_SERVER):
     return None
   return tf_config.from_environment()
 
@@ -213,6 +223,11 @@ def _peer_errors(config: config_lib.JobConfig) -> Iterator[None]:
   except _PEER_FAILURES as e:
     if cluster is None:
       raise
+    if config.pipeline.strategy == hparams_lib.PARAMETER_SERVER:
+      lost = reach.lost_ps_error(cluster, e)
+      if lost is None:
+        raise
+      raise lost from e
     peers = cluster.peers_named_in(e.message)
     lines = [line.strip() for line in e.message.splitlines() if line.strip()] or [type(e).__name__]
     # TF's line that says why ("Collective ops is aborted by: Connection reset by peer").
@@ -246,7 +261,8 @@ def worker_config(config: config_lib.JobConfig,
     ValueError: more than one worker and no `pipeline.seed`.
   """
   cluster = _cluster(config)
-  if cluster is not None and cluster.num_workers > 1 and config.pipeline.seed is None:
+  if (config.pipeline.strategy == hparams_lib.MULTI_WORKER_MIRRORED and cluster is not None and
+      cluster.num_workers > 1 and config.pipeline.seed is None):
     raise ValueError(f"pipeline.seed is required with MultiWorkerMirroredStrategy on "
                      f"{cluster.num_workers} workers: each worker keeps its part of every "
                      "global batch, so all must shuffle the data in the same (seeded) order")
@@ -291,11 +307,21 @@ def export(config: config_lib.JobConfig, export_dir: str | None = None) -> str:
 
   Raises:
     FileNotFoundError: no checkpoint in model_dir/checkpoints.
+    ValueError: the checkpoint is a sharded run's (its tables in a
+      `shards-<N>` directory beside it: MultiWorkerMirroredStrategy or
+      ParameterServerStrategy), which this single-process restore would
+      export without its tables' rows.
   """
   checkpoint_dir = os.path.join(config.pipeline.model_dir, "checkpoints")
   latest = tf.train.latest_checkpoint(checkpoint_dir)
   if latest is None:
     raise FileNotFoundError(f"no checkpoint in {checkpoint_dir}: train the config first")
+  shards = os.path.join(checkpoint_dir, "shards-" + latest.rsplit("-", 1)[1])
+  if os.path.isdir(shards):
+    raise ValueError(f"{latest} is a checkpoint of tables sharded over workers or ps tasks "
+                     f"({shards}); `export` restores single-process runs only: the sharded run "
+                     f"exported its tables at the end of training to "
+                     f"{os.path.join(config.pipeline.model_dir, 'export', 'latest_model')}")
   _, _, pipeline = _setup(config)
   if not initialize.is_initialized():
     initialize.init()

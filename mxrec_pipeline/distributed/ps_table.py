@@ -267,3 +267,39 @@ class PSShardedTable(tf.Module):
       for slot, variable in self.slots[shard].items():
         out[slot] = tf.gather(variable, rows).numpy()
     return out
+
+
+# Bytes of one key (int64) and of one restore index (int32).
+KEY_BYTES = 8
+RESTORE_BYTES = 4
+
+
+def step_bytes(keys: np.ndarray, num_shards: int, dim: int, value_bytes: int = 4) -> np.ndarray:
+  """Bytes one `lookup` + `apply_gradients` of `keys` ships between a worker and each shard.
+
+  Counted from the tensors that cross devices in the step, as `lookup` and
+  `apply_gradients` place them: to shard i go its n_i keys (int64) and,
+  after the backward pass, the gradient rows of its u_i distinct keys
+  ([u_i, dim]); from shard i come those u_i rows ([u_i, dim]) and the n_i
+  restore indices (int32, computed by the key index on the ps). The row
+  indices of the gradient are produced and consumed on the ps and do not
+  travel. Scalars (the step count) and gRPC framing are not counted.
+
+  Args:
+    keys: [n] int64 keys of one lookup (core/key_index.to_keys of the ids,
+      padding included).
+    num_shards: The table's shards (ps tasks), >= 1.
+    dim: The table's embedding dimension.
+    value_bytes: Bytes of a row component (4: float32).
+
+  Returns:
+    [num_shards, 2] int64: bytes to shard i (column 0) and from it (column 1).
+  """
+  keys = np.asarray(keys, np.int64).reshape(-1)
+  owners = sharding.owner_numpy(keys, num_shards)
+  out = np.zeros([num_shards, 2], np.int64)
+  for i in range(num_shards):
+    part = keys[owners == i]
+    rows_bytes = len(np.unique(part)) * dim * value_bytes
+    out[i] = (len(part) * KEY_BYTES + rows_bytes, rows_bytes + len(part) * RESTORE_BYTES)
+  return out

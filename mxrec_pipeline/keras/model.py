@@ -38,6 +38,7 @@ import tensorflow as tf
 import tensorflow_ranking as tfr
 
 from mxrec_pipeline.core.asc import feature_spec as fs
+from mxrec_pipeline.distributed import ps_table
 from mxrec_pipeline.keras import layers
 from mxrec_pipeline.keras import sharded
 from mxrec_pipeline.optimizers import factory
@@ -61,11 +62,19 @@ class SparseRankingModel(tf.keras.Model):
   `inputs`, `outputs` and `sparse_layers`). `compile(sparse_optimizer=...)`
   takes the hash optimizer of the tables (lazy Adam when omitted); the usual
   `optimizer` trains every other variable.
+
+  With `ps_tables` (tables sharded over parameter servers, keras/ps.py) the
+  gradients of their shard variables go to each table's `apply_gradients`,
+  which runs the tables' hash optimizer on the owning ps tasks.
   """
 
-  def __init__(self, *args, sparse_layers: Sequence[layers.SparseLookup] = (), **kwargs):
+  def __init__(self, *args, sparse_layers: Sequence[layers.SparseLookup] = (),
+               ps_tables: Sequence = (), **kwargs):
     super().__init__(*args, **kwargs)
     self._sparse_layers = list(sparse_layers)
+    # distributed.PSShardedTable objects; untracked (their shards are saved
+    # per ps task, keras/ps.PSShardCheckpoints).
+    object.__setattr__(self, "_ps_tables", list(ps_tables))
     self.sparse_optimizer = None
 
   def compile(self, *args, sparse_optimizer=None, **kwargs):
@@ -82,10 +91,10 @@ class SparseRankingModel(tf.keras.Model):
 
   @property
   def table_variables(self) -> list[tf.Variable]:
-    """Rows of the tables this model looks up, one per table."""
+    """Rows of the tables this model looks up, one per table (none of ps tables)."""
     seen, out = set(), []
     for layer in self._sparse_layers:
-      if id(layer.embeddings) not in seen:
+      if layer.embeddings is not None and id(layer.embeddings) not in seen:
         seen.add(id(layer.embeddings))
         out.append(layer.embeddings)
     return out
@@ -98,10 +107,15 @@ class SparseRankingModel(tf.keras.Model):
     sparse = self.table_variables
     sparse_ids = {id(v) for v in sparse}
     dense = [v for v in self.trainable_variables if id(v) not in sparse_ids]
-    grads = tape.gradient(loss, dense + sparse)
+    shards = [v for table in self._ps_tables for v in table.shard_variables]
+    grads = tape.gradient(loss, dense + sparse + shards)
     self.optimizer.apply_gradients(zip(grads[:len(dense)], dense))
     if sparse:  # A model without id tables (e.g. MSLR's dense features) has none.
-      self.sparse_optimizer.apply_gradients(zip(grads[len(dense):], sparse))
+      self.sparse_optimizer.apply_gradients(zip(grads[len(dense):len(dense) + len(sparse)], sparse))
+    start = len(dense) + len(sparse)
+    for table in self._ps_tables:
+      table.apply_gradients(grads[start:start + table.num_shards])
+      start += table.num_shards
     return self.compute_metrics(x, y, y_pred, sample_weight)
 
 
@@ -160,8 +174,9 @@ class ModelBuilder(tfr.keras.model.ModelBuilder):
       sharded_tables: None (the default): sparse features come in as the
         input pipeline's insertion results (restore indices and unique rows)
         and are embedded by SparseLookup. Table name -> ShardedTable
-        (keras/sharded.py, MultiWorkerMirroredStrategy): they come in as raw
-        ids, embedded by ShardedLookup.
+        (keras/sharded.py, MultiWorkerMirroredStrategy) or PSShardedTable
+        (keras/ps.py, ParameterServerStrategy): they come in as raw ids,
+        embedded by ShardedLookup.
     """
     context_inputs, example_inputs = self._input_creator()
     mask = tf.keras.Input(shape=(None,), dtype=tf.bool, name=self._mask_feature_name)
@@ -202,5 +217,8 @@ class ModelBuilder(tfr.keras.model.ModelBuilder):
     context_features, example_features = self.preprocess(context_features, example_features, mask)
     logits = self.score(context_features, example_features, mask)
     model_inputs[self._mask_feature_name] = mask
+    ps_tables = [
+        t for t in (sharded_tables or {}).values() if isinstance(t, ps_table.PSShardedTable)
+    ]
     return SparseRankingModel(inputs=model_inputs, outputs=logits, name=self._name,
-                              sparse_layers=sparse_layers)
+                              sparse_layers=sparse_layers, ps_tables=ps_tables)

@@ -32,10 +32,11 @@ from mxrec_pipeline.core.asc import helper
 from mxrec_pipeline.core.asc import replicas
 # Re-exported: users import PipelineHparams and RANKING_METRICS from here.
 from mxrec_pipeline.hparams import (  # pylint: disable=unused-import
-    MULTI_WORKER_MIRRORED, RANKING_METRICS, STRATEGIES, PipelineHparams)
+    MULTI_WORKER_MIRRORED, PARAMETER_SERVER, RANKING_METRICS, STRATEGIES, PipelineHparams)
 from mxrec_pipeline.keras import callbacks as callbacks_lib
 from mxrec_pipeline.keras import export as export_lib
 from mxrec_pipeline.keras import model as model_lib
+from mxrec_pipeline.keras import ps
 from mxrec_pipeline.keras import sharded
 from mxrec_pipeline.keras.layers import SparseFeature
 from mxrec_pipeline.optimizers import factory
@@ -338,7 +339,10 @@ def get_strategy(name: str | None,
   environment variable (jobs.train checks it first with
   mxrec_pipeline.cluster.tf_config), its collective ops failing after
   `collective_timeout_s` seconds without their peers
-  (CommunicationOptions.timeout_seconds; None: no timeout).
+  (CommunicationOptions.timeout_seconds; None: no timeout);
+  "ParameterServerStrategy" -> tf.distribute.experimental.ParameterServerStrategy
+  over the TF_CONFIG cluster (this process is its chief, the coordinator;
+  jobs.train first waits until every ps and worker task is reachable).
 
   Raises:
     ValueError: an unknown name.
@@ -351,6 +355,9 @@ def get_strategy(name: str | None,
   if name == MULTI_WORKER_MIRRORED:
     options = tf.distribute.experimental.CommunicationOptions(timeout_seconds=collective_timeout_s)
     return tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
+  if name == PARAMETER_SERVER:
+    return tf.distribute.experimental.ParameterServerStrategy(
+        tf.distribute.cluster_resolver.TFConfigClusterResolver())
   raise ValueError(f"unknown strategy {name!r}; supported: {list(STRATEGIES)}")
 
 
@@ -370,7 +377,8 @@ class ModelFitPipeline(AbstractPipeline):
       (MirroredStrategy), each global batch is inserted once and split into N
       per-replica batches (core/asc/replicas.py); see docs/distributed.md.
       Under MultiWorkerMirroredStrategy with N > 1 workers the tables are
-      sharded by key over the workers (keras/sharded.py).
+      sharded by key over the workers (keras/sharded.py); under
+      ParameterServerStrategy over the ps tasks (keras/ps.py).
     shard_checkpoint_dir: Where every worker saves its table shards with
       each checkpoint when tables are sharded over workers: a directory all
       workers write (jobs.train gives the chief's `model_dir/checkpoints`,
@@ -400,7 +408,8 @@ class ModelFitPipeline(AbstractPipeline):
     self.checkpoint = None
     self.history = None
     self._strategy_in_use = None
-    self._sharded_tables = None  # Table name -> ShardedTable when sharded over workers.
+    # Table name -> ShardedTable (sharded over workers) or PSShardedTable (over ps tasks).
+    self._sharded_tables = None
 
   @property
   def model_builder(self) -> model_lib.AbstractModelBuilder:
@@ -454,7 +463,9 @@ class ModelFitPipeline(AbstractPipeline):
     """Exports a SavedModel that scores raw ids; see export.export_serving_model."""
     builder = self._dataset_builder
     snapshots = None
-    if self._sharded_tables:  # Every worker gathers; only the chief's export_to is kept.
+    if self._uses_ps(self._strategy_in_use):  # The coordinator reads every shard.
+      snapshots = ps.ps_snapshots(self._sharded_tables)
+    elif self._sharded_tables:  # Every worker gathers; only the chief's export_to is kept.
       snapshots = sharded.gathered_snapshots(self._strategy_in_use, self._sharded_tables)
     return export_lib.export_serving_model(
         model,
@@ -505,7 +516,13 @@ class ModelFitPipeline(AbstractPipeline):
     partial final batches. Under MultiWorkerMirroredStrategy with N > 1
     workers the tables are sharded by key over the workers
     (keras/sharded.py): the dataset keeps raw ids, each worker saves its
-    shards with every checkpoint, the export gathers them.
+    shards with every checkpoint, the export gathers them. Under
+    ParameterServerStrategy (this process the coordinator) the tables are
+    sharded over the ps tasks (keras/ps.py): each epoch's steps run on the
+    workers, each worker reading its part of the epoch's batches
+    (ps.per_worker_dataset), asynchronously; validation runs on the
+    coordinator (ps.CoordinatorValidation), which also saves the shards with
+    every checkpoint and gathers them for the export.
 
     Args:
       verbose: Keras fit verbosity (0, 1, 2).
@@ -529,14 +546,20 @@ class ModelFitPipeline(AbstractPipeline):
       initialize.init()
     strategy = self._strategy or get_strategy(hparams.strategy, hparams.collective_timeout_s)
     self._strategy_in_use = strategy
-    if self._shards_tables(strategy):
+    on_ps = self._uses_ps(strategy)
+    if on_ps:
+      model = self._build_ps_model(strategy)
+    elif self._shards_tables(strategy):
       model = self._build_sharded_model(strategy)
     else:
       with strategy.scope(), _generator_rng(hparams.seed is not None):
         model = self.build_compiled_model()
     self.model = model
     shards = None
-    if self._sharded_tables:
+    if on_ps:
+      shards = ps.PSShardCheckpoints(os.path.join(hparams.model_dir, "checkpoints"),
+                                     self._sharded_tables)
+    elif self._sharded_tables:
       shards = sharded.ShardCheckpoints(
           strategy, self._shard_checkpoint_dir or os.path.join(hparams.model_dir, "checkpoints"),
           self._sharded_tables, model.sparse_optimizer)
@@ -544,6 +567,8 @@ class ModelFitPipeline(AbstractPipeline):
         model, os.path.join(hparams.model_dir, "checkpoints"), shards=shards)
     plan = epoch_steps(hparams.num_epochs, hparams.num_train_steps)
     start_epoch = self._restore(self.checkpoint, len(plan))
+    if on_ps:
+      return self._train_on_ps(model, plan, start_epoch, callbacks, verbose)
     run_callbacks = callbacks_lib.RunCallbacks(
         self.build_callbacks(model) + list(callbacks), model, verbose, epochs=len(plan))
     valid = self._distribute(
@@ -572,8 +597,73 @@ class ModelFitPipeline(AbstractPipeline):
         self._distribute(strategy, self._dataset_builder.build_valid_dataset(num_epochs=1)),
         steps=valid_steps if split and not hparams.num_valid_steps else None, return_dict=True,
         verbose=0)
-    return {key: float(results[metric_name(key)]) for key in RANKING_METRICS
-           } | {"loss": float(results["loss"])}
+    return _ranking_results(results)
+
+  def _train_on_ps(self, model, plan: list[int | None], start_epoch: int,
+                   callbacks: Sequence[tf.keras.callbacks.Callback],
+                   verbose: int) -> dict[str, float]:
+    """train_and_validate's epochs under ParameterServerStrategy (this process the coordinator).
+
+    Each epoch is one model.fit over `ps.per_worker_dataset` of the epoch's
+    batches, steps_per_epoch of them (the plan's, or one pass), with
+    validation on the coordinator (`ps.CoordinatorValidation`, first among
+    the callbacks so the others see its `val_*` logs).
+    """
+    hparams = self._hparams
+    validation = ps.CoordinatorValidation(self._evaluate_on_coordinator)
+    run_callbacks = callbacks_lib.RunCallbacks([validation, *self.build_callbacks(model)] +
+                                               list(callbacks), model, verbose, epochs=len(plan))
+    one_pass = (self._dataset_builder.count_batches(True) if None in plan[start_epoch:] else None)
+    run_callbacks.begin_run()
+    for epoch in range(start_epoch, len(plan)):
+      run_callbacks.set_epoch_steps(plan[epoch] or one_pass)
+      dataset = ps.per_worker_dataset(lambda epoch=epoch: self._train_epoch(epoch, plan[epoch]))
+      model.fit(dataset, initial_epoch=epoch, epochs=epoch + 1, steps_per_epoch=plan[epoch] or
+                one_pass, callbacks=run_callbacks, verbose=verbose)
+      if model.stop_training:
+        break
+    run_callbacks.end_run()
+    self.history = run_callbacks.history
+    self.export_saved_model(model, os.path.join(hparams.model_dir, "export", "latest_model"))
+    return _ranking_results(self._evaluate_on_coordinator())
+
+  def _evaluate_on_coordinator(self) -> dict[str, float]:
+    """ps.evaluate_on_coordinator over the validation data (`num_valid_steps` batches or all)."""
+    steps = self._hparams.num_valid_steps
+    dataset = self._dataset_builder.build_valid_dataset(num_epochs=None if steps else 1)
+    if steps:
+      dataset = dataset.take(steps)
+    return ps.evaluate_on_coordinator(self.model, dataset, self.build_metrics())
+
+  def _uses_ps(self, strategy: tf.distribute.Strategy | None) -> bool:
+    """Whether training runs under ParameterServerStrategy (tables sharded over the ps tasks)."""
+    return isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy)
+
+  def _build_ps_model(self, strategy: tf.distribute.Strategy) -> tf.keras.Model:
+    """The compiled model with its tables sharded over the ps tasks (keras/ps.py).
+
+    The PSShardedTables (rows, key indexes, hash-optimizer slots) are created
+    outside the strategy's scope, shard i on ps task i; the dense model and
+    its optimizer inside it (TF places them on the ps tasks). The dataset then
+    keeps raw ids.
+
+    Raises:
+      ValueError: a model builder that is not a ModelBuilder (its tables
+        unknown; the pipeline trains only those under the strategy), or a
+        tiered table.
+    """
+    if not isinstance(self._model_builder, model_lib.ModelBuilder):
+      raise ValueError(f"{PARAMETER_SERVER} shards the tables of an mxrec_pipeline ModelBuilder; "
+                       f"got {type(self._model_builder).__name__}")
+    sparse_optimizer = self._sparse_optimizer()
+    tables = ps.create_ps_tables(strategy, self._model_builder.tables.values(), sparse_optimizer,
+                                 self._model_builder.seed)
+    self._dataset_builder.keep_raw_ids = True
+    self._sharded_tables = tables
+    with strategy.scope(), _generator_rng(self._hparams.seed is not None):
+      model = self._model_builder.build(sharded_tables=tables)
+      self._compile(model, sparse_optimizer)
+    return model
 
   def _shards_tables(self, strategy: tf.distribute.Strategy) -> bool:
     """Whether the tables are sharded over workers (MultiWorkerMirroredStrategy, N > 1)."""
@@ -652,6 +742,12 @@ class ModelFitPipeline(AbstractPipeline):
     # Another AbstractDatasetBuilder: its data, bounded to the epoch.
     dataset = builder.build_train_dataset(num_epochs=1 if num_steps is None else None)
     return dataset if num_steps is None else dataset.take(num_steps)
+
+
+def _ranking_results(results: dict) -> dict[str, float]:
+  """RANKING_METRICS keys ("ndcg@10", ...) and "loss" from Keras-named results ("ndcg_10")."""
+  return {key: float(results[metric_name(key)]) for key in RANKING_METRICS
+         } | {"loss": float(results["loss"])}
 
 
 class SimplePipeline(ModelFitPipeline):

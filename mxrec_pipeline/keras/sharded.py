@@ -32,6 +32,7 @@ import tensorflow as tf
 from mxrec_pipeline.core import key_index as key_index_lib
 from mxrec_pipeline.distributed import checkpoint as checkpoint_lib
 from mxrec_pipeline.distributed import export as distributed_export
+from mxrec_pipeline.distributed.ps_table import PSShardedTable
 from mxrec_pipeline.distributed.sharded_table import ShardedTable
 from mxrec_pipeline.keras import layers
 
@@ -84,25 +85,31 @@ class ShardedLookup(tf.keras.layers.Layer):
   training absent keys get rows at their owners; otherwise they read zeros.
   Must run inside the strategy's replica context (Keras' train/test step).
 
+  Under ParameterServerStrategy the same layer reads a PSShardedTable
+  (keras/ps.py): `lookup` then runs on the ps tasks that own the ids.
+
   Args:
     feature: The SparseFeature it embeds.
-    table: The ShardedTable of the feature's table.
+    table: The ShardedTable (or PSShardedTable) of the feature's table.
 
   Attributes:
     embeddings: This worker's shard variable (the table's rows it owns); not
-      among the layer's Keras weights.
+      among the layer's Keras weights. None for a PSShardedTable (its shards
+      are `table.shard_variables`).
     serving_rows, serving_positions: During export: the gathered snapshot's
       [num_keys + 1, dim] rows and its StaticHashTable key -> position.
   """
 
-  def __init__(self, feature: layers.SparseFeature, table: ShardedTable, **kwargs):
+  def __init__(self, feature: layers.SparseFeature, table: ShardedTable | PSShardedTable, **kwargs):
     super().__init__(**kwargs)
     self.feature = feature
     # Neither tracked: Keras refuses a model variable created outside the
     # strategy's scope, which this worker's own shard is; checkpoints save
-    # the shards per worker (distributed/checkpoint.py).
+    # the shards per worker (distributed/checkpoint.py) or per ps task.
     object.__setattr__(self, "table", table)
-    object.__setattr__(self, "embeddings", table.variable)
+    object.__setattr__(self, "embeddings", getattr(table, "variable", None))
+    self._rows_dtype = (table.shard_variables[0]
+                        if self.embeddings is None else table.variable).dtype
     self.serving_rows = None
     self.serving_positions = None
 
@@ -116,7 +123,7 @@ class ShardedLookup(tf.keras.layers.Layer):
       # Keras builds the functional model by tracing `call` on placeholders
       # in its scratch graph, under the strategy's scope but outside any
       # replica context: only the output's shape and dtype matter there.
-      emb = tf.zeros(tf.concat([tf.shape(flat), [self.table.dim]], 0), self.table.variable.dtype)
+      emb = tf.zeros(tf.concat([tf.shape(flat), [self.table.dim]], 0), self._rows_dtype)
     else:
       emb = self.table.lookup(flat, training=training)
     if isinstance(ids, tf.RaggedTensor):
@@ -152,19 +159,26 @@ def gathered_snapshots(strategy: tf.distribute.Strategy,
   The same compact form as KeyIndex.to_compact_table of a single-process
   table: the keys in increasing order, their rows, and a zero default row.
   """
-  snapshots = {}
-  for name, table in tables.items():
-    keys, rows = distributed_export.gather_shards(strategy, table)
-    default = np.zeros([1, table.dim], rows.dtype)
-    num_keys = np.int64(len(keys))
-    positions = tf.lookup.StaticHashTable(
-        tf.lookup.KeyValueTensorInitializer(tf.constant(keys, tf.int64),
-                                            tf.range(num_keys, dtype=tf.int64)),
-        default_value=num_keys, name=f"{name}_positions")
-    snapshots[name] = Snapshot(
-        tf.Variable(np.concatenate([rows, default]), trainable=False, name=f"{name}_serving_rows"),
-        positions)
-  return snapshots
+  return {
+      name: snapshot(name, *distributed_export.gather_shards(strategy, table))
+      for name, table in tables.items()
+  }
+
+
+def snapshot(name: str, keys: np.ndarray, rows: np.ndarray) -> Snapshot:
+  """The serving Snapshot of table `name` from its keys [n] int64 (increasing) and rows [n, dim].
+
+  A zero default row is appended at position n, where absent keys map.
+  """
+  default = np.zeros([1, rows.shape[1]], rows.dtype)
+  num_keys = np.int64(len(keys))
+  positions = tf.lookup.StaticHashTable(
+      tf.lookup.KeyValueTensorInitializer(tf.constant(keys, tf.int64),
+                                          tf.range(num_keys, dtype=tf.int64)),
+      default_value=num_keys, name=f"{name}_positions")
+  return Snapshot(
+      tf.Variable(np.concatenate([rows, default]), trainable=False, name=f"{name}_serving_rows"),
+      positions)
 
 
 class ShardCheckpoints:
@@ -195,7 +209,7 @@ class ShardCheckpoints:
 
   def path(self, number: int) -> str:
     """`<directory>/shards-<number>`: the shards of checkpoint ckpt-<number>."""
-    return os.path.join(self.directory, f"shards-{number}")
+    return shards_path(self.directory, number)
 
   def save(self, number: int) -> None:
     """Saves this worker's shards as checkpoint `number` (every worker calls it).
@@ -211,10 +225,7 @@ class ShardCheckpoints:
     """The chief removes the shards of checkpoints other than `kept` (others do nothing)."""
     if next(iter(self._tables.values())).shard_id != 0:
       return
-    keep = {self.path(n) for n in kept}
-    for path in glob.glob(os.path.join(glob.escape(self.directory), "shards-*")):
-      if path not in keep:
-        shutil.rmtree(path, ignore_errors=True)
+    prune_shard_dirs(self.directory, kept)
 
   def restore(self, number: int) -> None:
     """Restores this worker's shards (keys it owns now) of checkpoint `number`.
@@ -224,6 +235,19 @@ class ShardCheckpoints:
     """
     for table in self._tables.values():
       checkpoint_lib.restore_shard(self.path(number), table, [self._optimizer])
+
+
+def shards_path(directory: str, number: int) -> str:
+  """`<directory>/shards-<number>`: the table shards of checkpoint ckpt-<number>."""
+  return os.path.join(directory, f"shards-{number}")
+
+
+def prune_shard_dirs(directory: str, kept: Iterable[int]) -> None:
+  """Removes the `shards-<N>` directories of `directory` whose N is not in `kept`."""
+  keep = {shards_path(directory, n) for n in kept}
+  for path in glob.glob(os.path.join(glob.escape(directory), "shards-*")):
+    if path not in keep:
+      shutil.rmtree(path, ignore_errors=True)
 
 
 def _barrier(strategy: tf.distribute.Strategy) -> None:

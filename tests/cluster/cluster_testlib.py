@@ -1,14 +1,23 @@
-"""Helpers of the cluster tests: find the processes a test started, by an environment marker."""
+"""Helpers of the cluster tests: the processes a test started (by an environment marker), runs."""
 
 from __future__ import annotations
 
 import os
 import pathlib
 import signal
+import sys
 import time
 import uuid
 
+import tensorflow as tf
+
 MARKER_VAR = "MXREC_CLUSTER_TEST_MARKER"
+REPO = pathlib.Path(__file__).resolve().parents[2]
+MOVIELENS_CONFIG = str(REPO / "configs" / "movielens_listwise.yaml")
+MOVIELENS_TABLES = ("user", "item", "user_attribute", "zip", "genre", "title_token")
+TIMEOUT_S = 240  # A guard against a hung cluster only.
+sys.path.insert(0, str(REPO / "tests" / "builders"))
+import builders_testlib  # pylint: disable=wrong-import-position  # noqa: E402
 
 
 def marked_env(**extra: str) -> tuple[dict[str, str], str]:
@@ -55,3 +64,38 @@ def wait_for_text(path: pathlib.Path, text: str, timeout_s: float, process=None)
       raise AssertionError(f"process ended with {process.returncode} before {path} held {text!r}")
     time.sleep(0.05)
   raise AssertionError(f"{path} did not hold {text!r} within {timeout_s} s")
+
+
+def write_tiny_movielens(data_dir: pathlib.Path) -> pathlib.Path:
+  """16 users x 10 ratings of 20 items (builders_testlib.write_movielens): 16 validation lists."""
+  return builders_testlib.write_movielens(data_dir, num_users=16, ratings_per_user=10, num_items=20)
+
+
+def movielens_overrides(tmp_path, data_dir, model_dir, **pipeline) -> list[str]:
+  """`--set` arguments of a tiny MovieLens job comparable with one process across processes.
+
+  Zero initial rows (random ones are drawn per shard, docs/distributed.md),
+  no dropout, tfr's mean squared loss (a softmax loss leaves the output bias
+  to Adam's steps of rounding noise), batches of 4 lists, 2 epochs of 3 steps;
+  `pipeline` adds `pipeline.<key>=<value>` overrides.
+  """
+  sets = [
+      f"data.data_dir={data_dir}", f"data.elwc_dir={tmp_path / 'elwc'}",
+      f"pipeline.model_dir={model_dir}", "model.device_vocabulary_size=200",
+      "model.hidden_layer_dims=[8]", "model.dropout=0.0", "model.table_initializer=zeros",
+      "dataset.train_batch_size=4", "dataset.valid_batch_size=4", "pipeline.num_epochs=2",
+      "pipeline.num_train_steps=6", "pipeline.loss=mean_squared_loss", "pipeline.seed=1",
+      "pipeline.export_best_model=false"
+  ] + [f"pipeline.{k}={v}" for k, v in pipeline.items()]
+  return [a for s in sets for a in ("--set", s)]
+
+
+def epoch_losses(model_dir: pathlib.Path) -> list[float]:
+  """The chief's `epoch_loss` TensorBoard scalars of a run, in step order."""
+  losses = {}
+  for path in (model_dir / "logs" / "train").glob("events.out.tfevents.*"):
+    for event in tf.compat.v1.train.summary_iterator(str(path)):
+      for value in event.summary.value:
+        if value.tag == "epoch_loss":
+          losses[event.step] = float(tf.make_ndarray(value.tensor))
+  return [losses[step] for step in sorted(losses)]

@@ -34,21 +34,10 @@ def test_bad_cluster_setup_exits_2_naming_it(tmp_path, monkeypatch, capsys, tf_c
 
 @pytest.mark.parametrize("override, message", [
     ("pipeline.collective_timeout_s=0", "`collective_timeout_s` must be a finite positive number"),
-    ("pipeline.strategy=MultiWorker", "'MirroredStrategy', 'MultiWorkerMirroredStrategy'), got "
-     "'MultiWorker'"),
+    ("pipeline.strategy=MultiWorker", "'MultiWorkerMirroredStrategy', 'ParameterServerStrategy'), "
+     "got 'MultiWorker'"),
 ])
 def test_bad_strategy_keys_exit_2(tmp_path, capsys, override, message):
   args = ["train", CONFIG, "--set", f"pipeline.model_dir={tmp_path / 'run'}", "--set", override]
   assert cli.main(args) == 2
   assert message in capsys.readouterr().err
-
-
-def test_train_with_ps_tasks_is_refused_pointing_to_the_custom_loop(tmp_path, capsys):
-  args = [
-      "train", CONFIG, "--set", f"pipeline.model_dir={tmp_path / 'run'}", "--local-cluster",
-      "workers=2,ps=2"
-  ]
-  assert cli.main(args) == 2
-  err = capsys.readouterr().err
-  assert "does not run the Keras pipeline under ParameterServerStrategy" in err
-  assert "python -m mxrec_pipeline.cluster.local workers=2,ps=2 --" in err

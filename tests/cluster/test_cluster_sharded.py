@@ -23,40 +23,14 @@ from mxrec_pipeline.evaluation import METRICS_FILE
 
 pytestmark = [pytest.mark.slow, pytest.mark.cluster]
 
-REPO = pathlib.Path(__file__).resolve().parents[2]
-CONFIG = str(REPO / "configs" / "movielens_listwise.yaml")
-sys.path.insert(0, str(REPO / "tests" / "builders"))
-import builders_testlib  # pylint: disable=wrong-import-position  # noqa: E402
-
-TIMEOUT_S = 240  # A guard against a hung cluster only.
-TABLES = ("user", "item", "user_attribute", "zip", "genre", "title_token")
+CONFIG = lib.MOVIELENS_CONFIG
+TIMEOUT_S = lib.TIMEOUT_S
+TABLES = lib.MOVIELENS_TABLES
 
 
 def _overrides(tmp_path, data_dir, model_dir, **pipeline):
-  # Zero initial rows: random ones are drawn per shard (docs/distributed.md).
-  # No dropout; tfr's mean squared loss, as the replica tests (a softmax loss
-  # leaves the output bias to Adam's steps of rounding noise). Batches of 4
-  # lists split 2 + 2; 16 validation lists in 4 batches.
-  sets = [
-      f"data.data_dir={data_dir}", f"data.elwc_dir={tmp_path / 'elwc'}",
-      f"pipeline.model_dir={model_dir}", "model.device_vocabulary_size=200",
-      "model.hidden_layer_dims=[8]", "model.dropout=0.0", "model.table_initializer=zeros",
-      "dataset.train_batch_size=4", "dataset.valid_batch_size=4", "pipeline.num_epochs=2",
-      "pipeline.num_train_steps=6", "pipeline.loss=mean_squared_loss", "pipeline.seed=1",
-      "pipeline.collective_timeout_s=60", "pipeline.export_best_model=false"
-  ] + [f"pipeline.{k}={v}" for k, v in pipeline.items()]
-  return [a for s in sets for a in ("--set", s)]
-
-
-def _epoch_losses(model_dir: pathlib.Path) -> list[float]:
-  """The chief's `epoch_loss` TensorBoard scalars, in step order."""
-  losses = {}
-  for path in (model_dir / "logs" / "train").glob("events.out.tfevents.*"):
-    for event in tf.compat.v1.train.summary_iterator(str(path)):
-      for value in event.summary.value:
-        if value.tag == "epoch_loss":
-          losses[event.step] = float(tf.make_ndarray(value.tensor))
-  return [losses[step] for step in sorted(losses)]
+  # Batches of 4 lists split 2 + 2 over the workers; 16 validation lists in 4 batches.
+  return lib.movielens_overrides(tmp_path, data_dir, model_dir, collective_timeout_s=60, **pipeline)
 
 
 def _export(model_dir: pathlib.Path):
@@ -64,8 +38,7 @@ def _export(model_dir: pathlib.Path):
 
 
 def test_movielens_on_two_workers_trains_as_one_process(tmp_path, capsys):
-  data_dir = builders_testlib.write_movielens(tmp_path / "ml", num_users=16, ratings_per_user=10,
-                                              num_items=20)
+  data_dir = lib.write_tiny_movielens(tmp_path / "ml")
   env, marker = lib.marked_env()
   model_dir = tmp_path / "run2"
   # Epoch 1 of 2, then the same job again: both workers resume from their shards.
@@ -94,7 +67,7 @@ def test_movielens_on_two_workers_trains_as_one_process(tmp_path, capsys):
                   _overrides(tmp_path, data_dir, tmp_path / "run1", strategy="null")) == 0
   capsys.readouterr()
   runs = (model_dir, tmp_path / "run1")
-  losses = [_epoch_losses(d) for d in runs]
+  losses = [lib.epoch_losses(d) for d in runs]
   assert len(losses[0]) == 2  # The epochs of both launches.
   np.testing.assert_allclose(losses[0], losses[1], rtol=1e-5)
   metrics = [json.loads((d / METRICS_FILE).read_text())["model"] for d in runs]

@@ -120,3 +120,16 @@ def test_eval_lookup_reads_the_default_for_absent_ids_and_inserts_nothing():
       table.lookup(tf.constant([3, 4, 4], tf.int64), training=False, default_value=-1.0),
       [[-1, -1], [0.5, 0.5], [0.5, 0.5]])
   np.testing.assert_array_equal(table.export_shard(0)["keys"], [4])
+
+
+def test_step_bytes_counts_keys_rows_gradients_and_restore_indices_per_owner():
+  keys = np.array([5, 9, 5, 12, 9, 9, 30], np.int64)
+  owners = sharding.owner_numpy(keys, 2)
+  expected = np.zeros([2, 2], np.int64)
+  for i in range(2):
+    n, u = int((owners == i).sum()), len(set(keys[owners == i].tolist()))
+    # To the ps: n keys (8 B) + u gradient rows (3 x 4 B); back: u rows + n restore indices (4 B).
+    expected[i] = (8 * n + 12 * u, 12 * u + 4 * n)
+  np.testing.assert_array_equal(ps_table.step_bytes(keys, 2, dim=3), expected)
+  # One shard: 7 keys, 4 distinct.
+  np.testing.assert_array_equal(ps_table.step_bytes(keys, 1, dim=3), [[8 * 7 + 48, 48 + 4 * 7]])
