@@ -54,6 +54,7 @@ import tensorflow as tf
 import tensorflow_ranking as tfr
 
 from builders.base import DataPaths, RankerBuilder, MASK_FEATURE
+from builders.ensemble import EnsembleMean
 from builders.movielens_config import RELEVANCES, MovieLensDataConfig, MovieLensModelConfig
 from mxrec_pipeline.data import fetch as fetch_lib
 from mxrec_pipeline.data import movielens
@@ -83,6 +84,8 @@ EXAMPLE_SPEC = {
 LABEL_SPEC = ("rating", _F([1], tf.float32, default_value=-1.0))
 LIKED_RATING = 4.0
 USER_FEATURE, ITEM_FEATURE = "user_id", "item_id"
+# The self-attention output's name among the scorer's example features.
+ATTENTION_FEATURE = "list_attention"
 
 # The dense (non-id) features, scaled to about [0, 1]; applied after the
 # sparse features became embeddings.
@@ -142,27 +145,63 @@ class MovieLensScorer(tfr.keras.model.UnivariateScorer):
     user_feature, item_feature: Names of the two id features.
     linear_features: Dense features, [batch_size, list_size, 1] float32 each
       after preprocessing, also added to the logit linearly; () for none.
+    num_attention_heads: > 0: multi-head self-attention across the movies of
+      a list (`tfr.keras.layers.DocumentInteractionAttention`, Pasumarthi et
+      al., "Permutation Equivariant Document Interaction Network for Neural
+      Learning-to-Rank", ICTIR 2020; as builders/letor_dasalc.py) over the
+      concatenated example features, [batch_size, list_size, head_size]
+      float32, joins the DNN's input per movie; 0: none.
+    attention_head_size: Units per attention head.
+    ensemble_size: k >= 1 DNN towers over the same features and tables, their
+      logits averaged (`builders.ensemble.EnsembleMean`: at training, list b
+      trains tower b mod k); the linear and dot-product terms are shared.
   """
 
   def __init__(self, hidden_layer_dims, dropout: float = 0.0, use_batch_norm: bool = False,
                dot_product: bool = True, id_l2: float = 0.0, user_feature: str = USER_FEATURE,
-               item_feature: str = ITEM_FEATURE, linear_features: Sequence[str] = ()):
+               item_feature: str = ITEM_FEATURE, linear_features: Sequence[str] = (),
+               num_attention_heads: int = 0, attention_head_size: int = 16, ensemble_size: int = 1):
     self._dnn_kwargs = dict(hidden_layer_dims=list(hidden_layer_dims), output_units=1,
                             dropout=dropout, use_batch_norm=use_batch_norm)
     self._dot_product = dot_product
     self._id_l2 = id_l2
     self._ids = (user_feature, item_feature)
     self._linear_features = tuple(linear_features)
+    self._attention = dict(num_heads=num_attention_heads, head_size=attention_head_size,
+                           dropout=dropout)
+    self._ensemble_size = ensemble_size
+
+  def __call__(self, context_features, example_features, mask):
+    """[batch_size, list_size] float32 scores; see `tfr.keras.model.UnivariateScorer`."""
+    if self._attention["num_heads"]:
+      x = tf.keras.layers.Concatenate()([example_features[k] for k in sorted(example_features)])
+      attention = tfr.keras.layers.DocumentInteractionAttention(**self._attention,
+                                                                name="list_attention")((x, mask))
+      example_features = {**example_features, ATTENTION_FEATURE: attention}
+    if self._ensemble_size == 1:
+      return super().__call__(context_features, example_features, mask)
+    flat_context, flat_example = tfr.keras.layers.FlattenList()(inputs=(context_features,
+                                                                        example_features, mask))
+    logits = self._score_flattened(flat_context, flat_example)  # [batch_size * list_size, k]
+    members = [
+        tfr.keras.layers.RestoreList(name=f"member_{i}_restore")(inputs=(logits[:, i:i + 1], mask))
+        for i in range(self._ensemble_size)
+    ]
+    return EnsembleMean(name="ensemble_mean")(tf.stack(members, axis=-1))
 
   def _score_flattened(self, context_features, example_features):
-    """[batch_size * list_size, 1] logits; see `tfr.keras.model.UnivariateScorer`."""
+    """[batch_size * list_size, ensemble_size] logits; see `tfr.keras.model.UnivariateScorer`."""
     features = {**context_features, **example_features}
     if self._id_l2 > 0:
       for name in self._ids:
         features[name] = tf.keras.layers.ActivityRegularization(l2=self._id_l2,
                                                                 name=f"{name}_l2")(features[name])
     flat = [tf.keras.layers.Flatten()(features[name]) for name in sorted(features)]
-    logits = tfr.keras.layers.create_tower(**self._dnn_kwargs)(tf.keras.layers.Concatenate()(flat))
+    x = tf.keras.layers.Concatenate()(flat)
+    towers = [
+        tfr.keras.layers.create_tower(**self._dnn_kwargs)(x) for _ in range(self._ensemble_size)
+    ]
+    logits = towers[0] if len(towers) == 1 else tf.keras.layers.Concatenate()(towers)
     linear = [tf.keras.layers.Flatten()(features[name]) for name in self._linear_features]
     if linear:
       # The wide part: one weight per statistic, summed into the logit.
@@ -181,7 +220,10 @@ def build_scorer(model: MovieLensModelConfig) -> MovieLensScorer:
   linear = movielens.RATING_STATISTICS_FEATURES if getattr(model, "rating_statistics", True) else ()
   return MovieLensScorer(model.hidden_layer_dims, dropout=model.dropout,
                          use_batch_norm=model.use_batch_norm, dot_product=model.dot_product,
-                         id_l2=model.id_l2, linear_features=linear)
+                         id_l2=model.id_l2, linear_features=linear,
+                         num_attention_heads=getattr(model, "num_attention_heads", 0),
+                         attention_head_size=getattr(model, "attention_head_size", 16),
+                         ensemble_size=getattr(model, "ensemble_size", 1))
 
 
 class RelevanceDatasetBuilder(pipeline_lib.SimpleDatasetBuilder):

@@ -81,6 +81,15 @@ class MovieLensModelConfig:
     rating_statistics: Use each movie's leave-one-out mean training rating,
       its rating count and the user's neighbors' rating deviation (dense
       example features; mxrec_pipeline/data/movielens.py).
+    num_attention_heads: > 0: self-attention across the movies of each list
+      (tfr.keras.layers.DocumentInteractionAttention, `dropout` as the DNN's)
+      over the concatenated example features, its output joining the DNN's
+      input (builders/movielens.py `MovieLensScorer`); 0 (default): none.
+    attention_head_size: Units per attention head, > 0.
+    ensemble_size: Independently initialized DNN towers over the same
+      features and tables, >= 1; their logits are averaged
+      (builders/ensemble.py `EnsembleMean`), the linear and dot-product terms
+      shared. 1 (default): one DNN.
   """
 
   hidden_layer_dims: list[int] = dataclasses.field(default_factory=lambda: [64, 32])
@@ -100,6 +109,9 @@ class MovieLensModelConfig:
   table_initializer: str = "truncated_normal"
   user_history: bool = True
   rating_statistics: bool = True
+  num_attention_heads: int = 0
+  attention_head_size: int = 16
+  ensemble_size: int = 1
 
   def __post_init__(self):
     if not 0.0 <= self.dropout < 1.0:
@@ -107,5 +119,10 @@ class MovieLensModelConfig:
     if not self.hidden_layer_dims or any(d <= 0 for d in self.hidden_layer_dims):
       raise ValueError(f"model.hidden_layer_dims must be positive ints, "
                        f"got {self.hidden_layer_dims}")
+    if self.num_attention_heads < 0 or self.attention_head_size <= 0:
+      raise ValueError(f"model.num_attention_heads must be >= 0 and model.attention_head_size "
+                       f"> 0, got {self.num_attention_heads}, {self.attention_head_size}")
+    if self.ensemble_size < 1:
+      raise ValueError(f"model.ensemble_size must be >= 1, got {self.ensemble_size}")
     if not self.id_l2 >= 0.0:
       raise ValueError(f"model.id_l2 must be >= 0, got {self.id_l2}")

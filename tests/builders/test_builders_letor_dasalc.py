@@ -31,15 +31,6 @@ def _inputs(batch_size: int = 3, list_size: int = 5, seed: int = 0) -> dict:
   return features | {"example_list_mask": tf.constant(mask)}
 
 
-def test_ensemble_mean_is_the_mean_at_inference_and_one_member_per_list_in_training():
-  scores = tf.constant(np.arange(24, dtype=np.float32).reshape([4, 2, 3]))
-  layer = letor_dasalc.EnsembleMean()
-  np.testing.assert_allclose(layer(scores, training=False), np.mean(scores.numpy(), -1))
-  # List b takes member b mod 3.
-  expected = np.stack([scores.numpy()[b, :, b % 3] for b in range(4)])
-  np.testing.assert_allclose(layer(scores, training=True), expected)
-
-
 def test_ensemble_scores_are_the_mean_of_its_members():
   model = _model(DasalcModelConfig(hidden_layer_dims=[8], attention_head_size=4, ensemble_size=3))
   inputs = _inputs()
