@@ -178,6 +178,8 @@ def test_ctrl_c_stops_every_worker(tmp_path):
                                 stderr=subprocess.STDOUT)
   try:
     lib.wait_for_text(tmp_path / "logs" / "worker-1.log", "TF_CONFIG", 60, launcher)
+    # Ctrl-C while the job runs: every task started and listed by the launcher.
+    lib.wait_for_text(tmp_path / "launcher.txt", "local cluster: worker 1 (pid", 60, launcher)
     launcher.send_signal(signal.SIGINT)
     assert launcher.wait(timeout=60) == 130
     assert "interrupted, stopping every worker" in (tmp_path / "launcher.txt").read_text()

@@ -266,8 +266,9 @@ CASES = [
     # `train --local-cluster` values (refused before any process starts).
     ("local cluster not an int", ["train", "{tmp}/job.yaml", "--local-cluster", "workers=two"],
      {"job.yaml": JOB}, 2, "--local-cluster 'workers=two': `workers` must be an int >= 0"),
-    ("local cluster ps", ["train", "{tmp}/job.yaml", "--local-cluster", "workers=2,ps=1"],
-     {"job.yaml": JOB}, 2, "does not run the Keras pipeline under ParameterServerStrategy yet"),
+    ("local cluster ps without workers",
+     ["train", "{tmp}/job.yaml", "--local-cluster", "workers=0,ps=2"], {"job.yaml": JOB}, 2,
+     "--local-cluster 'workers=0,ps=2': `workers` must be a positive int, got 0"),
     # Sweep storage (none of these reaches a trial).
     _sweep("storage missing SQLite dir", "sqlite:///{tmp}/no/such/dir/study.db", 2,
            "the directory {tmp}/no/such/dir of the SQLite file does not exist"),
