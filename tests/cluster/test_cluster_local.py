@@ -170,12 +170,21 @@ sys.exit(local.run(lambda index: task, local.LocalClusterSpec(workers=2), sys.ar
 """
 
 
+def _sigint_as_on_a_terminal():
+  """Child setup: SIGINT's default action, as a shell in the foreground gives.
+
+  A test run started in the background by a non-interactive shell inherits
+  SIGINT ignored, and Python then installs no KeyboardInterrupt handler.
+  """
+  signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_stops_every_worker(tmp_path):
   env, marker = lib.marked_env()
   with open(tmp_path / "launcher.txt", "w", encoding="utf-8") as out:
     launcher = subprocess.Popen([sys.executable, "-c", LAUNCHER, TASK,
                                  str(tmp_path / "logs")], env=env, stdout=out,
-                                stderr=subprocess.STDOUT)
+                                stderr=subprocess.STDOUT, preexec_fn=_sigint_as_on_a_terminal)
   try:
     lib.wait_for_text(tmp_path / "logs" / "worker-1.log", "TF_CONFIG", 60, launcher)
     # Ctrl-C while the job runs: every task started and listed by the launcher.
