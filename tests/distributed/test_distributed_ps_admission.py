@@ -24,6 +24,7 @@ from mxrec_pipeline.core import embedding
 from mxrec_pipeline.core import key_index
 from mxrec_pipeline.core import lookup
 from mxrec_pipeline.distributed import ps_table
+from mxrec_pipeline.distributed import sharding
 from mxrec_pipeline.optimizers import lazy_adam
 from mxrec_pipeline.util import initialize
 
@@ -139,6 +140,10 @@ def test_one_process_to_two_ps_and_back_keeps_counts_rows_and_slots(tmp_path):
        str(tmp_path / "ckpt2"), *ADMIT_ARGS])
   want = _core_reference(first + more)
   ps_test._check_owners(out)
+  for i in range(2):
+    pending = out[f"shard{i}_state_pending_keys"]
+    assert pending.size > 0, f"ps {i} holds no pending key"
+    np.testing.assert_array_equal(sharding.owner_numpy(pending, 2), i)
   _check_equals_reference(out, want, first_step=first)
   ps_coordinator.main(str(tmp_path / "back.npz"), 0, local=True, restore=str(tmp_path / "ckpt2"),
                       access_threshold=ACCESS_THRESHOLD, eviction_threshold_s=EVICTION_THRESHOLD_S)
