@@ -50,10 +50,10 @@ def start_servers(cluster: dict, logs: pathlib.Path) -> list[subprocess.Popen]:
   ]
 
 
-def run_chief(cluster: dict, args: list[str], logs: pathlib.Path,
-              deadline_s: float) -> tuple[int | None, str]:
-  """Runs the coordinator to its end (None: killed at the deadline); (exit code, its log)."""
-  chief = start([str(COORDINATOR), *args], env_of(cluster, "chief", 0), logs / "chief.log")
+def run_chief(cluster: dict, args: list[str], logs: pathlib.Path, deadline_s: float,
+              coordinator: pathlib.Path = COORDINATOR) -> tuple[int | None, str]:
+  """Runs `coordinator` to its end (None: killed at the deadline); (exit code, its log)."""
+  chief = start([str(coordinator), *args], env_of(cluster, "chief", 0), logs / "chief.log")
   try:
     code = lib.wait_all([chief], deadline_s)[0]
   finally:
@@ -62,8 +62,8 @@ def run_chief(cluster: dict, args: list[str], logs: pathlib.Path,
 
 
 def train(num_workers: int, num_ps: int, steps: int, tmp: pathlib.Path, extra=(),
-          deadline_s: float = 50) -> dict[str, np.ndarray]:
-  """Trains the toy table on a local cluster (ps_coordinator.py STEPS *extra); what it wrote.
+          deadline_s: float = 50, coordinator: pathlib.Path = COORDINATOR) -> dict[str, np.ndarray]:
+  """Trains the toy table on a local cluster (`coordinator` OUT STEPS *extra); what it wrote.
 
   Logs and out.npz go to `tmp` (created).
   """
@@ -71,7 +71,8 @@ def train(num_workers: int, num_ps: int, steps: int, tmp: pathlib.Path, extra=()
   cluster = cluster_of(num_workers, num_ps)
   servers = start_servers(cluster, tmp)
   try:
-    code, log = run_chief(cluster, [str(tmp / "out.npz"), str(steps), *extra], tmp, deadline_s)
+    code, log = run_chief(cluster, [str(tmp / "out.npz"), str(steps), *extra], tmp, deadline_s,
+                          coordinator)
   finally:
     lib.kill_all(servers)
   if code != 0:
