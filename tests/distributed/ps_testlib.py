@@ -17,6 +17,7 @@ import sys
 import numpy as np
 
 import distributed_testlib as lib
+from mxrec_pipeline.distributed import sharding
 
 COORDINATOR = pathlib.Path(__file__).resolve().parent / "ps_coordinator.py"
 
@@ -80,3 +81,22 @@ def train(num_workers: int, num_ps: int, steps: int, tmp: pathlib.Path, extra=()
                       for p in sorted(tmp.glob("*.log")) if p.name != "chief.log")
     raise AssertionError(f"the chief failed or hung (exit {code}):\n{log[-4000:]}\n{tails}")
   return dict(np.load(tmp / "out.npz"))
+
+
+API_COORDINATOR = COORDINATOR.parent / "ps_api_coordinator.py"
+
+
+def rows_by_key(out: dict, table: str, what: str = "values") -> dict[int, np.ndarray]:
+  """{key: row} of `what` ("values" or a slot) over the shards of `table` in OUT.npz.
+
+  OUT.npz of ps_api_coordinator.py; asserts every key sits on its owner ps.
+  """
+  num_shards = int(out[f"{table}/num_shards"])
+  got = {}
+  for i in range(num_shards):
+    keys = out[f"{table}/shard{i}_keys"]
+    np.testing.assert_array_equal(
+        sharding.owner_numpy(keys, num_shards), i,
+        err_msg=f"a key of table {table} on ps {i} is owned by another ps")
+    got.update(lib.by_key(keys, out[f"{table}/shard{i}_{what}"]))
+  return got

@@ -1,6 +1,6 @@
 """mx_rec's API on parameter-server tables (distributed/ps_mxrec.py) against one process's mx_rec.
 
-ps_mxrec_coordinator.py writes ps_coordinator's toy model with mx_rec's calls
+ps_api_coordinator.py writes ps_coordinator's toy model with mx_rec's calls
 (init, create_table, sparse_lookup, the hash optimizer's apply_gradients) and
 runs it through ClusterCoordinator.schedule on 1 worker + 2 ps (or as one
 local shard). With one worker the steps run in order, so the losses, the
@@ -14,12 +14,11 @@ import tensorflow as tf
 
 import distributed_testlib as lib
 import ps_coordinator
-import ps_mxrec_coordinator
+import ps_api_coordinator
 import ps_testlib
 from mxrec_pipeline.core import embedding
 from mxrec_pipeline.core.asc.feature_spec import FeatureSpec
 from mxrec_pipeline.distributed import ps_mxrec
-from mxrec_pipeline.distributed import sharding
 from mxrec_pipeline.optimizers import lazy_adam
 from mxrec_pipeline.util import initialize
 
@@ -41,7 +40,7 @@ def _one_process_mxrec(steps: int) -> dict:
     @tf.function
     def train_step(ids, labels):
       with tf.GradientTape() as tape:
-        emb = embedding.sparse_lookup(table, ids, send_count=ps_mxrec_coordinator.SEND_COUNT)
+        emb = embedding.sparse_lookup(table, ids, send_count=ps_api_coordinator.SEND_COUNT)
         scores = tf.reduce_sum(emb * w, axis=[1, 2]) + bias
         loss = tf.reduce_sum(tf.square(scores - labels)) / lib.GLOBAL_BATCH
       table_grad, bias_grad = tape.gradient(loss, [table.variable, bias])
@@ -68,15 +67,10 @@ def _check_equals_one_process(out: dict, steps: int) -> None:
   want = _one_process_mxrec(steps)
   np.testing.assert_allclose(out["losses"], want["losses"], rtol=1e-5, atol=1e-6)
   np.testing.assert_allclose(out["bias"], want["bias"], rtol=1e-5, atol=1e-6)
-  assert int(out["step"]) == steps
-  num_shards = int(out["num_shards"])
+  table = ps_api_coordinator.TABLE
+  assert int(out[f"{table}/step"]) == steps
   for what in ("values", "m", "v"):
-    got = {}
-    for i in range(num_shards):
-      keys = out[f"shard{i}_keys"]
-      np.testing.assert_array_equal(sharding.owner_numpy(keys, num_shards), i,
-                                    err_msg=f"a key on ps {i} is owned by another ps")
-      got.update(lib.by_key(keys, out[f"shard{i}_{what}"]))
+    got = ps_testlib.rows_by_key(out, table, what)
     assert sorted(got) == sorted(want[what]), what
     for key, row in want[what].items():
       np.testing.assert_allclose(got[key], row, rtol=1e-5, atol=1e-6,
@@ -84,7 +78,7 @@ def _check_equals_one_process(out: dict, steps: int) -> None:
 
 
 def test_one_local_shard_equals_one_process_mxrec(tmp_path):
-  ps_mxrec_coordinator.main(str(tmp_path / "out.npz"), STEPS, local=True)
+  ps_api_coordinator.main(str(tmp_path / "out.npz"), STEPS, local=True)
   _check_equals_one_process(dict(np.load(tmp_path / "out.npz")), STEPS)
 
 
@@ -92,10 +86,11 @@ def test_one_local_shard_equals_one_process_mxrec(tmp_path):
 @pytest.mark.slow
 def test_one_worker_two_ps_equals_one_process_mxrec(tmp_path):
   out = ps_testlib.train(num_workers=1, num_ps=2, steps=STEPS, tmp=tmp_path,
-                         coordinator=ps_testlib.COORDINATOR.parent / "ps_mxrec_coordinator.py")
-  assert int(out["num_shards"]) == 2
+                         coordinator=ps_testlib.API_COORDINATOR)
+  table = ps_api_coordinator.TABLE
+  assert int(out[f"{table}/num_shards"]) == 2
   for i in range(2):
-    assert out[f"shard{i}_keys"].size > 0, f"ps {i} holds no key"
+    assert out[f"{table}/shard{i}_keys"].size > 0, f"ps {i} holds no key"
   _check_equals_one_process(out, STEPS)
 
 
