@@ -21,7 +21,7 @@ strategy.run is needed; calling them inside it works the same):
 
 As the single-process Embedding: SGD, Adagrad, Adam (embedding/optimizers.py)
 per table or global; a None gradient leaves its feature's rows untouched.
-Not here: `build` shapes of TPUEmbedding's priority 2 (FeatureConfig.
+Not here: `__call__`, `build` shapes of TPUEmbedding's priority 2 (FeatureConfig.
 output_shape and the input give the shapes), serving helpers
 (`embedding_tables`, `row_lookup_tables`: use distributed/ps_checkpoint.py's
 `snapshot_tables`), tables without an optimizer, admission and eviction.
