@@ -94,6 +94,20 @@ def test_one_worker_two_ps_equals_one_process_mxrec(tmp_path):
   _check_equals_one_process(out, STEPS)
 
 
+@pytest.mark.cluster
+@pytest.mark.slow
+def test_two_workers_two_ps_async_keys_on_owners_loss_falls(tmp_path):
+  steps = 4 * ps_coordinator.CYCLE
+  out = ps_testlib.train(num_workers=2, num_ps=2, steps=steps, tmp=tmp_path,
+                         coordinator=ps_testlib.API_COORDINATOR)
+  table = ps_api_coordinator.TABLE
+  want_keys = set(np.concatenate([lib.batch(s)[0].ravel() for s in range(ps_coordinator.CYCLE)]))
+  assert set(ps_testlib.rows_by_key(out, table)) == want_keys
+  assert int(out[f"{table}/step"]) == steps
+  losses = out["losses"].reshape(-1, ps_coordinator.CYCLE).mean(axis=1)
+  assert losses[-1] < 0.7 * losses[0], losses
+
+
 @pytest.fixture(name="run")
 def _run():
   yield initialize.init()
@@ -158,6 +172,12 @@ def test_create_table_refusals_name_the_table(run):
     ps_mxrec.create_table(tf.distribute.MirroredStrategy(["/CPU:0"]), key_dtype=tf.int64, dim=2,
                           name="t", emb_initializer=tf.zeros,
                           optimizer_list=[lazy_adam.create_hash_optimizer()])
+
+
+def test_init_param_scales_the_initial_rows(run):
+  table, _ = _ps_table(emb_initializer=tf.keras.initializers.Constant(0.5), init_param=3.0)
+  np.testing.assert_allclose(ps_mxrec.sparse_lookup(table, tf.constant([7], tf.int64)),
+                             [[1.5, 1.5]])
 
 
 def test_apply_gradients_needs_the_tables_optimizer(run):
