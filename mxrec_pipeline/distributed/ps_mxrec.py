@@ -68,7 +68,8 @@ def create_table(strategy: tf.distribute.Strategy | None, key_dtype: tf.DType,
       one shard on this process's CPU (the single-process PS table).
     key_dtype: tf.int64, tf.int32 or tf.string (fingerprinted as the core does).
     dim: Embedding dimension, a positive int (or a rank-1 TensorShape).
-    name: Table name, unique among this run's tables.
+    name: Table name, unique among this run's tables (create_table's and
+      these).
     emb_initializer: Called as `emb_initializer(shape=[device_vocabulary_size,
       dim], dtype=value_dtype)` once per shard: a random one draws other
       initial rows than one process would (a constant one gives the same).
@@ -86,7 +87,8 @@ def create_table(strategy: tf.distribute.Strategy | None, key_dtype: tf.DType,
       eviction_threshold); None: off.
 
   Returns:
-    The PSShardedTable; look it up with `sparse_lookup`, save it with
+    The PSShardedTable, also registered under `name` in the run
+    (`ps_tables`); look it up with `sparse_lookup`, save it with
     distributed/ps_checkpoint.py.
 
   Raises:
@@ -98,7 +100,7 @@ def create_table(strategy: tf.distribute.Strategy | None, key_dtype: tf.DType,
   """
   run = initialize.get_config_initializer()
   where = f"ps_mxrec.create_table('{name}')"
-  if name in run.tables:
+  if name in run.tables or name in run.ps_tables:
     raise ValueError(f"{where}: a table named '{name}' already exists in this run")
   if host_vocabulary_size or ssd_vocabulary_size:
     raise ValueError(f"{where}: host_vocabulary_size and ssd_vocabulary_size must be 0: tiered "
@@ -124,14 +126,17 @@ def create_table(strategy: tf.distribute.Strategy | None, key_dtype: tf.DType,
           init_param, dtype)
 
   try:
-    return ps_table.PSShardedTable(strategy, name=name, dim=dim,
-                                   rows_per_shard=device_vocabulary_size, optimizer=optimizers[0],
-                                   emb_initializer=initializer, key_dtype=key_dtype,
-                                   value_dtype=tf.as_dtype(value_dtype),
-                                   access_threshold=access_threshold,
-                                   eviction_threshold_s=eviction_threshold_s)
+    table = ps_table.PSShardedTable(strategy, name=name, dim=dim,
+                                    rows_per_shard=device_vocabulary_size, optimizer=optimizers[0],
+                                    emb_initializer=initializer, key_dtype=key_dtype,
+                                    value_dtype=tf.as_dtype(value_dtype),
+                                    access_threshold=access_threshold,
+                                    eviction_threshold_s=eviction_threshold_s)
   except TypeError as e:  # tf.as_dtype of a bad dtype.
     raise ValueError(f"{where}: {e}") from None
+  # Two tables of one name would share (and the second would empty) the key index on each ps.
+  run.ps_tables[name] = table
+  return table
 
 
 def sparse_lookup(hashtable: ps_table.PSShardedTable, ids, send_count: int | None = None,

@@ -166,6 +166,9 @@ def test_create_table_refusals_name_the_table(run):
                          device_vocabulary_size=4)
   with pytest.raises(ValueError, match=r"create_table\('taken'\): a table named 'taken' already"):
     _ps_table("taken")
+  _ps_table("ps_taken")
+  with pytest.raises(ValueError, match=r"create_table\('ps_taken'\): a table named 'ps_taken' "):
+    _ps_table("ps_taken")
   with pytest.raises(
       ValueError, match="PSShardedTable needs a ParameterServerStrategy, got "
       "MirroredStrategy"):
