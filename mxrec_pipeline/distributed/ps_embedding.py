@@ -51,6 +51,7 @@ from mxrec_pipeline.core import key_index as key_index_lib
 from mxrec_pipeline.distributed import ps_table
 from mxrec_pipeline.embedding import embedding as embedding_lib
 from mxrec_pipeline.embedding import optimizers
+from mxrec_pipeline.util import initialize
 
 
 @dataclasses.dataclass
@@ -79,7 +80,9 @@ class PSEmbedding(tf.Module):
 
   Create it on the coordinator outside `strategy.scope()` (as every
   PSShardedTable); call enqueue, dequeue and apply_gradients in the
-  scheduled tf.function, in that order, once each per training step.
+  scheduled tf.function, in that order, once each per training step. It
+  joins the current mxRec run (`util.initialize.init()`), or starts one,
+  and registers its tables there (`ps_tables`), as Embedding does.
 
   Args:
     strategy: The ParameterServerStrategy, or None: one shard per table on
@@ -95,7 +98,8 @@ class PSEmbedding(tf.Module):
 
   Raises:
     ValueError: what Embedding refuses of the feature config or optimizers, a
-      table with no optimizer (naming it), or what PSShardedTable refuses.
+      table with no optimizer or a name the run already has (naming them), or
+      what PSShardedTable refuses.
   """
 
   def __init__(self, strategy: tf.distribute.Strategy | None, feature_config,
@@ -107,6 +111,13 @@ class PSEmbedding(tf.Module):
     if no_optimizer:
       raise ValueError(f"PSEmbedding: tables {no_optimizer} have no optimizer (their slots are "
                        "created beside each shard); give PSEmbedding or their TableConfig one")
+    if not initialize.is_initialized():  # As Embedding: join the run, or start one.
+      initialize.init()
+    run = initialize.get_config_initializer()
+    taken = [name for name in names if name in run.tables or name in run.ps_tables]
+    if taken:
+      raise ValueError(f"PSEmbedding: the current run already has tables named {taken}; give "
+                       "the TableConfigs other names")
     hash_optimizers = {}  # embedding Optimizer -> its HashOptimizer, shared as Embedding shares.
     tables = {}
     for name, config in zip(names, configs):
@@ -120,6 +131,7 @@ class PSEmbedding(tf.Module):
                                              optimizer=hash_optimizers[table_optimizer],
                                              emb_initializer=config.initializer)
     self.tables = tables
+    run.ps_tables.update(tables)
     embedding_lib._untracked(  # pylint: disable=protected-access
         self, feature_config=feature_config, paths=paths, features=features, table_of_feature=[
             names[[i for i, c in enumerate(configs) if c is f.table][0]] for f in features

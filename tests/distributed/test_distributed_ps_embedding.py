@@ -75,11 +75,20 @@ def _embedding():
                                   tpu_embedding.SGD(0.1))
 
 
-def test_misuse_is_named():
+@pytest.fixture(name="run")
+def _run():
+  yield initialize.init()
+  initialize.terminate_config_initializer()
+
+
+def test_misuse_is_named(run):
   table = tpu_embedding.TableConfig(vocabulary_size=8, dim=2, name="no_opt")
   with pytest.raises(ValueError, match=r"tables \['no_opt'\] have no optimizer"):
     ps_embedding.PSEmbedding(None, {"f": tpu_embedding.FeatureConfig(table=table)}, None)
   embedding = _embedding()
+  assert run.ps_tables["misuse"] is embedding.tables["misuse"]
+  with pytest.raises(ValueError, match=r"the current run already has tables named \['misuse'\]"):
+    _embedding()
   with pytest.raises(RuntimeError, match="apply_gradients was called without enqueue"):
     embedding.apply_gradients({"f": tf.zeros([2, 2])})
   ids = {"f": tf.constant([3, 4], tf.int64)}

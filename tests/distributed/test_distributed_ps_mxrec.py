@@ -77,6 +77,7 @@ def _check_equals_one_process(out: dict, steps: int) -> None:
                                  err_msg=f"{what} of key {key}")
 
 
+@pytest.mark.slow
 def test_one_local_shard_equals_one_process_mxrec(tmp_path):
   ps_api_coordinator.main(str(tmp_path / "out.npz"), STEPS, local=True)
   _check_equals_one_process(dict(np.load(tmp_path / "out.npz")), STEPS)
