@@ -132,10 +132,13 @@ class PSEmbedding(tf.Module):
                                              emb_initializer=config.initializer)
     self.tables = tables
     run.ps_tables.update(tables)
-    embedding_lib._untracked(  # pylint: disable=protected-access
-        self, feature_config=feature_config, paths=paths, features=features, table_of_feature=[
-            names[[i for i, c in enumerate(configs) if c is f.table][0]] for f in features
-        ], step=None)
+    # Python state that checkpoints must not track (as Embedding's).
+    object.__setattr__(self, "_feature_config", feature_config)
+    object.__setattr__(self, "_paths", paths)
+    object.__setattr__(self, "_features", features)
+    object.__setattr__(self, "_table_of_feature",
+                       [names[[c is f.table for c in configs].index(True)] for f in features])
+    object.__setattr__(self, "_step", None)
 
   @tf.autograph.experimental.do_not_convert
   def enqueue(self, features, weights=None, training: bool = True, name: str | None = None) -> None:
