@@ -41,6 +41,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "huge_page_allocator.h"
 #include "status.h"
 
 namespace mxrec {
@@ -174,6 +175,8 @@ class KeyIndex {
     int64_t key;
     int64_t row;  // kMissingRow marks an empty slot.
   };
+  // The slot array: 2-MB pages once it is 2 MB or more (huge_page_allocator.h).
+  using SlotArray = std::vector<Slot, HugePageAllocator<Slot>>;
 
   // Checks Import's input without the lock; fills the rows in use (bitmap over
   // the row bound) and the keys in ascending order.
@@ -202,7 +205,7 @@ class KeyIndex {
   bool FitsLocked(int64_t keys) const;
   // A fresh array of `count` empty slots in `slots`, or ResourceExhausted when
   // the host cannot allocate it (`keys`: the keys it is for, in the message).
-  Status AllocateSlots(uint64_t count, int64_t keys, std::vector<Slot>* slots) const;
+  Status AllocateSlots(uint64_t count, int64_t keys, SlotArray* slots) const;
   // Moves every key into a fresh array of `count` slots, made for `keys` keys
   // (named in the error). Caller holds mu_ exclusively. Fails (changing
   // nothing) when the host cannot allocate it.
@@ -247,7 +250,7 @@ class KeyIndex {
 
   mutable std::shared_mutex mu_;
   uint64_t num_slots_;             // guarded by mu_: slots_.size()
-  std::vector<Slot> slots_;        // guarded by mu_
+  SlotArray slots_;                // guarded by mu_
   int64_t size_ = 0;               // guarded by mu_
   int64_t next_row_ = 0;           // guarded by mu_: rows >= next_row_ are free
   std::vector<int64_t> free_rows_; // guarded by mu_: free rows < next_row_, descending
