@@ -15,7 +15,11 @@
 // into floor(1.5 * keys) slots (load 2/3; growth factor >= 1.2, amortized O(1)
 // per key); a fixed-capacity index never holds more than 1.25 * capacity slots.
 // Slots are addressed by Lemire's multiply-shift range reduction of a 64-bit
-// mix of the key, so the slot count need not be a power of two. Evict shrinks
+// mix of the key, so the slot count need not be a power of two. An array of
+// 2 MB or more is mapped on 2-MB (transparent huge) pages, so that random
+// probes rarely miss the TLB (huge_page_allocator.h). Batches are probed
+// software-pipelined: every key's home slot is computed first, then each probe
+// prefetches the home slot of the key 16 places ahead. Evict shrinks
 // the array back to load 0.75 when it falls below 2/3. Admission adds its own
 // per-key state on top (see MemoryBytes).
 //
