@@ -251,6 +251,15 @@ void KeyIndex::UndoInsertsLocked(const int64_t* keys, const int64_t* rows,
 
 Status KeyIndex::FindOrInsert(const int64_t* keys, int64_t n, int64_t* rows) {
   std::unique_lock<std::shared_mutex> lock(mu_);
+  // Distinct keys (as the insert op passes them), n of them, bring at least
+  // n - size_ new ones: when the array could not hold n keys while the rows
+  // surely can hold size_ + n (the batch cannot fail), grow first, for n keys,
+  // so that the batch is probed once (e.g. every batch into an empty index).
+  const int64_t limit = growable_ ? kMaxCapacity : capacity_;
+  if (n > size_ && n <= limit - size_ && !FitsLocked(n)) {
+    Status reserved = ReserveLocked(n);
+    if (!reserved.ok()) return reserved;
+  }
   // One pass finds each key and inserts an absent one into the empty slot its
   // probe reached (already in cache), while the array has room (load <= 0.8)
   // and, for a fixed-capacity index, rows are left. From the first miss past
@@ -258,8 +267,7 @@ Status KeyIndex::FindOrInsert(const int64_t* keys, int64_t n, int64_t* rows) {
   // rows[i] = -2 - slot, and `deferred` counts it (a key repeated in `keys`
   // twice). Positions of the keys inserted are kept to undo them.
   const int64_t next_row_before = next_row_;
-  const int64_t room = std::min<int64_t>(static_cast<int64_t>(4 * num_slots_ / 5),
-                                         growable_ ? kMaxCapacity : capacity_);
+  const int64_t room = std::min<int64_t>(static_cast<int64_t>(4 * num_slots_ / 5), limit);
   std::vector<int64_t> inserted, deferred_at;
   // Software pipelining: every key's home slot first (in rows[], as scratch),
   // then the probes, each prefetching the home slot kPrefetchDistance keys
@@ -283,7 +291,7 @@ Status KeyIndex::FindOrInsert(const int64_t* keys, int64_t n, int64_t* rows) {
   int64_t deferred = static_cast<int64_t>(deferred_at.size());
   // Room for the deferred keys (at most one rehash), or the whole batch undone.
   const int64_t new_keys = static_cast<int64_t>(inserted.size());
-  if (size_ + deferred > (growable_ ? kMaxCapacity : capacity_)) {
+  if (size_ + deferred > limit) {
     // `deferred` may count a repeated key twice: recount exactly before failing.
     deferred = CountDistinctMisses(keys, rows, n);
   }

@@ -161,6 +161,27 @@ TEST(KeyIndexTest, FailingBatchWithDeferredRepeatsUndoesEverything) {
   for (int64_t i = 0; i < 20; ++i) EXPECT_EQ(out[i], 10 + i / 2);
 }
 
+TEST(KeyIndexMemoryTest, BatchThatCannotFailGrowsTheArrayFirstOnlyThen) {
+  // n distinct keys bring at least n - size() new ones: an empty index grows
+  // to 1.5 n slots before probing a batch of n (load 2/3 after it). A batch
+  // that may not fit the rows does not grow the array first, so a failing
+  // one leaves the memory as it was.
+  KeyIndex index(2000, "t");
+  std::vector<int64_t> keys(1000);
+  std::iota(keys.begin(), keys.end(), 70000);
+  std::vector<int64_t> rows(keys.size());
+  ASSERT_TRUE(index.FindOrInsert(keys.data(), keys.size(), rows.data()).ok());
+  for (int64_t i = 0; i < 1000; ++i) ASSERT_EQ(rows[i], i);
+  EXPECT_EQ(index.MemoryBytes(), 16 * 1500);
+  std::vector<int64_t> more(1300);  // 1000 stored + 1300 new > 2000 rows.
+  std::iota(more.begin(), more.end(), 90000);
+  rows.resize(more.size());
+  EXPECT_EQ(index.FindOrInsert(more.data(), more.size(), rows.data()).code(),
+            Status::Code::kResourceExhausted);
+  EXPECT_EQ(index.size(), 1000);
+  EXPECT_EQ(index.MemoryBytes(), 16 * 1500);
+}
+
 TEST(HugePageAllocatorTest, LargeBlocksAreAlignedAndSmallOnesPlain) {
   // A block of 2 MB or more is mapped on its own, 2-MB aligned (for THP); a
   // smaller one comes from operator new. Both hold what is written; vectors
