@@ -47,9 +47,13 @@ inline void* MapHugePages(size_t bytes) {
   const uintptr_t aligned = (start + kHugePageBytes - 1) & ~(uintptr_t{kHugePageBytes} - 1);
   if (aligned > start) munmap(raw, aligned - start);
   const uintptr_t end = start + reserved;
-  if (end > aligned + length) munmap(reinterpret_cast<void*>(aligned + length), end - aligned - length);
+  if (end > aligned + length) {
+    munmap(reinterpret_cast<void*>(aligned + length), end - aligned - length);
+  }
   void* block = reinterpret_cast<void*>(aligned);
+#ifdef MADV_HUGEPAGE
   (void)madvise(block, length, MADV_HUGEPAGE);  // Advice only: ignored without THP.
+#endif
   return block;
 }
 
