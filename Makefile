@@ -48,6 +48,7 @@ native: $(STAMP)
 	$(MAKE) -f native/ops.mk $(NATIVE_J) PY=$(PY)
 
 $(GTEST_BIN): native/core/key_index.cc native/core/key_index.h native/core/status.h \
+    native/core/huge_page_allocator.h \
     native/tests/key_index_test.cc | system-deps
 	mkdir -p native/build
 	g++ -std=c++20 -O1 -g -Wall -Wextra -Werror $(SANITIZE) \
@@ -55,7 +56,8 @@ $(GTEST_BIN): native/core/key_index.cc native/core/key_index.h native/core/statu
 	  -lgtest -lgtest_main -pthread -o $@
 
 $(ROW_STORE_TEST): native/core/row_store.cc native/core/row_store.h native/core/key_index.cc \
-    native/core/key_index.h native/core/status.h native/tests/row_store_test.cc | system-deps
+    native/core/key_index.h native/core/huge_page_allocator.h native/core/status.h \
+    native/tests/row_store_test.cc | system-deps
 	mkdir -p native/build
 	g++ -std=c++20 -O1 -g -Wall -Wextra -Werror $(SANITIZE) \
 	  native/core/row_store.cc native/core/key_index.cc native/tests/row_store_test.cc \
@@ -69,7 +71,8 @@ $(TIER_STORE_TEST): native/core/tier_store.cc native/core/tier_store.h native/co
 	  -lgtest -lgtest_main -pthread -o $@
 
 $(ROW_OPTIMIZERS_TEST): native/core/row_optimizers.cc native/core/row_optimizers.h \
-    native/core/key_index.cc native/core/key_index.h native/tests/row_optimizers_test.cc | system-deps
+    native/core/key_index.cc native/core/key_index.h native/core/huge_page_allocator.h \
+    native/tests/row_optimizers_test.cc | system-deps
 	mkdir -p native/build
 	g++ -std=c++20 -O1 -g -Wall -Wextra -Werror $(SANITIZE) \
 	  native/core/row_optimizers.cc native/core/key_index.cc native/tests/row_optimizers_test.cc \
@@ -91,6 +94,7 @@ $(ROW_INIT_TEST): native/core/row_init.cc native/core/row_init.h native/tests/ro
 
 # GoogleTest unit tests of the TF-free core, under ASan and UBSan.
 $(KEY_INDEX_PROPERTY_TEST): native/core/key_index.cc native/core/key_index.h native/core/status.h \
+    native/core/huge_page_allocator.h \
     native/tests/key_index_property_test.cc | system-deps
 	mkdir -p native/build
 	g++ -std=c++20 -O1 -g -Wall -Wextra -Werror $(SANITIZE) \

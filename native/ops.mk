@@ -31,7 +31,10 @@ OBJS := $(patsubst native/%.cc,$(OBJ_DIR)/%.o,$(SRCS))
 # -fno-math-errno: std::sqrt and friends never set errno (nothing here reads
 # it after math calls), so they compile to vector instructions: the fused row
 # optimizers' loops run 1.7x faster (native/core/row_optimizers.cc).
-OPT_release := -O3 -DNDEBUG -fno-math-errno
+# -fno-semantic-interposition: the library's own functions are never replaced
+# by another library's at load time, so -fPIC code may inline them (without it,
+# KeyIndex's Home and ProbeFrom stay out-of-line calls in the probing loops).
+OPT_release := -O3 -DNDEBUG -fno-math-errno -fno-semantic-interposition
 OPT_debug   := -O0 -g
 ifeq ($(OPT_$(MODE)),)
   $(error MODE must be release or debug, got '$(MODE)')

@@ -34,15 +34,6 @@ constexpr int64_t kPrefetchDistance = 16;
 // Slots Deduplicate starts with (64 KB): its table doubles as distinct keys come.
 constexpr uint64_t kDedupInitialSlots = 1 << 14;
 
-// Prefetches the home slot of keys[i + kPrefetchDistance] in a power-of-two
-// array of slots, if any.
-inline void PrefetchAhead(const int64_t* keys, int64_t i, int64_t n, const int32_t* slots,
-                          uint64_t mask) {
-  if (i + kPrefetchDistance < n) {
-    __builtin_prefetch(&slots[Mix(keys[i + kPrefetchDistance]) & mask]);
-  }
-}
-
 __extension__ using Uint128 = unsigned __int128;
 
 // Lemire's multiply-shift range reduction ("A fast alternative to the modulo
@@ -85,10 +76,21 @@ void Deduplicate(const int64_t* keys, int64_t n, std::vector<int64_t>* unique,
   // Each slot holds a position in `unique`, or -1 when empty.
   std::vector<int32_t> slots(mask + 1, -1);
   unique->reserve(static_cast<size_t>(std::min<int64_t>(n, 1 << 20)));
+  // Software pipelining: the hash of keys[i + kPrefetchDistance] is computed
+  // (once), kept in a ring and its slot prefetched while keys[i] is probed.
+  uint64_t hashes[kPrefetchDistance];
+  for (int64_t i = 0; i < std::min(n, kPrefetchDistance); ++i) {
+    hashes[i] = Mix(keys[i]);
+    __builtin_prefetch(&slots[hashes[i] & mask]);
+  }
   for (int64_t i = 0; i < n; ++i) {
-    PrefetchAhead(keys, i, n, slots.data(), mask);
     const int64_t key = keys[i];
-    uint64_t s = Mix(key) & mask;
+    uint64_t s = hashes[i % kPrefetchDistance] & mask;
+    if (i + kPrefetchDistance < n) {
+      const uint64_t ahead = Mix(keys[i + kPrefetchDistance]);
+      hashes[i % kPrefetchDistance] = ahead;
+      __builtin_prefetch(&slots[ahead & mask]);
+    }
     while (true) {
       const int32_t pos = slots[s];
       if (pos < 0) {
@@ -149,7 +151,7 @@ bool KeyIndex::FitsLocked(int64_t keys) const {
   return 5 * static_cast<uint64_t>(keys) <= 4 * num_slots_;
 }
 
-Status KeyIndex::AllocateSlots(uint64_t count, int64_t keys, std::vector<Slot>* slots) const {
+Status KeyIndex::AllocateSlots(uint64_t count, int64_t keys, SlotArray* slots) const {
   try {
     slots->assign(count, Slot{0, kMissingRow});
   } catch (const std::bad_alloc&) {
@@ -162,7 +164,7 @@ Status KeyIndex::AllocateSlots(uint64_t count, int64_t keys, std::vector<Slot>* 
 }
 
 Status KeyIndex::RehashLocked(uint64_t count, int64_t keys) {
-  std::vector<Slot> old;
+  SlotArray old;
   Status allocated = AllocateSlots(count, keys, &old);
   if (!allocated.ok()) return allocated;
   std::swap(slots_, old);
@@ -249,6 +251,15 @@ void KeyIndex::UndoInsertsLocked(const int64_t* keys, const int64_t* rows,
 
 Status KeyIndex::FindOrInsert(const int64_t* keys, int64_t n, int64_t* rows) {
   std::unique_lock<std::shared_mutex> lock(mu_);
+  // Distinct keys (as the insert op passes them), n of them, bring at least
+  // n - size_ new ones: when the array could not hold n keys while the rows
+  // surely can hold size_ + n (the batch cannot fail), grow first, for n keys,
+  // so that the batch is probed once (e.g. every batch into an empty index).
+  const int64_t limit = growable_ ? kMaxCapacity : capacity_;
+  if (n > size_ && n <= limit - size_ && !FitsLocked(n)) {
+    Status reserved = ReserveLocked(n);
+    if (!reserved.ok()) return reserved;
+  }
   // One pass finds each key and inserts an absent one into the empty slot its
   // probe reached (already in cache), while the array has room (load <= 0.8)
   // and, for a fixed-capacity index, rows are left. From the first miss past
@@ -256,28 +267,31 @@ Status KeyIndex::FindOrInsert(const int64_t* keys, int64_t n, int64_t* rows) {
   // rows[i] = -2 - slot, and `deferred` counts it (a key repeated in `keys`
   // twice). Positions of the keys inserted are kept to undo them.
   const int64_t next_row_before = next_row_;
-  const int64_t room = std::min<int64_t>(static_cast<int64_t>(4 * num_slots_ / 5),
-                                         growable_ ? kMaxCapacity : capacity_);
-  std::vector<int64_t> inserted;
-  int64_t deferred = 0;
+  const int64_t room = std::min<int64_t>(static_cast<int64_t>(4 * num_slots_ / 5), limit);
+  std::vector<int64_t> inserted, deferred_at;
+  // Software pipelining: every key's home slot first (in rows[], as scratch),
+  // then the probes, each prefetching the home slot kPrefetchDistance keys
+  // ahead, so that up to that many cache misses are in flight.
+  for (int64_t i = 0; i < n; ++i) rows[i] = static_cast<int64_t>(Home(keys[i]));
   for (int64_t i = 0; i < n; ++i) {
-    PrefetchAhead(keys, i, n);
-    const uint64_t s = Probe(keys[i]);
+    if (i + kPrefetchDistance < n) __builtin_prefetch(&slots_[rows[i + kPrefetchDistance]]);
+    const uint64_t s = ProbeFrom(static_cast<uint64_t>(rows[i]), keys[i]);
     Slot& slot = slots_[s];
     if (slot.row != kMissingRow) {
       rows[i] = slot.row;
-    } else if (deferred == 0 && size_ < room) {
+    } else if (deferred_at.empty() && size_ < room) {
       rows[i] = InsertAtLocked(slot, keys[i]);
       inserted.push_back(i);
     } else {
       rows[i] = -2 - static_cast<int64_t>(s);
-      ++deferred;
+      deferred_at.push_back(i);
     }
   }
-  if (deferred == 0) return Status::Ok();
+  if (deferred_at.empty()) return Status::Ok();
+  int64_t deferred = static_cast<int64_t>(deferred_at.size());
   // Room for the deferred keys (at most one rehash), or the whole batch undone.
   const int64_t new_keys = static_cast<int64_t>(inserted.size());
-  if (size_ + deferred > (growable_ ? kMaxCapacity : capacity_)) {
+  if (size_ + deferred > limit) {
     // `deferred` may count a repeated key twice: recount exactly before failing.
     deferred = CountDistinctMisses(keys, rows, n);
   }
@@ -295,11 +309,18 @@ Status KeyIndex::FindOrInsert(const int64_t* keys, int64_t n, int64_t* rows) {
     if (!reserved.ok()) UndoInsertsLocked(keys, rows, inserted, next_row_before);
   }
   if (!reserved.ok()) return reserved;
-  const bool hints = num_slots_ == slots_before;  // no rehash in between
-  for (int64_t i = 0; i < n; ++i) {
-    if (rows[i] >= 0) continue;
-    Slot& slot = slots_[hints ? ProbeFrom(static_cast<uint64_t>(-2 - rows[i]), keys[i])
-                              : Probe(keys[i])];
+  if (num_slots_ != slots_before) {
+    // Rehashed: the hints are the keys' home slots in the new array.
+    for (int64_t i : deferred_at) rows[i] = -2 - static_cast<int64_t>(Home(keys[i]));
+  }
+  // The deferred keys in order, pipelined as the first pass.
+  const int64_t count = static_cast<int64_t>(deferred_at.size());
+  for (int64_t j = 0; j < count; ++j) {
+    if (j + kPrefetchDistance < count) {
+      __builtin_prefetch(&slots_[-2 - rows[deferred_at[j + kPrefetchDistance]]]);
+    }
+    const int64_t i = deferred_at[j];
+    Slot& slot = slots_[ProbeFrom(static_cast<uint64_t>(-2 - rows[i]), keys[i])];
     rows[i] = slot.row == kMissingRow ? InsertAtLocked(slot, keys[i]) : slot.row;
   }
   return Status::Ok();
@@ -573,7 +594,7 @@ Status KeyIndex::ValidateImport(const int64_t* keys, const int64_t* rows, int64_
 
 Status KeyIndex::ImportLocked(const int64_t* keys, const int64_t* rows, int64_t n,
                               const std::vector<bool>& row_used) {
-  std::vector<Slot> fresh;
+  SlotArray fresh;
   const uint64_t count = SlotsFor(n);
   Status allocated = AllocateSlots(count, n, &fresh);
   if (!allocated.ok()) return allocated;
@@ -599,7 +620,7 @@ Status KeyIndex::ImportLocked(const int64_t* keys, const int64_t* rows, int64_t 
 void KeyIndex::Clear() {
   std::unique_lock<std::shared_mutex> lock(mu_);
   ClearLocked();
-  std::vector<Slot>(kMinSlots, Slot{0, kMissingRow}).swap(slots_);
+  SlotArray(kMinSlots, Slot{0, kMissingRow}).swap(slots_);
   num_slots_ = kMinSlots;
 }
 

@@ -15,7 +15,11 @@
 // into floor(1.5 * keys) slots (load 2/3; growth factor >= 1.2, amortized O(1)
 // per key); a fixed-capacity index never holds more than 1.25 * capacity slots.
 // Slots are addressed by Lemire's multiply-shift range reduction of a 64-bit
-// mix of the key, so the slot count need not be a power of two. Evict shrinks
+// mix of the key, so the slot count need not be a power of two. An array of
+// 2 MB or more is mapped on 2-MB (transparent huge) pages, so that random
+// probes rarely miss the TLB (huge_page_allocator.h). Batches are probed
+// software-pipelined: every key's home slot is computed first, then each probe
+// prefetches the home slot of the key 16 places ahead. Evict shrinks
 // the array back to load 0.75 when it falls below 2/3. Admission adds its own
 // per-key state on top (see MemoryBytes).
 //
@@ -41,6 +45,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "huge_page_allocator.h"
 #include "status.h"
 
 namespace mxrec {
@@ -174,6 +179,8 @@ class KeyIndex {
     int64_t key;
     int64_t row;  // kMissingRow marks an empty slot.
   };
+  // The slot array: 2-MB pages once it is 2 MB or more (huge_page_allocator.h).
+  using SlotArray = std::vector<Slot, HugePageAllocator<Slot>>;
 
   // Checks Import's input without the lock; fills the rows in use (bitmap over
   // the row bound) and the keys in ascending order.
@@ -202,7 +209,7 @@ class KeyIndex {
   bool FitsLocked(int64_t keys) const;
   // A fresh array of `count` empty slots in `slots`, or ResourceExhausted when
   // the host cannot allocate it (`keys`: the keys it is for, in the message).
-  Status AllocateSlots(uint64_t count, int64_t keys, std::vector<Slot>* slots) const;
+  Status AllocateSlots(uint64_t count, int64_t keys, SlotArray* slots) const;
   // Moves every key into a fresh array of `count` slots, made for `keys` keys
   // (named in the error). Caller holds mu_ exclusively. Fails (changing
   // nothing) when the host cannot allocate it.
@@ -247,7 +254,7 @@ class KeyIndex {
 
   mutable std::shared_mutex mu_;
   uint64_t num_slots_;             // guarded by mu_: slots_.size()
-  std::vector<Slot> slots_;        // guarded by mu_
+  SlotArray slots_;                // guarded by mu_
   int64_t size_ = 0;               // guarded by mu_
   int64_t next_row_ = 0;           // guarded by mu_: rows >= next_row_ are free
   std::vector<int64_t> free_rows_; // guarded by mu_: free rows < next_row_, descending

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdint>
 #include <barrier>
 #include <map>
 #include <numeric>
@@ -52,6 +53,154 @@ TEST(DeduplicateTest, ManyRandomKeysRoundTrip) {
   Deduplicate(keys.data(), keys.size(), &unique, restore.data());
   EXPECT_EQ(std::set<int64_t>(keys.begin(), keys.end()).size(), unique.size());
   for (size_t i = 0; i < keys.size(); ++i) ASSERT_EQ(unique[restore[i]], keys[i]);
+}
+
+// Reference of Deduplicate: first-occurrence order, by a std::map.
+void ReferenceDedup(const std::vector<int64_t>& keys, std::vector<int64_t>* unique,
+                    std::vector<int32_t>* restore) {
+  std::map<int64_t, int32_t> position;
+  unique->clear();
+  restore->clear();
+  for (int64_t key : keys) {
+    auto [it, added] = position.try_emplace(key, static_cast<int32_t>(unique->size()));
+    if (added) unique->push_back(key);
+    restore->push_back(it->second);
+  }
+}
+
+TEST(DeduplicateTest, MatchesReferenceAroundThePrefetchDistanceAndThroughGrowth) {
+  // Deduplicate hashes keys[i + 16] while probing keys[i] (a ring of 16
+  // hashes): batches shorter than, equal to and just past 16, and a batch whose
+  // table doubles several times, all equal the std::map reference.
+  std::mt19937_64 rng(5);
+  for (int64_t n : {1, 2, 15, 16, 17, 31, 32, 33, 100, 70000}) {
+    SCOPED_TRACE(n);
+    std::vector<int64_t> keys(n);
+    const int64_t distinct = std::max<int64_t>(1, n / 3);
+    for (int64_t& key : keys) key = static_cast<int64_t>(rng() % distinct) * 7919 - 100;
+    std::vector<int64_t> unique, want_unique;
+    std::vector<int32_t> restore(n), want_restore;
+    Deduplicate(keys.data(), n, &unique, restore.data());
+    ReferenceDedup(keys, &want_unique, &want_restore);
+    EXPECT_EQ(unique, want_unique);
+    EXPECT_EQ(restore, want_restore);
+  }
+}
+
+TEST(KeyIndexTest, PipelinedInsertMatchesModelThroughGrowthAndRepeatedDeferredKeys) {
+  // FindOrInsert computes every home slot first, then probes with prefetching
+  // 16 keys ahead; past the array's room (12 of 16 slots at first) the absent
+  // keys are deferred and inserted after one rehash, pipelined the same way.
+  // Batches mix present keys, new keys and new keys repeated within the batch
+  // (before and after the deferral point); every row must equal a std::map
+  // model's: absent keys take the next rows in order of first appearance.
+  for (bool growable : {false, true}) {
+    SCOPED_TRACE(growable);
+    KeyIndex index(5000, "t", growable);
+    std::map<int64_t, int64_t> model;
+    std::mt19937_64 rng(11);
+    std::vector<int64_t> known;
+    for (int batch_number = 0; batch_number < 40; ++batch_number) {
+      const int64_t size = 1 + static_cast<int64_t>(rng() % 300);
+      std::vector<int64_t> keys;
+      for (int64_t i = 0; i < size; ++i) {
+        const uint64_t pick = rng() % 4;
+        if (pick == 0 && !known.empty()) {
+          keys.push_back(known[rng() % known.size()]);  // Present.
+        } else if (pick == 1 && !keys.empty()) {
+          keys.push_back(keys[rng() % keys.size()]);  // Repeated within the batch.
+        } else {
+          keys.push_back(static_cast<int64_t>(rng()));  // New.
+        }
+      }
+      std::vector<int64_t> want(keys.size());
+      int64_t next_row = static_cast<int64_t>(model.size());
+      std::map<int64_t, int64_t> after = model;
+      for (size_t i = 0; i < keys.size(); ++i) {
+        auto [it, added] = after.try_emplace(keys[i], next_row);
+        if (added) ++next_row;
+        want[i] = it->second;
+      }
+      if (next_row > 5000) break;  // The fixed-capacity index would be full.
+      std::vector<int64_t> rows(keys.size());
+      ASSERT_TRUE(index.FindOrInsert(keys.data(), keys.size(), rows.data()).ok());
+      ASSERT_EQ(rows, want) << "batch " << batch_number;
+      model = after;
+      known.clear();
+      for (const auto& [key, row] : model) known.push_back(key);
+    }
+    EXPECT_EQ(index.size(), static_cast<int64_t>(model.size()));
+    const std::vector<std::pair<int64_t, int64_t>> want(model.begin(), model.end());
+    EXPECT_EQ(SortedPairs(index), want);
+  }
+}
+
+TEST(KeyIndexTest, FailingBatchWithDeferredRepeatsUndoesEverything) {
+  // A fixed-capacity index of 20 rows holding 10 keys; a batch of 30 new keys,
+  // each twice, probes past the array's room (deferred keys, counted twice) and
+  // does not fit: nothing is inserted, and the next fitting batch gets rows 10..
+  KeyIndex index(20, "t");
+  std::vector<int64_t> first(10);
+  std::iota(first.begin(), first.end(), 500);
+  std::vector<int64_t> rows(first.size());
+  ASSERT_TRUE(index.FindOrInsert(first.data(), first.size(), rows.data()).ok());
+  const auto before = SortedPairs(index);
+  std::vector<int64_t> batch;
+  for (int64_t k = 0; k < 30; ++k) {
+    batch.push_back(9000 + k);
+    batch.push_back(9000 + k);
+  }
+  std::vector<int64_t> out(batch.size());
+  Status status = index.FindOrInsert(batch.data(), batch.size(), out.data());
+  EXPECT_EQ(status.code(), Status::Code::kResourceExhausted);
+  EXPECT_NE(status.message().find("brings 30 new keys"), std::string::npos) << status.message();
+  EXPECT_EQ(SortedPairs(index), before);
+  batch.resize(20);  // Keys 9000..9009, each twice: 10 new keys fit exactly.
+  out.resize(20);
+  ASSERT_TRUE(index.FindOrInsert(batch.data(), batch.size(), out.data()).ok());
+  for (int64_t i = 0; i < 20; ++i) EXPECT_EQ(out[i], 10 + i / 2);
+}
+
+TEST(KeyIndexMemoryTest, BatchThatCannotFailGrowsTheArrayFirstOnlyThen) {
+  // n distinct keys bring at least n - size() new ones: an empty index grows
+  // to 1.5 n slots before probing a batch of n (load 2/3 after it). A batch
+  // that may not fit the rows does not grow the array first, so a failing
+  // one leaves the memory as it was.
+  KeyIndex index(2000, "t");
+  std::vector<int64_t> keys(1000);
+  std::iota(keys.begin(), keys.end(), 70000);
+  std::vector<int64_t> rows(keys.size());
+  ASSERT_TRUE(index.FindOrInsert(keys.data(), keys.size(), rows.data()).ok());
+  for (int64_t i = 0; i < 1000; ++i) ASSERT_EQ(rows[i], i);
+  EXPECT_EQ(index.MemoryBytes(), 16 * 1500);
+  std::vector<int64_t> more(1300);  // 1000 stored + 1300 new > 2000 rows.
+  std::iota(more.begin(), more.end(), 90000);
+  rows.resize(more.size());
+  EXPECT_EQ(index.FindOrInsert(more.data(), more.size(), rows.data()).code(),
+            Status::Code::kResourceExhausted);
+  EXPECT_EQ(index.size(), 1000);
+  EXPECT_EQ(index.MemoryBytes(), 16 * 1500);
+}
+
+TEST(HugePageAllocatorTest, LargeBlocksAreAlignedAndSmallOnesPlain) {
+  // A block of 2 MB or more is mapped on its own, 2-MB aligned (for THP); a
+  // smaller one comes from operator new. Both hold what is written; vectors
+  // of either kind swap and grow across the threshold keeping their content.
+  using Vector = std::vector<int64_t, HugePageAllocator<int64_t>>;
+  Vector large(kHugePageBytes / sizeof(int64_t) + 1000);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(large.data()) % kHugePageBytes, 0u);
+  std::iota(large.begin(), large.end(), int64_t{-7});
+  Vector small(100, 3);
+  small.swap(large);
+  EXPECT_EQ(large, Vector(100, 3));
+  EXPECT_EQ(small.front(), -7);
+  EXPECT_EQ(small.back(), static_cast<int64_t>(small.size()) - 8);
+  large.resize(kHugePageBytes / sizeof(int64_t) * 2, 9);  // Grows across the threshold.
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(large.data()) % kHugePageBytes, 0u);
+  EXPECT_EQ(large[99], 3);
+  EXPECT_EQ(large[100], 9);
+  EXPECT_EQ(large.back(), 9);
+  EXPECT_THROW((void)HugePageAllocator<int64_t>().allocate(SIZE_MAX / 4), std::bad_alloc);
 }
 
 TEST(KeyIndexTest, InsertKeepsRowsAndHandsOutLowestFirst) {
