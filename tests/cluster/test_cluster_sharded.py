@@ -87,3 +87,6 @@ def test_movielens_on_two_workers_trains_as_one_process(tmp_path, capsys):
   scores = [serving.predict_file(str(d / "export" / "latest_model"), valid) for d in runs]
   assert len(scores[0]) == 16
   np.testing.assert_allclose(np.concatenate(scores[0]), np.concatenate(scores[1]), atol=1e-5)
+
+  # `mxrec-pipeline export` of its checkpoint, in one process, serves as its own export.
+  lib.check_export_of_sharded_checkpoint(tmp_path, data_dir, model_dir, collective_timeout_s=60)
