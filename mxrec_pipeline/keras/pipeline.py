@@ -479,7 +479,7 @@ class ModelFitPipeline(AbstractPipeline):
         for spec in self._model_builder.tables.values()
     ]
     strategy = tf.distribute.get_strategy()  # One replica: one shard holding every key.
-    model = self._build_sharded_model(strategy, specs)
+    model = self._build_sharded_model(strategy, specs, build_slots=False)
     callbacks_lib.training_checkpoint(model, sharded=True).restore(checkpoint).expect_partial()
     for table in self._sharded_tables.values():
       checkpoint_lib.restore_shard(shards_dir, table)
@@ -722,12 +722,14 @@ class ModelFitPipeline(AbstractPipeline):
             bool(getattr(self._dataset_builder, "sparse_features", None)))
 
   def _build_sharded_model(self, strategy: tf.distribute.Strategy,
-                           specs: Sequence[TableSpec] | None = None) -> tf.keras.Model:
+                           specs: Sequence[TableSpec] | None = None,
+                           build_slots: bool = True) -> tf.keras.Model:
     """The compiled model with its tables sharded by key over the workers (keras/sharded.py).
 
     The ShardedTables of `specs` (default: the model builder's) and the hash
-    optimizer (with its slots) are created outside the strategy's scope, as
-    each worker's own variables; the dense model and its optimizer inside
+    optimizer (with its slots unless not `build_slots`: a model restored to
+    export only) are created outside the strategy's scope, as each worker's
+    own variables; the dense model and its optimizer inside
     it, mirrored. The dataset then keeps raw ids (no insertion in tf.data).
 
     Raises:
@@ -743,7 +745,8 @@ class ModelFitPipeline(AbstractPipeline):
                                            self._model_builder.seed, hparams.collective_timeout_s or
                                            0.0)
     sparse_optimizer = self._sparse_optimizer()
-    sparse_optimizer.build([table.variable for table in tables.values()])
+    if build_slots:
+      sparse_optimizer.build([table.variable for table in tables.values()])
     self._dataset_builder.keep_raw_ids = True
     self._sharded_tables = tables
     with strategy.scope(), _generator_rng(hparams.seed is not None):

@@ -63,10 +63,10 @@ def test_worker_killed_mid_epoch_is_retried_and_the_job_finishes(tmp_path):
     worker = int(
         _wait(lambda: re.search(r"worker 1 \(pid (\d+)\)", stderr.read_text()), 60, launcher,
               "pid of worker 1").group(1))
-    _wait(lambda: "Epoch 2/" in stdout.read_text(errors="replace"), 120, launcher, "epoch 2")
+    _wait(lambda: "Epoch 2/" in stdout.read_text(errors="replace"), 180, launcher, "epoch 2")
     os.kill(worker, signal.SIGKILL)
     epochs_ended = len(EPOCH_END.findall(stdout.read_text(errors="replace")))
-    launcher.wait(timeout=120)
+    launcher.wait(timeout=lib.TIMEOUT_S)
     assert lib.marked_pids(marker) == []
   finally:
     lib.kill_marked(marker)
