@@ -460,7 +460,9 @@ class ModelFitPipeline(AbstractPipeline):
         shard file or its data file), naming the table and the file.
       ValueError: shards of jobs of different sizes in one table's
         directory; a model builder that is not a ModelBuilder (sharded runs
-        only); rows of another dim.
+        only); table rows of another dim; a dense variable of another shape
+        than the checkpoint's (TF's restore; dense variables the checkpoint
+        lacks are not detected, as in the single-process export).
     """
     number = int(checkpoint.rsplit("-", 1)[1])
     shards_dir = sharded.shards_path(os.path.dirname(checkpoint), number)
