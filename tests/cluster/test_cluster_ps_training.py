@@ -6,7 +6,8 @@ in schedule order, so per-epoch losses, validation metrics and every table's
 rows by key in the export equal one process's, also across a stop after
 epoch 1 on 2 ps tasks and a resume on 1 (the shards re-sharded, no key lost).
 With 2 workers training is asynchronous: metrics close to one process's, and
-the export serves in a fresh process with plain TensorFlow.
+the export serves in a fresh process with plain TensorFlow, as does
+`mxrec-pipeline export` of the run's checkpoint (one process, no cluster).
 """
 
 import json

@@ -4,7 +4,8 @@ The Keras pipeline's sparse features under MultiWorkerMirroredStrategy
 (keras/sharded.py over distributed.ShardedTable) against one process on the
 same global batches: per-epoch losses, validation metrics, every table's rows
 by key in the exports (gathered from the shards), and the served scores; the
-2-worker job stops after epoch 1 and resumes from its per-shard checkpoints.
+2-worker job stops after epoch 1 and resumes from its per-shard checkpoints;
+`mxrec-pipeline export` of its checkpoint serves as its own export.
 """
 
 import json
