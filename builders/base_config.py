@@ -47,3 +47,24 @@ def check_bad_record_options(on_bad_record: str, label_range, key: str) -> None:
       label_range[0] > label_range[1]):
     raise ValueError(f"{key} must be [low, high], two finite numbers with low <= high, "
                      f"got {label_range!r}")
+
+
+def check_dnn_options(hidden_layer_dims, dropout: float,
+                      batch_norm_moment: float | None = None) -> None:
+  """Validates a DNN scorer's `model.hidden_layer_dims`, `model.dropout` (and batch norm momentum).
+
+  Args:
+    hidden_layer_dims: Units of the hidden layers: a non-empty list of ints > 0.
+    dropout: Dropout rate, in [0, 1).
+    batch_norm_moment: Momentum of batch normalization's moving averages, in
+      (0, 1); None when the scorer has no batch normalization.
+
+  Raises:
+    ValueError: naming the `model.` key and the value.
+  """
+  if not hidden_layer_dims or any(d <= 0 for d in hidden_layer_dims):
+    raise ValueError(f"model.hidden_layer_dims must be positive ints, got {hidden_layer_dims}")
+  if not 0.0 <= dropout < 1.0:
+    raise ValueError(f"model.dropout must be in [0, 1), got {dropout}")
+  if batch_norm_moment is not None and not 0.0 < batch_norm_moment < 1.0:
+    raise ValueError(f"model.batch_norm_moment must be in (0, 1), got {batch_norm_moment}")

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from builders.base_config import check_dnn_options
+
 COMBINERS = ("concat", "latent_cross")
 
 
@@ -50,16 +52,9 @@ class DasalcModelConfig:
   ensemble_size: int = 1
 
   def __post_init__(self):
-    if not self.hidden_layer_dims or any(d <= 0 for d in self.hidden_layer_dims):
-      raise ValueError(f"model.hidden_layer_dims must be positive ints, "
-                       f"got {self.hidden_layer_dims}")
-    if not 0.0 <= self.dropout < 1.0:
-      raise ValueError(f"model.dropout must be in [0, 1), got {self.dropout}")
+    check_dnn_options(self.hidden_layer_dims, self.dropout, self.batch_norm_moment)
     if self.input_noise_stddev < 0.0:
       raise ValueError(f"model.input_noise_stddev must be >= 0, got {self.input_noise_stddev}")
-    if not 0.0 < self.batch_norm_moment < 1.0:
-      raise ValueError(f"model.batch_norm_moment must be in (0, 1), got "
-                       f"{self.batch_norm_moment}")
     if self.num_attention_heads < 0:
       raise ValueError(f"model.num_attention_heads must be >= 0, got {self.num_attention_heads}")
     for name in ("attention_head_size", "num_attention_layers", "ensemble_size"):

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from builders.base_config import check_dnn_options
+
 # mxrec_pipeline.keras.layers.COMBINERS (a test keeps them equal).
 COMBINERS = ("sum", "mean", "sqrtn")
 
@@ -38,10 +40,6 @@ class DcnModelConfig:
     if self.projection_dim is not None and self.projection_dim <= 0:
       raise ValueError(f"model.projection_dim must be positive or null, "
                        f"got {self.projection_dim}")
-    if not self.hidden_layer_dims or any(d <= 0 for d in self.hidden_layer_dims):
-      raise ValueError(f"model.hidden_layer_dims must be positive ints, "
-                       f"got {self.hidden_layer_dims}")
-    if not 0.0 <= self.dropout < 1.0:
-      raise ValueError(f"model.dropout must be in [0, 1), got {self.dropout}")
+    check_dnn_options(self.hidden_layer_dims, self.dropout)
     if self.combiner not in COMBINERS:
       raise ValueError(f"model.combiner must be one of {COMBINERS}, got {self.combiner!r}")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import pathlib
 
-from builders.base_config import check_bad_record_options
+from builders.base_config import check_bad_record_options, check_dnn_options
 
 NUM_FEATURES = 136  # MSLR-WEB's width; other LETOR files have their own.
 BM25_WHOLE_DOCUMENT = 110
@@ -84,11 +84,4 @@ class MslrModelConfig:
   use_log1p: bool = True
 
   def __post_init__(self):
-    if not self.hidden_layer_dims or any(d <= 0 for d in self.hidden_layer_dims):
-      raise ValueError(f"model.hidden_layer_dims must be positive ints, "
-                       f"got {self.hidden_layer_dims}")
-    if not 0.0 <= self.dropout < 1.0:
-      raise ValueError(f"model.dropout must be in [0, 1), got {self.dropout}")
-    if not 0.0 < self.batch_norm_moment < 1.0:
-      raise ValueError(f"model.batch_norm_moment must be in (0, 1), got "
-                       f"{self.batch_norm_moment}")
+    check_dnn_options(self.hidden_layer_dims, self.dropout, self.batch_norm_moment)

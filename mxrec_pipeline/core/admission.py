@@ -99,9 +99,8 @@ def insert(container: str, table_name: str, keys: tf.Tensor, training: bool,
     counts = tf.ones_like(keys)
   if timestamp is None:
     timestamp = tf.constant(-1, tf.int64)
-  with tf.device(key_index_lib.HOST_DEVICE):
-    unique_rows, restore, _ = ops.load().mx_key_index_insert_admit(
-        handle, keys, counts, timestamp, tf.constant(config.access_threshold or 0, tf.int64))
+  unique_rows, restore, _ = key_index_lib.insert_admit(handle, keys, counts, timestamp,
+                                                       config.access_threshold or 0)
   return unique_rows, restore
 
 

@@ -78,6 +78,30 @@ def insert(index_handle: tf.Tensor, keys: tf.Tensor, training: bool):
     return ops.load().mx_key_index_insert(index_handle, keys, training=training)
 
 
+def insert_admit(index_handle: tf.Tensor, keys: tf.Tensor, counts: tf.Tensor, timestamp: tf.Tensor,
+                 access_threshold: int):
+  """Training insertion with admission counts and last-seen times (MxKeyIndexInsertAdmit).
+
+  Each occurrence of a key without a row adds its count; the key gets a row
+  once its total reaches `access_threshold` (core/admission.py, mxRec's
+  feature admission). Every key gets `timestamp` as its last-seen time.
+
+  Args:
+    index_handle: From `handle()`.
+    keys: [n] int64.
+    counts: [n] int64 sighting weights (faae_coefficient).
+    timestamp: int64 scalar, the batch's time in seconds; -1: none.
+    access_threshold: Sightings a key needs, >= 0 (0 and 1 admit at once).
+
+  Returns:
+    (unique_rows [num_unique] int64, -1 for keys without a row yet;
+     restore [n] int32; unique_keys [num_unique] int64).
+  """
+  with tf.device(HOST_DEVICE):
+    return ops.load().mx_key_index_insert_admit(index_handle, keys, counts, timestamp,
+                                                tf.constant(access_threshold, tf.int64))
+
+
 class KeyIndex(tf.Module):
   """The key index of one table, checkpointed with the table.
 

@@ -17,9 +17,11 @@ Restoring reads every `shard-*-of-<W>` file of the table and keeps the keys
 this process owns by `sharding.owner(key, num_shards)` of the restoring job:
 onto W' != W workers, onto one process (num_shards 1 keeps every key), or
 onto the same W. Keys get rows 0..m-1 in key order; rows past them keep their
-initial values. A single-process table (create_table) saves and restores
-with the same functions as shard 0 of 1. Dense variables are checkpointed by
-the user's tf.train.Checkpoint as under any strategy.
+initial values. The admission and eviction totals (`counters`) restore into
+shard 0, the latest timestamp into every shard. A single-process table
+(create_table) saves and restores with the same functions as shard 0 of 1.
+Dense variables are checkpointed by the user's tf.train.Checkpoint as under
+any strategy.
 """
 
 from __future__ import annotations
@@ -231,7 +233,10 @@ def restore_shard(directory: str, table, optimizers=()) -> int:
       "keys": keys,
       "rows": rows,
       "last_seen": saved["last_seen"][keep][order],
-      "counters": saved["counters"],
+      # The admission and eviction totals go to shard 0 alone, so that the
+      # shards' counters still add up to the saved ones (read_all_shards sums
+      # them); every shard gets the latest timestamp, its eviction clock.
+      "counters": saved["counters"] * np.array([shard_id == 0, shard_id == 0, 1], np.int64),
   }
   state.update({n: saved[n][pending] for n in _PENDING})
   shard.key_index.import_state(

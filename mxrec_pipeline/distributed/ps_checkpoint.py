@@ -25,36 +25,8 @@ import tensorflow as tf
 from mxrec_pipeline.distributed import checkpoint
 from mxrec_pipeline.distributed import export
 from mxrec_pipeline.distributed.ps_table import PSShardedTable
-
-
-class _ShardView:
-  """Shard `shard_id` of a PSShardedTable as checkpoint.py reads a ShardedTable."""
-
-  def __init__(self, table: PSShardedTable, shard_id: int):
-    self.shard = self
-    self.shard_id, self.num_shards = shard_id, table.num_shards
-    self.table_name, self.dim = table.table_name, table.dim
-    self.device_vocabulary_size = table.rows_per_shard
-    self.key_index = table.key_indexes[shard_id]
-    self.variable = table.shard_variables[shard_id]
-    self.initial_rows = table.initial_rows
-
-
-class _OptimizerView:
-  """The table's optimizer on one shard as checkpoint.py reads a hash optimizer."""
-
-  def __init__(self, table: PSShardedTable, shard_id: int):
-    self.optimizer_name = table.optimizer.optimizer_name
-    self.slot_initial_values = table.optimizer.slot_initial_values
-    self.iterations = table.step  # The step count t of the update, as optimizer.iterations.
-    self._slots = table.slots[shard_id]
-
-  def build(self, var_list) -> None:
-    del var_list  # The table created its slots.
-
-  def get_slot(self, table_name: str, slot_name: str) -> tf.Variable:
-    del table_name
-    return self._slots[slot_name]
+from mxrec_pipeline.distributed.ps_table import ShardOptimizerView
+from mxrec_pipeline.distributed.ps_table import ShardView
 
 
 def save(directory: str, table: PSShardedTable) -> list[str]:
@@ -67,7 +39,7 @@ def save(directory: str, table: PSShardedTable) -> list[str]:
   for i, device in enumerate(table.devices):
     with tf.device(device):
       prefixes.append(
-          checkpoint.save_shard(directory, _ShardView(table, i), [_OptimizerView(table, i)]))
+          checkpoint.save_shard(directory, ShardView(table, i), [ShardOptimizerView(table, i)]))
   return prefixes
 
 
@@ -85,7 +57,7 @@ def restore(directory: str, table: PSShardedTable) -> list[int]:
   for i, device in enumerate(table.devices):
     with tf.device(device):
       counts.append(
-          checkpoint.restore_shard(directory, _ShardView(table, i), [_OptimizerView(table, i)]))
+          checkpoint.restore_shard(directory, ShardView(table, i), [ShardOptimizerView(table, i)]))
   return counts
 
 

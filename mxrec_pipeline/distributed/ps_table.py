@@ -17,6 +17,16 @@ step that the ClusterCoordinator scheduled:
      row update (optimizers/base.HashOptimizer.apply_sparse: lazy Adam,
      Adagrad, SGD, FTRL) on the owner PS.
 
+Feature admission and eviction (core/admission.py, mxRec's access_threshold
+and eviction_threshold) run on the owners too: a key's sightings are counted
+by the key index of its owner PS, which gives it a row once they reach
+`access_threshold` (until then the key reads the default value and gets no
+gradient, as core/lookup.gather_rows does for rows of -1 in one process), and
+records the batch's timestamp as its last-seen time; `evict` removes each
+shard's idle keys on its PS and resets their rows and slots. Every
+occurrence of a key goes to its owner in step 2 anyway, so the counts add
+nothing to the bytes of a step but the timestamp scalar.
+
 Updates from several workers are asynchronous, as ParameterServerStrategy's
 dense variables are (Hogwild-style, TF's PS training tutorial): each step reads
 the rows current when it runs. The optimizer's step count t is one int64
@@ -50,7 +60,9 @@ from typing import Callable, Sequence
 import numpy as np
 import tensorflow as tf
 
+from mxrec_pipeline.core import admission
 from mxrec_pipeline.core import key_index as key_index_lib
+from mxrec_pipeline.core import lookup as lookup_lib
 from mxrec_pipeline.distributed import sharding
 from mxrec_pipeline.optimizers.base import HashOptimizer
 
@@ -111,6 +123,13 @@ class PSShardedTable(tf.Module):
       (fingerprinted by core/key_index.to_keys); the export's signature
       takes ids of this dtype.
     value_dtype: Floating dtype of the rows.
+    access_threshold: Feature admission (mxRec's access_threshold,
+      core/admission.py): sightings a key needs, counted by its owner PS over
+      every worker's training lookups, before it gets a row; None (or 0, 1)
+      admits every key at once.
+    eviction_threshold_s: Feature eviction (mxRec's eviction_threshold):
+      `evict` removes keys unseen for more than this many seconds of the
+      batches' timestamps (`lookup(..., timestamp=)`); None never evicts.
 
   Attributes:
     devices: The shards' devices, shard i first.
@@ -118,17 +137,20 @@ class PSShardedTable(tf.Module):
     shard_variables: [num_shards] [rows_per_shard, dim] rows variables.
     slots: [num_shards] dicts slot name -> [rows_per_shard, dim] variable.
     step: int64 scalar variable on shard 0: apply_gradients calls so far.
+    admit_evict: The table's admission.AdmitEvictConfig.
 
   Raises:
     ValueError: created inside a strategy scope, bad dim/rows_per_shard/
-      key_dtype, an optimizer that is not a HashOptimizer, or a strategy
-      that ps_devices refuses.
+      key_dtype/access_threshold/eviction_threshold_s, an optimizer that is
+      not a HashOptimizer, or a strategy that ps_devices refuses (all naming
+      the table).
   """
 
   def __init__(self, strategy: tf.distribute.Strategy | None, *, name: str, dim: int,
                rows_per_shard: int, optimizer: HashOptimizer,
                emb_initializer: Callable = tf.keras.initializers.Zeros(),
-               key_dtype: tf.DType = tf.int64, value_dtype: tf.DType = tf.float32):
+               key_dtype: tf.DType = tf.int64, value_dtype: tf.DType = tf.float32,
+               access_threshold: int | None = None, eviction_threshold_s: int | None = None):
     super().__init__(name=None)
     if tf.distribute.has_strategy():
       raise ValueError(f"PSShardedTable('{name}'): create it outside strategy.scope(): "
@@ -148,6 +170,10 @@ class PSShardedTable(tf.Module):
     if self.key_dtype not in (tf.int64, tf.int32, tf.string):
       raise ValueError(f"PSShardedTable('{name}'): `key_dtype` must be int64, int32 or string, "
                        f"got {self.key_dtype.name}")
+    try:
+      self.admit_evict = admission.AdmitEvictConfig(access_threshold, eviction_threshold_s)
+    except ValueError as e:
+      raise ValueError(f"PSShardedTable('{name}'): {e}") from None
     self._emb_initializer = emb_initializer
     self._value_dtype = value_dtype
     self.devices = ps_devices(strategy)
@@ -190,34 +216,55 @@ class PSShardedTable(tf.Module):
     return (tf.dynamic_partition(keys, owners, self.num_shards),
             tf.dynamic_partition(positions, owners, self.num_shards))
 
-  def lookup(self, ids: tf.Tensor, training: bool = True, default_value: float = 0.0) -> tf.Tensor:
+  def lookup(self, ids: tf.Tensor, training: bool = True, default_value=0.0,
+             timestamp: tf.Tensor | None = None) -> tf.Tensor:
     """Rows of `ids`, each read on its owner PS (inserted there first when training).
 
     Args:
       ids: [any shape] int32/int64/string ids (core/key_index.to_keys).
-      training: True inserts absent keys (a row each on their owner); False
-        reads `default_value` for them and inserts nothing.
-      default_value: Value of every component of an absent key's row (eval).
+      training: True inserts absent keys (a row each on their owner; with
+        admission, once their count reaches access_threshold); False reads
+        `default_value` for them and inserts and counts nothing.
+      default_value: Scalar or [dim] row read by absent keys (eval) and, in
+        training, by keys not admitted yet.
+      timestamp: int64 scalar, the batch's time in seconds
+        (core/admission.batch_timestamp), recorded by the owners as the
+        keys' last-seen time; required in training when the table has
+        eviction_threshold_s, ignored otherwise.
 
     Returns:
       [ids' shape + [dim]] embeddings, differentiable w.r.t. shard_variables
-      (the gradient of shard i is IndexedSlices of its touched rows).
+      (the gradient of shard i is IndexedSlices of its touched rows, without
+      the keys not admitted yet).
 
     Raises:
+      ValueError: a training lookup without `timestamp` on a table with
+        eviction_threshold_s (naming the table).
       tf.errors.*: a full shard (MxKeyIndexInsert, naming the table).
     """
     ids = tf.convert_to_tensor(ids)
     keys = tf.reshape(key_index_lib.to_keys(ids, f"table '{self.table_name}'"), [-1])
+    counting = training and (self.admit_evict.access_threshold is not None or
+                             self.admit_evict.eviction_threshold_s is not None)
+    if counting:
+      if timestamp is None and self.admit_evict.eviction_threshold_s is not None:
+        raise ValueError(f"PSShardedTable('{self.table_name}'): eviction_threshold_s needs the "
+                         "batch's `timestamp` in training lookups")
+      timestamp = tf.constant(-1, tf.int64) if timestamp is None else tf.cast(timestamp, tf.int64)
+    admitting = training and self.admit_evict.admits
     key_parts, position_parts = self._split(keys)
     parts = []
     for i, device in enumerate(self.devices):
       with tf.device(device):
         handle = key_index_lib.handle(CONTAINER, self.table_name)
-        unique_rows, restore, _ = key_index_lib.insert(handle, key_parts[i], training)
-        values = tf.gather(self.shard_variables[i], tf.maximum(unique_rows, 0))
-        if not training:
-          values = tf.where(tf.expand_dims(unique_rows >= 0, 1), values,
-                            tf.cast(default_value, values.dtype))
+        if counting:  # Each occurrence counts once, as one process counts the batch.
+          unique_rows, restore, _ = key_index_lib.insert_admit(
+              handle, key_parts[i], tf.ones_like(key_parts[i]), timestamp,
+              self.admit_evict.access_threshold or 0)
+        else:
+          unique_rows, restore, _ = key_index_lib.insert(handle, key_parts[i], training)
+        values = lookup_lib.gather_rows(self.shard_variables[i], unique_rows, training=training,
+                                        default_value=default_value, admitting=admitting)
       parts.append(tf.gather(values, restore))
     stitched = tf.dynamic_stitch(position_parts, parts)
     return tf.reshape(stitched, tf.concat([tf.shape(ids), [self.dim]], 0))
@@ -250,6 +297,31 @@ class PSShardedTable(tf.Module):
         updates += self.optimizer.apply_sparse(self.shard_variables[i], self.slots[i], grad, step)
     return tf.group(updates)
 
+  def evict(self) -> list[tf.Tensor]:
+    """Removes every shard's keys idle longer than eviction_threshold_s, on their PS.
+
+    core/admission.evict on each shard: a key (or a pending count) last
+    seen more than eviction_threshold_s seconds before the latest timestamp
+    its owner saw is removed; its row gets the shard's initial row again and
+    its optimizer slots their initial values. Call it from the coordinator
+    (eagerly) or inside a scheduled tf.function.
+
+    Returns:
+      [num_shards] [num_evicted] int64: the freed rows of each shard.
+
+    Raises:
+      ValueError: the table has no eviction_threshold_s.
+    """
+    if self.admit_evict.eviction_threshold_s is None:
+      raise ValueError(f"PSShardedTable('{self.table_name}'): evict needs eviction_threshold_s")
+    freed = []
+    for i, device in enumerate(self.devices):
+      with tf.device(device):
+        freed.append(
+            admission.evict(ShardView(self, i), self.admit_evict.eviction_threshold_s,
+                            [ShardOptimizerView(self, i)]))
+    return freed
+
   def export_shard(self, shard: int) -> dict[str, np.ndarray]:
     """Eagerly, on the coordinator: shard `shard`'s keys and their rows and slots.
 
@@ -263,6 +335,44 @@ class PSShardedTable(tf.Module):
       for slot, variable in self.slots[shard].items():
         out[slot] = tf.gather(variable, rows).numpy()
     return out
+
+
+class ShardView:
+  """Shard `shard_id` of a PSShardedTable as the core reads a flat table.
+
+  What distributed/checkpoint.py reads of a ShardedTable (shard_id,
+  num_shards, `shard`) and core/admission.evict of a SparseEmbedding
+  (key_index, variable, initial_rows, is_tiered). Use its ops under
+  `tf.device(table.devices[shard_id])`.
+  """
+
+  is_tiered = False
+
+  def __init__(self, table: PSShardedTable, shard_id: int):
+    self.shard = self
+    self.shard_id, self.num_shards = shard_id, table.num_shards
+    self.table_name, self.dim = table.table_name, table.dim
+    self.device_vocabulary_size = table.rows_per_shard
+    self.key_index = table.key_indexes[shard_id]
+    self.variable = table.shard_variables[shard_id]
+    self.initial_rows = table.initial_rows
+
+
+class ShardOptimizerView:
+  """The table's optimizer on shard `shard_id` as the core reads a hash optimizer (its slots)."""
+
+  def __init__(self, table: PSShardedTable, shard_id: int):
+    self.optimizer_name = table.optimizer.optimizer_name
+    self.slot_initial_values = table.optimizer.slot_initial_values
+    self.iterations = table.step  # The step count t of the update, as optimizer.iterations.
+    self._slots = table.slots[shard_id]
+
+  def build(self, var_list) -> None:
+    del var_list  # The table created its slots.
+
+  def get_slot(self, table_name: str, slot_name: str) -> tf.Variable:
+    del table_name  # One table.
+    return self._slots[slot_name]
 
 
 # Bytes of one key (int64) and of one restore index (int32).

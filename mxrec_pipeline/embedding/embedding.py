@@ -131,26 +131,7 @@ class Embedding(tf.Module):
     super().__init__(name="embedding")
     del pipeline_execution_with_tensor_core  # See the docstring.
     optimizers.check_optimizer(optimizer, "Embedding")
-    paths = [_path_name(path) for path in tf.__internal__.nest.yield_flat_paths(feature_config)]
-    flat = tf.nest.flatten(feature_config)
-    for path, feature in zip(paths, flat):
-      if not isinstance(feature, FeatureConfig):
-        raise ValueError(f"feature_config {path or ''}: expected a "
-                         f"mxrec_pipeline.embedding.FeatureConfig, got {type(feature).__name__}")
-    paths = [path or feature.name or "feature" for path, feature in zip(paths, flat)]
-    configs = []  # Distinct TableConfigs in order of first use, as TPUEmbedding orders them.
-    for feature in flat:
-      if not any(feature.table is c for c in configs):
-        configs.append(feature.table)
-    names = []
-    for i, config in enumerate(configs):
-      name = config.name or f"table_{i}"
-      if name in names:
-        raise ValueError(f"Tables must have a unique name. Multiple tables with name {name} "
-                         "found.")
-      names.append(name)
-      optimizers.check_optimizer(config.optimizer, f"TableConfig {name}")
-
+    paths, flat, configs, names = flatten_feature_config(feature_config)
     _untracked(self, strategy=tf.distribute.get_strategy(), feature_config=feature_config,
                paths=paths, features=flat, table_configs=configs, table_names=names,
                table_of_feature=[names[_index(configs, f.table)] for f in flat],
@@ -374,7 +355,7 @@ class Embedding(tf.Module):
           for i in range(len(self._features))
       ] for r in range(num_replicas)]
       rows, restores = self._insert(plans, training)
-    step = _Step(training=training, graph=_current_graph(), rows=rows,
+    step = _Step(training=training, graph=current_graph(), rows=rows,
                  features=[list(zip(restores[r], plans[r])) for r in range(num_replicas)])
     with self._lock:
       _untracked(self, step=step)
@@ -432,27 +413,14 @@ class Embedding(tf.Module):
     """
     replica = self._replica_id("apply_gradients")
     step = self._current_step("apply_gradients")
-    if not step.training:
-      raise RuntimeError("apply_gradients was called after enqueue(training=False); use "
-                         "training=True in training steps")
-    if replica in step.applied:
-      raise RuntimeError("apply_gradients was called twice after one enqueue; call enqueue "
-                         "before each apply_gradients")
+    check_can_apply(step.training, replica in step.applied)
     tf.nest.assert_same_structure(self._feature_config, gradients)
     by_table = {}
     for i, grad in enumerate(tf.nest.flatten(gradients)):
       if grad is None:
         continue
       restore, plan = step.features[replica][i]
-      if isinstance(grad, tf.IndexedSlices):  # E.g. the loss gathered from the activations.
-        grad = tf.convert_to_tensor(grad)
-      if not isinstance(grad, tf.Tensor):
-        raise ValueError(f"found non-tensor type {type(grad).__name__} at path "
-                         f"{self._paths[i]}")
-      expected = plan.shape.concatenate([self._features[i].table.dim])
-      if not grad.shape.is_compatible_with(expected):
-        raise ValueError(f"Found gradient of shape {grad.shape} at path {self._paths[i]}. "
-                         f"Expected shape {expected}.")
+      grad = activation_gradient(self._paths[i], grad, plan, self._features[i].table.dim)
       by_table.setdefault(self._table_of_feature[i], []).append((grad, restore, plan))
     missing = sorted(t for t in by_table if t not in self._optimizer_of_table)
     if missing:
@@ -522,12 +490,7 @@ class Embedding(tf.Module):
 
   def _plan(self, i: int, inp, weight) -> lookup.FeaturePlan:
     """Shape checks and FeaturePlan of feature i's input (one replica's)."""
-    path, feature = self._paths[i], self._features[i]
-    inp = _to_tensor(inp)
-    incoming = shapes.output_shape_from_input_shape(path, feature,
-                                                    shapes.input_shape(path, feature, inp))
-    shapes.check_output_shape(path, self._declared[i], incoming)
-    return lookup.plan(path, feature, inp, weight, shapes.resolve(self._declared[i], incoming))
+    return plan_feature(self._paths[i], self._features[i], self._declared[i], inp, weight)
 
   def _insert(self, plans, training: bool):
     """One key-index insertion per table over all replicas' ids.
@@ -604,13 +567,101 @@ class Embedding(tf.Module):
     if step is None:
       raise RuntimeError(f"{what} was called without enqueue: call enqueue(features, "
                          "training=...) first in the same step")
-    if not _reachable(step.graph):
+    if not reachable(step.graph):
       raise RuntimeError(f"{what} must be called in the same step (tf.function) as the "
                          "enqueue it follows; this one has no enqueue")
     return step
 
 
 TPUEmbedding = Embedding
+
+
+def check_can_apply(training: bool, applied: bool) -> None:
+  """Raises RuntimeError unless the step's enqueue had training=True and was not applied yet."""
+  if not training:
+    raise RuntimeError("apply_gradients was called after enqueue(training=False); use "
+                       "training=True in training steps")
+  if applied:
+    raise RuntimeError("apply_gradients was called twice after one enqueue; call enqueue "
+                       "before each apply_gradients")
+
+
+def activation_gradient(path: str, grad, plan: lookup.FeaturePlan, dim: int) -> tf.Tensor:
+  """A feature's activation gradient as a tensor, checked against its [*plan.shape, dim].
+
+  Raises:
+    ValueError: not a tensor (or IndexedSlices), or of another shape (naming
+      the feature's path).
+  """
+  if isinstance(grad, tf.IndexedSlices):  # E.g. the loss gathered from the activations.
+    grad = tf.convert_to_tensor(grad)
+  if not isinstance(grad, tf.Tensor):
+    raise ValueError(f"found non-tensor type {type(grad).__name__} at path {path}")
+  expected = plan.shape.concatenate([dim])
+  if not grad.shape.is_compatible_with(expected):
+    raise ValueError(f"Found gradient of shape {grad.shape} at path {path}. "
+                     f"Expected shape {expected}.")
+  return grad
+
+
+def plan_feature(path: str, feature: FeatureConfig, declared: tf.TensorShape, inp,
+                 weight) -> lookup.FeaturePlan:
+  """Shape checks and FeaturePlan of one feature's input (one replica's).
+
+  Args:
+    path: The feature's path, for messages.
+    feature: Its FeatureConfig.
+    declared: Its declared output shape (FeatureConfig's or build's; unset: none).
+    inp: Its ids (see `Embedding.enqueue`).
+    weight: None or per-id weights.
+
+  Raises:
+    ValueError: a bad input or a shape disagreeing with `declared` (naming
+      the feature).
+  """
+  inp = _to_tensor(inp)
+  incoming = shapes.output_shape_from_input_shape(path, feature,
+                                                  shapes.input_shape(path, feature, inp))
+  shapes.check_output_shape(path, declared, incoming)
+  return lookup.plan(path, feature, inp, weight, shapes.resolve(declared, incoming))
+
+
+def flatten_feature_config(feature_config) -> tuple[list, list, list, list]:
+  """The features and tables of a feature config, as TPUEmbedding orders them.
+
+  Args:
+    feature_config: A FeatureConfig, or a nest (dict, list, tuple) of them.
+
+  Returns:
+    (paths, features, table_configs, table_names): per feature its path in
+    the nest (or its name) and its FeatureConfig, flat; the distinct
+    TableConfigs in order of first use and their names (`table_<i>` when
+    unnamed).
+
+  Raises:
+    ValueError: a leaf that is not a FeatureConfig, two tables with one
+      name, a TableConfig optimizer of another class.
+  """
+  paths = [_path_name(path) for path in tf.__internal__.nest.yield_flat_paths(feature_config)]
+  flat = tf.nest.flatten(feature_config)
+  for path, feature in zip(paths, flat):
+    if not isinstance(feature, FeatureConfig):
+      raise ValueError(f"feature_config {path or ''}: expected a "
+                       f"mxrec_pipeline.embedding.FeatureConfig, got {type(feature).__name__}")
+  paths = [path or feature.name or "feature" for path, feature in zip(paths, flat)]
+  configs = []  # Distinct TableConfigs in order of first use, as TPUEmbedding orders them.
+  for feature in flat:
+    if not any(feature.table is c for c in configs):
+      configs.append(feature.table)
+  names = []
+  for i, config in enumerate(configs):
+    name = config.name or f"table_{i}"
+    if name in names:
+      raise ValueError(f"Tables must have a unique name. Multiple tables with name {name} "
+                       "found.")
+    names.append(name)
+    optimizers.check_optimizer(config.optimizer, f"TableConfig {name}")
+  return paths, flat, configs, names
 
 
 def _row_gradients(rows: tf.Tensor, grads, dim: int) -> tf.IndexedSlices:
@@ -656,11 +707,12 @@ def _index(configs: list, config: TableConfig) -> int:
   return next(i for i, c in enumerate(configs) if c is config)
 
 
-def _current_graph():
+def current_graph():
+  """The graph new tensors go to; None when executing eagerly."""
   return None if tf.executing_eagerly() else tf.compat.v1.get_default_graph()
 
 
-def _reachable(graph) -> bool:
+def reachable(graph) -> bool:
   """Whether tensors of `graph` (None: eager) can be used in the current graph."""
   if graph is None:
     return True

@@ -49,14 +49,18 @@ def create_ps_tables(strategy: tf.distribute.Strategy, specs: Iterable[layers.Ta
     Table name -> PSShardedTable.
 
   Raises:
-    ValueError: a tiered spec (host/SSD tiers are not sharded), naming the
-      table; anything PSShardedTable refuses.
+    ValueError: a tiered spec (host/SSD tiers are not sharded over ps tasks:
+      docs/scaling.md "What PS tables support"), naming the table; anything
+      PSShardedTable refuses.
   """
   tables = {}
   for spec in specs:
     if spec.tiered:
-      raise ValueError(f"table '{spec.name}': tiered tables (host_vocabulary_size > 0) cannot be "
-                       "sharded over parameter servers yet; use MirroredStrategy on one host")
+      raise ValueError(
+          f"table '{spec.name}': tiered tables (host_vocabulary_size > 0) cannot be sharded over "
+          "parameter servers yet (the device cache pins the rows of one training step at a time, "
+          "asynchronous workers run several at once); set host_vocabulary_size: 0 and a "
+          "device_vocabulary_size per ps task, or use MirroredStrategy on one host")
     tables[spec.name] = PSShardedTable(strategy, name=spec.name, dim=spec.dim,
                                        rows_per_shard=spec.device_vocabulary_size,
                                        optimizer=optimizer,

@@ -93,6 +93,9 @@ class ConfigInitializer:
       FeatureSpecs and access_and_evict_config.
     hash_optimizers: Hash optimizers that created slots in this run (eviction
       resets their slots).
+    ps_tables: Table name -> table sharded over parameter servers
+      (distributed/ps_mxrec.create_table), kept apart from `tables`, whose
+      entries are the core's.
   """
 
   _ids = itertools.count()
@@ -105,6 +108,7 @@ class ConfigInitializer:
     self.insert_tables: set[str] = set()
     self.admit_evict: dict = {}
     self.hash_optimizers: list = []
+    self.ps_tables: dict = {}
 
 
 _initializer: ConfigInitializer | None = None

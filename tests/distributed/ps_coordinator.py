@@ -1,6 +1,7 @@
 """Coordinator (chief) of the parameter-server tests: trains the toy table, writes what it learned.
 
 Usage: ps_coordinator.py OUT.npz STEPS [--local] [--restore DIR] [--save DIR] [--export DIR]
+                         [--access_threshold N] [--eviction_threshold_s S]
 
 With TF_CONFIG (a chief task of a cluster with ps and worker tasks running
 mxrec_pipeline.cluster.ps_server) it trains through ParameterServerStrategy +
@@ -10,8 +11,11 @@ labels (batch s % CYCLE at global step s) with score = sum(emb * W) + bias,
 loss = sum of squared errors / batch, lazy Adam on the table, SGD on the bias
 (a dense variable created in the strategy's scope). --restore starts from
 a checkpoint (at its step), --save and --export write the table after
-training. OUT.npz gets per shard its keys, values, m and v, the loss of
-every step (in step order) and steps/s of the training loop.
+training. --access_threshold and --eviction_threshold_s give the table
+admission and eviction: step s has time distributed_testlib.step_time(s) and
+every step evicts after its update. OUT.npz gets per shard its keys, values,
+m and v and its key index's state (state_<name>, key_index.STATE_NAMES), the
+loss of every step (in step order) and steps/s of the training loop.
 """
 
 import argparse
@@ -37,7 +41,8 @@ BIAS_LEARNING_RATE = 0.1  # SGD of the dense bias, a variable of the strategy (o
 
 
 def main(out: str, steps: int, local: bool = False, restore: str = "", save: str = "",
-         export_dir: str = "", reach_timeout_s: float = 30.0) -> None:
+         export_dir: str = "", reach_timeout_s: float = 30.0, access_threshold: int | None = None,
+         eviction_threshold_s: int | None = None) -> None:
   ops.load()
   if local:
     strategy, coordinator = None, None
@@ -48,7 +53,9 @@ def main(out: str, steps: int, local: bool = False, restore: str = "", save: str
     coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(strategy)
   table = ps_table.PSShardedTable(strategy, name=lib.TABLE, dim=lib.DIM, rows_per_shard=lib.ROWS,
                                   optimizer=lazy_adam.create_hash_optimizer(LEARNING_RATE),
-                                  emb_initializer=tf.keras.initializers.Constant(INITIAL))
+                                  emb_initializer=tf.keras.initializers.Constant(INITIAL),
+                                  access_threshold=access_threshold,
+                                  eviction_threshold_s=eviction_threshold_s)
   if restore:
     ps_checkpoint.restore(restore, table)
   w = tf.constant(W)
@@ -62,27 +69,32 @@ def main(out: str, steps: int, local: bool = False, restore: str = "", save: str
     checkpoint.read(os.path.join(restore, "dense")).assert_consumed()
 
   @tf.function
-  def train_step(ids, labels):
+  def train_step(ids, labels, time):
     with tf.GradientTape() as tape:
-      emb = table.lookup(ids)
+      emb = table.lookup(ids, timestamp=time)
       scores = tf.reduce_sum(emb * w, axis=[1, 2]) + bias
       loss = tf.reduce_sum(tf.square(scores - labels)) / lib.GLOBAL_BATCH
     *table_grads, bias_grad = tape.gradient(loss, [*table.shard_variables, bias])
-    table.apply_gradients(table_grads)
+    update = table.apply_gradients(table_grads)
     bias.assign_sub(BIAS_LEARNING_RATE * bias_grad)
+    if eviction_threshold_s is not None:
+      with tf.control_dependencies([update]):
+        table.evict()
     return loss
 
   first = int(table.step.numpy())
-  batches = [
-      tuple(map(tf.constant, lib.batch(step % CYCLE))) for step in range(first, first + steps)
-  ]
+  batches = []
+  for step in range(first, first + steps):
+    ids, labels = lib.batch(step % CYCLE)
+    batches.append(
+        (tf.constant(ids), tf.constant(labels), tf.constant(lib.step_time(step), tf.int64)))
   print(f"ps_coordinator: training {steps} steps", flush=True)
   start = time.perf_counter()
   if coordinator is None:
-    losses = [float(train_step(ids, labels)) for ids, labels in batches]
+    losses = [float(train_step(*batch)) for batch in batches]
   else:
     try:  # schedule, join and fetch all raise a ps's loss.
-      results = [coordinator.schedule(train_step, args=(ids, labels)) for ids, labels in batches]
+      results = [coordinator.schedule(train_step, args=batch) for batch in batches]
       coordinator.join()
       losses = [float(r.fetch()) for r in results]
     except tf.errors.UnavailableError as e:
@@ -104,6 +116,8 @@ def main(out: str, steps: int, local: bool = False, restore: str = "", save: str
   for i in range(table.num_shards):
     for name, value in table.export_shard(i).items():
       arrays[f"shard{i}_{name}"] = value
+    for name, value in table.key_indexes[i].export_state().items():
+      arrays[f"shard{i}_state_{name}"] = value.numpy()
   np.savez(out, **arrays)
   print(f"ps_coordinator: {steps} steps, {steps_per_s:.1f} steps/s", flush=True)
 
@@ -117,5 +131,8 @@ if __name__ == "__main__":
   parser.add_argument("--save", default="")
   parser.add_argument("--export", default="")
   parser.add_argument("--reach_timeout_s", type=float, default=30.0)
+  parser.add_argument("--access_threshold", type=int, default=None)
+  parser.add_argument("--eviction_threshold_s", type=int, default=None)
   a = parser.parse_args()
-  main(a.out, a.steps, a.local, a.restore, a.save, a.export, a.reach_timeout_s)
+  main(a.out, a.steps, a.local, a.restore, a.save, a.export, a.reach_timeout_s, a.access_threshold,
+       a.eviction_threshold_s)

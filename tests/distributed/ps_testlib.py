@@ -17,6 +17,7 @@ import sys
 import numpy as np
 
 import distributed_testlib as lib
+from mxrec_pipeline.distributed import sharding
 
 COORDINATOR = pathlib.Path(__file__).resolve().parent / "ps_coordinator.py"
 
@@ -50,10 +51,10 @@ def start_servers(cluster: dict, logs: pathlib.Path) -> list[subprocess.Popen]:
   ]
 
 
-def run_chief(cluster: dict, args: list[str], logs: pathlib.Path,
-              deadline_s: float) -> tuple[int | None, str]:
-  """Runs the coordinator to its end (None: killed at the deadline); (exit code, its log)."""
-  chief = start([str(COORDINATOR), *args], env_of(cluster, "chief", 0), logs / "chief.log")
+def run_chief(cluster: dict, args: list[str], logs: pathlib.Path, deadline_s: float,
+              coordinator: pathlib.Path = COORDINATOR) -> tuple[int | None, str]:
+  """Runs `coordinator` to its end (None: killed at the deadline); (exit code, its log)."""
+  chief = start([str(coordinator), *args], env_of(cluster, "chief", 0), logs / "chief.log")
   try:
     code = lib.wait_all([chief], deadline_s)[0]
   finally:
@@ -62,8 +63,8 @@ def run_chief(cluster: dict, args: list[str], logs: pathlib.Path,
 
 
 def train(num_workers: int, num_ps: int, steps: int, tmp: pathlib.Path, extra=(),
-          deadline_s: float = 50) -> dict[str, np.ndarray]:
-  """Trains the toy table on a local cluster (ps_coordinator.py STEPS *extra); what it wrote.
+          deadline_s: float = 50, coordinator: pathlib.Path = COORDINATOR) -> dict[str, np.ndarray]:
+  """Trains the toy table on a local cluster (`coordinator` OUT STEPS *extra); what it wrote.
 
   Logs and out.npz go to `tmp` (created).
   """
@@ -71,7 +72,8 @@ def train(num_workers: int, num_ps: int, steps: int, tmp: pathlib.Path, extra=()
   cluster = cluster_of(num_workers, num_ps)
   servers = start_servers(cluster, tmp)
   try:
-    code, log = run_chief(cluster, [str(tmp / "out.npz"), str(steps), *extra], tmp, deadline_s)
+    code, log = run_chief(cluster, [str(tmp / "out.npz"), str(steps), *extra], tmp, deadline_s,
+                          coordinator)
   finally:
     lib.kill_all(servers)
   if code != 0:
@@ -79,3 +81,22 @@ def train(num_workers: int, num_ps: int, steps: int, tmp: pathlib.Path, extra=()
                       for p in sorted(tmp.glob("*.log")) if p.name != "chief.log")
     raise AssertionError(f"the chief failed or hung (exit {code}):\n{log[-4000:]}\n{tails}")
   return dict(np.load(tmp / "out.npz"))
+
+
+API_COORDINATOR = COORDINATOR.parent / "ps_api_coordinator.py"
+
+
+def rows_by_key(out: dict, table: str, what: str = "values") -> dict[int, np.ndarray]:
+  """{key: row} of `what` ("values" or a slot) over the shards of `table` in OUT.npz.
+
+  OUT.npz of ps_api_coordinator.py; asserts every key sits on its owner ps.
+  """
+  num_shards = int(out[f"{table}/num_shards"])
+  got = {}
+  for i in range(num_shards):
+    keys = out[f"{table}/shard{i}_keys"]
+    np.testing.assert_array_equal(
+        sharding.owner_numpy(keys, num_shards), i,
+        err_msg=f"a key of table {table} on ps {i} is owned by another ps")
+    got.update(lib.by_key(keys, out[f"{table}/shard{i}_{what}"]))
+  return got
