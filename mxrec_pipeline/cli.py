@@ -90,7 +90,9 @@ def build_parser() -> argparse.ArgumentParser:
   parser = argparse.ArgumentParser(prog="mxrec-pipeline", description=__doc__.split("\n")[0])
   commands = parser.add_subparsers(dest="command", required=True)
   for name, fn, help_text in (("train", _train, "train, validate and export a config"),
-                              ("export", _export, "export a trained config's latest checkpoint")):
+                              ("export", _export,
+                               "export a trained config's latest checkpoint (sharded runs too, "
+                               "in this process)")):
     sub = commands.add_parser(name, help=help_text)
     sub.add_argument("config", help="YAML job config, e.g. configs/movielens_listwise.yaml")
     sub.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
@@ -108,7 +110,8 @@ def build_parser() -> argparse.ArgumentParser:
       "with TF_CONFIG on free localhost ports; streams the chief's output (worker 0), logs the "
       f"others to model_dir/{LOCAL_CLUSTER_LOGS}/ and stops them all when one fails; with ps=M "
       "under ParameterServerStrategy: a chief (this command, the coordinator), N workers and M "
-      "ps tasks, the tables sharded over the ps tasks (docs/distributed.md)")
+      "ps tasks, the tables sharded over the ps tasks, a worker that dies started again at its "
+      "address (docs/distributed.md)")
   commands.choices["export"].add_argument("--out", help="export directory")
   predict = commands.add_parser("predict", help="score lists with an exported SavedModel")
   predict.add_argument("model_dir", help="SavedModel directory (e.g. .../export/latest_model)")

@@ -39,7 +39,6 @@ from mxrec_pipeline.cluster import tf_config
 from mxrec_pipeline.data import checks
 from mxrec_pipeline.data import validation
 from mxrec_pipeline.gbdt import lambdamart
-from mxrec_pipeline.keras import callbacks as callbacks_lib
 from mxrec_pipeline.keras import pipeline as pipeline_lib
 from mxrec_pipeline.util import initialize
 
@@ -303,30 +302,27 @@ def _table_error(error: tf.errors.OpError) -> str | None:
 
 
 def export(config: config_lib.JobConfig, export_dir: str | None = None) -> str:
-  """Exports the latest checkpoint of a trained job as a serving SavedModel.
+  """Exports the latest checkpoint of a trained job as a serving SavedModel, in this process.
+
+  A sharded run's checkpoint (MultiWorkerMirroredStrategy or
+  ParameterServerStrategy: its tables in `shards-<N>` beside `ckpt-<N>`)
+  exports too, with no cluster: its shard files are gathered into the same
+  stock-TF SavedModel the run exports (ModelFitPipeline.restore_for_export).
 
   Raises:
-    FileNotFoundError: no checkpoint in model_dir/checkpoints.
-    ValueError: the checkpoint is a sharded run's (its tables in a
-      `shards-<N>` directory beside it: MultiWorkerMirroredStrategy or
-      ParameterServerStrategy), which this single-process restore would
-      export without its tables' rows.
+    FileNotFoundError: no checkpoint in model_dir/checkpoints; a table's
+      shard file missing or unreadable (naming the table and the file;
+      nothing is written then).
+    ValueError: as ModelFitPipeline.restore_for_export.
   """
   checkpoint_dir = os.path.join(config.pipeline.model_dir, "checkpoints")
   latest = tf.train.latest_checkpoint(checkpoint_dir)
   if latest is None:
     raise FileNotFoundError(f"no checkpoint in {checkpoint_dir}: train the config first")
-  shards = os.path.join(checkpoint_dir, "shards-" + latest.rsplit("-", 1)[1])
-  if os.path.isdir(shards):
-    raise ValueError(f"{latest} is a checkpoint of tables sharded over workers or ps tasks "
-                     f"({shards}); `export` restores single-process runs only: the sharded run "
-                     f"exported its tables at the end of training to "
-                     f"{os.path.join(config.pipeline.model_dir, 'export', 'latest_model')}")
   _, _, pipeline = _setup(config)
   if not initialize.is_initialized():
     initialize.init()
-  model = pipeline.build_compiled_model()
-  callbacks_lib.training_checkpoint(model).restore(latest).expect_partial()
+  model = pipeline.restore_for_export(latest)
   export_dir = export_dir or os.path.join(config.pipeline.model_dir, "export", "latest_model")
   return pipeline.export_saved_model(model, export_dir)
 

@@ -9,10 +9,12 @@ writes every other worker's output to a log file.
 With ps=M (ParameterServerStrategy) the cluster is a "chief" task running the
 command (the coordinator), N "worker" and M "ps" tasks running
 `python -m mxrec_pipeline.cluster.ps_server`; the job ends when the chief
-ends, and the servers are stopped then. `python -m mxrec_pipeline.cluster.local
-workers=2,ps=2 -- COMMAND...` launches any coordinator program this way. It stops every process it
-started (SIGTERM, then SIGKILL after a grace period) as soon as one exits with
-a non-zero status or on Ctrl-C, naming the task and its log. TensorFlow-free:
+ends, and the servers are stopped then; a worker server that dies is started
+again at its address (TF's recovery of a lost worker; `run`). `python -m
+mxrec_pipeline.cluster.local workers=2,ps=2 -- COMMAND...` launches any
+coordinator program this way. It stops every process it started (SIGTERM,
+then SIGKILL after a grace period) as soon as one exits with a non-zero status
+(a ps server: at all) or on Ctrl-C, naming the task and its log. TensorFlow-free:
 the launcher process only starts and watches processes.
 
 Example:
@@ -41,6 +43,7 @@ from typing import Callable, Sequence, TextIO
 from mxrec_pipeline.cluster import tf_config
 
 DEFAULT_GRACE_S = 10.0  # Seconds between SIGTERM and SIGKILL when stopping a worker.
+DEFAULT_WORKER_RESTARTS = 3  # Restarts of each lost ParameterServerStrategy worker server.
 POLL_S = 0.1  # Seconds between two looks at the processes.
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
@@ -143,11 +146,20 @@ class _Task:
   process: subprocess.Popen
   log_path: str | None  # None: output streamed (the chief).
   serves: bool = False  # A ParameterServerStrategy server: runs until stopped.
+  argv: Sequence[str] = ()
+  env: dict[str, str] | None = None
+  restarts: int = 0  # Times a lost ParameterServerStrategy worker was started again.
+
+  @property
+  def restartable(self) -> bool:
+    """A ParameterServerStrategy worker server: the coordinator survives losing it."""
+    return self.serves and self.name.startswith(tf_config.WORKER + " ")
 
 
 def run(command: Callable[[int], Sequence[str]], spec: LocalClusterSpec, log_dir: str,
         env: dict[str, str] | None = None, grace_s: float = DEFAULT_GRACE_S,
-        out: TextIO | None = None, server_argv: Sequence[str] | None = None) -> int:
+        out: TextIO | None = None, server_argv: Sequence[str] | None = None,
+        max_worker_restarts: int = DEFAULT_WORKER_RESTARTS) -> int:
   """Runs a local cluster until every task ends, or one fails; returns an exit status.
 
   Task i runs `command(i)` (with ps > 0: the chief runs `command(0)`, the
@@ -159,6 +171,14 @@ def run(command: Callable[[int], Sequence[str]], spec: LocalClusterSpec, log_dir
   `log_dir/<job>-<i>.log`. Each task dies with this process (Linux
   PR_SET_PDEATHSIG), so none outlives a launcher that is killed.
 
+  With ps > 0, a worker server that exits while the chief runs (e.g.
+  SIGKILLed) is started again with the same argv and TF_CONFIG, so at the
+  same address, its output appended to its log: TF's recovery from a lost
+  worker (ClusterCoordinator retries the worker's in-flight closures on the
+  others and waits until the worker is back, then reconnects it; TF 2.15's
+  WorkerPreemptionHandler updates the whole cluster, so without the restart
+  the coordinator waits for the worker until its 3,600 s limit).
+
   Args:
     command: Task index -> the argv of that task.
     spec: The cluster.
@@ -168,12 +188,15 @@ def run(command: Callable[[int], Sequence[str]], spec: LocalClusterSpec, log_dir
     out: Where the launcher's own messages go (default sys.stderr).
     server_argv: The argv of the ps and worker tasks when spec.ps > 0
       (default `server_command()`).
+    max_worker_restarts: Restarts of each ParameterServerStrategy worker
+      server; one that exits once more fails the job as a ps does.
 
   Returns:
     0 when every task exits with 0 (with ps > 0: when the chief does; the
     servers are stopped then). When a task exits with another status (or a
-    ps/worker server of a ParameterServerStrategy cluster exits at all),
-    the others are stopped, a message names the task, its status and its log,
+    ps server of a ParameterServerStrategy cluster exits at all, or a worker
+    server past its restarts), the others are stopped, a message names the
+    task, its status and its log,
     and the chief's status is returned if the chief failed first, else 1.
     130 on KeyboardInterrupt (Ctrl-C), after stopping every task.
   """
@@ -193,7 +216,7 @@ def run(command: Callable[[int], Sequence[str]], spec: LocalClusterSpec, log_dir
     for task in tasks:
       where = f"logs to {task.log_path}" if task.log_path else "the chief, output below"
       print(f"local cluster: {task.name} (pid {task.process.pid}) {where}", file=out, flush=True)
-    return _watch(tasks, out)
+    return _watch(tasks, out, max_worker_restarts)
   except KeyboardInterrupt:
     print("local cluster: interrupted, stopping every worker", file=out, flush=True)
     return 130
@@ -208,12 +231,17 @@ def _start(job: str, index: int, argv: Sequence[str], env: dict[str, str], log_d
   if chief:
     return _Task(
         name, subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL,
-                               preexec_fn=_die_with_parent), None)
-  log_path = os.path.join(log_dir, f"{job}-{index}.log")
-  with open(log_path, "wb") as log:
-    process = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=log,
-                               stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)
-  return _Task(name, process, log_path, serves)
+                               preexec_fn=_die_with_parent), None, argv=argv, env=env)
+  task = _Task(name, None, os.path.join(log_dir, f"{job}-{index}.log"), serves, argv, env)
+  _spawn(task, "wb")
+  return task
+
+
+def _spawn(task: _Task, mode: str) -> None:
+  """Starts `task.argv` as task.process, its output to its log (`mode` "wb" or "ab")."""
+  with open(task.log_path, mode) as log:
+    task.process = subprocess.Popen(task.argv, env=task.env, stdin=subprocess.DEVNULL, stdout=log,
+                                    stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)
 
 
 def _die_with_parent() -> None:
@@ -223,17 +251,22 @@ def _die_with_parent() -> None:
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
-def _watch(tasks: list[_Task], out: TextIO) -> int:
+def _watch(tasks: list[_Task], out: TextIO, max_worker_restarts: int) -> int:
   """Waits until every task exited 0 (returns 0) or one failed (returns its status code).
 
   Servers (`_Task.serves`) are not waited for: the job ends when the others
-  have; a server that exits before is a failure, whatever its status.
+  have; a ps server that exits before is a failure, whatever its status; a
+  worker server is started again (`_restart`) up to `max_worker_restarts`
+  times, then is a failure too.
   """
   running = list(tasks)
   while any(not task.serves for task in running):
     for task in list(running):
       status = task.process.poll()
       if status is None:
+        continue
+      if task.restartable and task.restarts < max_worker_restarts:
+        _restart(task, status, out, max_worker_restarts)
         continue
       running.remove(task)
       if status != 0 or task.serves:
@@ -248,6 +281,16 @@ def _watch(tasks: list[_Task], out: TextIO) -> int:
     if running:
       time.sleep(POLL_S)
   return 0
+
+
+def _restart(task: _Task, status: int, out: TextIO, max_restarts: int) -> None:
+  """Starts a lost ParameterServerStrategy worker again, with its TF_CONFIG (same address)."""
+  task.restarts += 1
+  _spawn(task, "ab")
+  print(
+      f"local cluster: {task.name} exited with status {_describe(status)}; started again "
+      f"(pid {task.process.pid}, restart {task.restarts} of {max_restarts}) at the same address, "
+      f"the coordinator retries its steps; its log: {task.log_path}", file=out, flush=True)
 
 
 def _describe(status: int) -> str:

@@ -129,27 +129,70 @@ def saved_shards(directory: str, table_name: str) -> list[str]:
   return prefixes
 
 
+def _read_shard(prefix: str, table_name: str, names) -> dict[str, np.ndarray]:
+  """The tensors `names` of one shard's bundle.
+
+  Raises:
+    ValueError: the bundle lacks a tensor (saved without this optimizer?).
+    FileNotFoundError: the bundle cannot be read (its data file missing or
+      truncated), naming the table and the file.
+  """
+  try:
+    reader = tf.train.load_checkpoint(prefix)
+  except (tf.errors.OpError, ValueError) as e:
+    raise FileNotFoundError(f"table '{table_name}': cannot read shard {prefix}: {e}") from None
+  out = {}
+  for name in names:
+    try:
+      out[name] = reader.get_tensor(name)
+    except tf.errors.NotFoundError as e:
+      raise ValueError(f"table '{table_name}': shard {prefix} has no `{name}` "
+                       "(saved without this optimizer?)") from e
+    except tf.errors.OpError as e:  # E.g. the data file missing: TF names it.
+      raise FileNotFoundError(f"table '{table_name}': cannot read `{name}` of shard {prefix}: "
+                              f"{e.message}") from None
+  return out
+
+
+def saved_key_count(directory: str, table_name: str) -> int:
+  """The number of keys in the saved shards of a table (reads each shard's `keys`).
+
+  Checks the checkpoint before anything is built from it: every shard is
+  there and its bundle reads.
+
+  Raises:
+    FileNotFoundError, ValueError: see saved_shards and read_all_shards.
+  """
+  return sum(
+      _read_shard(p, table_name, ["keys"])["keys"].size
+      for p in saved_shards(directory, table_name))
+
+
 def read_all_shards(directory: str, table_name: str, optimizers=()) -> dict[str, np.ndarray]:
   """Every saved shard of a table, concatenated: the checkpoint's tensors as NumPy arrays.
 
   Counters: admissions and evictions summed, the latest timestamp the max.
+
+  Raises:
+    FileNotFoundError: see saved_shards; a shard's bundle unreadable (e.g.
+      its data file missing), naming the table and the shard.
+    ValueError: see saved_shards; a shard lacks a tensor (e.g. another
+      optimizer's slots).
   """
-  parts = [tf.train.load_checkpoint(p) for p in saved_shards(directory, table_name)]
-  names = ["keys", "values", *_KEY_STATE, *_PENDING]
+  names = ["keys", "values", *_KEY_STATE, *_PENDING, "counters"]
   for optimizer in optimizers:
     names += [f"slot/{optimizer.optimizer_name}/{s}" for s in optimizer.slot_initial_values]
-  out = {}
-  for name in names:
-    try:
-      out[name] = np.concatenate([p.get_tensor(name) for p in parts])
-    except tf.errors.NotFoundError as e:
-      raise ValueError(f"table '{table_name}': the checkpoint in {directory} has no `{name}` "
-                       "(saved without this optimizer?)") from e
-  counters = np.stack([p.get_tensor("counters") for p in parts])
+    names.append(f"iterations/{optimizer.optimizer_name}")
+  parts = [_read_shard(p, table_name, names) for p in saved_shards(directory, table_name)]
+  out = {
+      name: np.concatenate([p[name] for p in parts]) for name in names
+      if name != "counters" and not name.startswith("iterations/")
+  }
+  counters = np.stack([p["counters"] for p in parts])
   out["counters"] = np.array([counters[:, 0].sum(), counters[:, 1].sum(), counters[:, 2].max()])
   for optimizer in optimizers:
     name = f"iterations/{optimizer.optimizer_name}"
-    out[name] = parts[0].get_tensor(name)
+    out[name] = parts[0][name]
   return out
 
 

@@ -231,7 +231,7 @@ def apply_gradients(optimizer: HashOptimizer,
   """The hash optimizer's apply_gradients for PS tables: each shard's rows updated on its ps.
 
   As the multi-worker path's `sharded_table.apply_gradients(optimizer,
-  [(grad, table)])`: the optimizer's row math (`_update_rows`: lazy Adam,
+  [(grad, table)])`: the optimizer's row math (`HashOptimizer.apply_sparse`: lazy Adam,
   Adagrad, SGD, FTRL) applied to each table's shards by
   PSShardedTable.apply_gradients, with the table's own step count t.
 

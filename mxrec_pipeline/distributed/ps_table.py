@@ -14,7 +14,7 @@ step that the ClusterCoordinator scheduled:
   3. stitches the rows back in batch order (tf.dynamic_stitch),
   4. after the backward pass, sends each shard its gradient rows
      (IndexedSlices of the shard variable) and applies the hash optimizer's
-     row update (optimizers/base.HashOptimizer._update_rows: lazy Adam,
+     row update (optimizers/base.HashOptimizer.apply_sparse: lazy Adam,
      Adagrad, SGD, FTRL) on the owner PS.
 
 Feature admission and eviction (core/admission.py, mxRec's access_threshold
@@ -294,11 +294,7 @@ class PSShardedTable(tf.Module):
                          f"{type(grad).__name__}, expected IndexedSlices (tape.gradient of "
                          "lookup's rows); a dense gradient would update every row")
       with tf.device(self.devices[i]):
-        rows, restore = tf.unique(tf.cast(grad.indices, tf.int64), out_idx=tf.int32)
-        summed = tf.math.unsorted_segment_sum(grad.values, restore, tf.size(rows))
-        # pylint: disable=protected-access
-        updates += self.optimizer._update_rows(self.shard_variables[i], self.slots[i], rows, summed,
-                                               step)
+        updates += self.optimizer.apply_sparse(self.shard_variables[i], self.slots[i], grad, step)
     return tf.group(updates)
 
   def evict(self) -> list[tf.Tensor]:

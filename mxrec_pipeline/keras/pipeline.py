@@ -20,6 +20,7 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import os
 from typing import Sequence
@@ -38,7 +39,8 @@ from mxrec_pipeline.keras import export as export_lib
 from mxrec_pipeline.keras import model as model_lib
 from mxrec_pipeline.keras import ps
 from mxrec_pipeline.keras import sharded
-from mxrec_pipeline.keras.layers import SparseFeature
+from mxrec_pipeline.distributed import checkpoint as checkpoint_lib
+from mxrec_pipeline.keras.layers import SparseFeature, TableSpec
 from mxrec_pipeline.optimizers import factory
 from mxrec_pipeline.util import initialize
 
@@ -436,6 +438,56 @@ class ModelFitPipeline(AbstractPipeline):
     self._compile(model)
     return model
 
+  def restore_for_export(self, checkpoint: str) -> tf.keras.Model:
+    """The model of training checkpoint `checkpoint` (a `ckpt-<N>` prefix), in this process.
+
+    For `export_saved_model` (jobs.export), with no cluster. A single-process
+    run's checkpoint restores into `build_compiled_model()`. A sharded run's
+    (MultiWorkerMirroredStrategy workers or ParameterServerStrategy ps
+    tasks: its tables in `shards-<N>` beside `ckpt-<N>`) restores the dense
+    model into the raw-id model those runs train (ShardedLookup layers) and
+    every table's shards, whatever their number, into one ShardedTable each
+    (distributed/checkpoint.restore_shard onto one shard; as many rows as
+    the checkpoint's keys, at least the spec's). `export_saved_model` then
+    gathers them as the run's own export does (sharded.gathered_snapshots),
+    so it writes the same SavedModel.
+
+    Call after init(). Every table's shards are checked before anything is
+    built from them.
+
+    Raises:
+      FileNotFoundError: a table's shards are missing or unreadable (e.g. a
+        shard file or its data file), naming the table and the file.
+      ValueError: shards of jobs of different sizes in one table's
+        directory; a model builder that is not a ModelBuilder (sharded runs
+        only); table rows of another dim; a dense variable of another shape
+        than the checkpoint's (TF's restore; dense variables the checkpoint
+        lacks are not detected, as in the single-process export).
+    """
+    number = int(checkpoint.rsplit("-", 1)[1])
+    shards_dir = sharded.shards_path(os.path.dirname(checkpoint), number)
+    if not os.path.isdir(shards_dir):
+      model = self.build_compiled_model()
+      callbacks_lib.training_checkpoint(model).restore(checkpoint).expect_partial()
+      return model
+    if not isinstance(self._model_builder, model_lib.ModelBuilder):
+      raise ValueError(f"{checkpoint} is a sharded run's checkpoint ({shards_dir}): its tables "
+                       "export through an mxrec_pipeline ModelBuilder; got "
+                       f"{type(self._model_builder).__name__}")
+    specs = [
+        dataclasses.replace(
+            spec, device_vocabulary_size=max(spec.device_vocabulary_size,
+                                             checkpoint_lib.saved_key_count(shards_dir, spec.name)))
+        for spec in self._model_builder.tables.values()
+    ]
+    strategy = tf.distribute.get_strategy()  # One replica: one shard holding every key.
+    model = self._build_sharded_model(strategy, specs, build_slots=False)
+    callbacks_lib.training_checkpoint(model, sharded=True).restore(checkpoint).expect_partial()
+    for table in self._sharded_tables.values():
+      checkpoint_lib.restore_shard(shards_dir, table)
+    self._strategy_in_use = strategy
+    return model
+
   def build_callbacks(self, model) -> list[tf.keras.callbacks.Callback]:
     """TensorBoard logs (table statistics too), checkpoints (tables included), best export.
 
@@ -671,13 +723,16 @@ class ModelFitPipeline(AbstractPipeline):
             strategy.num_replicas_in_sync > 1 and
             bool(getattr(self._dataset_builder, "sparse_features", None)))
 
-  def _build_sharded_model(self, strategy: tf.distribute.Strategy) -> tf.keras.Model:
+  def _build_sharded_model(self, strategy: tf.distribute.Strategy,
+                           specs: Sequence[TableSpec] | None = None,
+                           build_slots: bool = True) -> tf.keras.Model:
     """The compiled model with its tables sharded by key over the workers (keras/sharded.py).
 
-    The ShardedTables and the hash optimizer (with its slots) are created
-    outside the strategy's scope, as each worker's own variables; the dense
-    model and its optimizer inside it, mirrored. The dataset then keeps raw
-    ids (no insertion in tf.data).
+    The ShardedTables of `specs` (default: the model builder's) and the hash
+    optimizer (with its slots unless not `build_slots`: a model restored to
+    export only) are created outside the strategy's scope, as each worker's
+    own variables; the dense model and its optimizer inside
+    it, mirrored. The dataset then keeps raw ids (no insertion in tf.data).
 
     Raises:
       ValueError: a model builder that is not a ModelBuilder (its tables
@@ -688,11 +743,12 @@ class ModelFitPipeline(AbstractPipeline):
       raise ValueError(
           f"{MULTI_WORKER_MIRRORED} with {strategy.num_replicas_in_sync} workers shards the "
           f"tables of an mxrec_pipeline ModelBuilder; got {type(self._model_builder).__name__}")
-    tables = sharded.create_sharded_tables(strategy, self._model_builder.tables.values(),
+    tables = sharded.create_sharded_tables(strategy, specs or self._model_builder.tables.values(),
                                            self._model_builder.seed, hparams.collective_timeout_s or
                                            0.0)
     sparse_optimizer = self._sparse_optimizer()
-    sparse_optimizer.build([table.variable for table in tables.values()])
+    if build_slots:
+      sparse_optimizer.build([table.variable for table in tables.values()])
     self._dataset_builder.keep_raw_ids = True
     self._sharded_tables = tables
     with strategy.scope(), _generator_rng(hparams.seed is not None):

@@ -203,12 +203,34 @@ class HashOptimizer(tf.Module):
   def _apply_one(self, var, grad, slots, step):
     # Per-replica slot copies are reached through the strategy's mirrored values.
     local_slots = {name: _local(slot, var) for name, slot in slots.items()}
+    return tf.group(self.apply_sparse(var, local_slots, grad, step))
+
+  def apply_sparse(self, var, slots, grad: tf.IndexedSlices, step) -> list:
+    """One row update of `var` and `slots`, both the caller's: the optimizer's math, nothing else.
+
+    Sums the gradients of repeated rows (a fused native update, for dtypes
+    in `sums_repeated_rows_of`, sums them in its own pass), then updates
+    those rows (`_update_rows`). Unlike `apply_gradients` it neither looks
+    the table up nor increments `iterations` nor handles a strategy: for
+    tables that hold their own slots and step count, e.g. each shard of
+    distributed/ps_table.PSShardedTable, updated on its ps task. Mirrors
+    TF1's `Optimizer._apply_sparse_duplicate_indices`.
+
+    Args:
+      var: [capacity, dim] table variable.
+      slots: Slot name (`slot_initial_values`) -> [capacity, dim] variable.
+      grad: tf.IndexedSlices of var: indices [n] int32 or int64 rows, which
+        may repeat; values [n, dim].
+      step: int64 scalar, the step count t of this update (1 at the first).
+
+    Returns:
+      A list of update ops (eagerly: run already).
+    """
     if var.dtype in self.sums_repeated_rows_of:
-      # A fused native op sums the gradients of repeated rows in its own pass.
-      return tf.group(self._update_rows(var, local_slots, grad.indices, grad.values, step))
+      return list(self._update_rows(var, slots, grad.indices, grad.values, step))
     rows, position = tf.unique(grad.indices)
     summed = tf.math.unsorted_segment_sum(grad.values, position, tf.size(rows))
-    return tf.group(self._update_rows(var, local_slots, rows, summed, step))
+    return list(self._update_rows(var, slots, rows, summed, step))
 
   def _update_rows(self, var, slots, rows, grad, step):
     """Updates `rows` of `var` and `slots` (dict name -> variable).

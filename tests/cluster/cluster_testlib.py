@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import os
 import pathlib
+import shutil
 import signal
+import subprocess
 import sys
 import time
 import uuid
 
+import numpy as np
 import tensorflow as tf
 
 MARKER_VAR = "MXREC_CLUSTER_TEST_MARKER"
@@ -99,3 +102,67 @@ def epoch_losses(model_dir: pathlib.Path) -> list[float]:
         if value.tag == "epoch_loss":
           losses[event.step] = float(tf.make_ndarray(value.tensor))
   return [losses[step] for step in sorted(losses)]
+
+
+# Scores of an exported model, by a fresh process importing nothing but TensorFlow.
+SERVE = """
+import sys
+import numpy as np
+import tensorflow as tf
+lists = tf.constant(list(tf.data.TFRecordDataset(sys.argv[2]).as_numpy_iterator()))
+scores = tf.saved_model.load(sys.argv[1]).signatures["serving_default"](examples=lists)["scores"]
+assert not any(m.startswith("mxrec_pipeline") for m in sys.modules), "served with the project"
+np.save(sys.argv[3], scores.numpy())
+"""
+
+
+def serve_in_fresh_process(export_dir: pathlib.Path, valid: pathlib.Path,
+                           out: pathlib.Path) -> np.ndarray:
+  """The serving_default scores of every list of `valid` (ELWC TFRecords), by plain TF."""
+  subprocess.run([sys.executable, "-c", SERVE,
+                  str(export_dir),
+                  str(valid), str(out)], check=True, timeout=TIMEOUT_S,
+                 env={"PATH": "/usr/bin:/bin", "CUDA_VISIBLE_DEVICES": ""})
+  return np.load(out)
+
+
+def _export_command(tmp_path, data_dir, model_dir, out: pathlib.Path, **pipeline):
+  """`mxrec-pipeline export` of a sharded run's latest checkpoint to `out`, a fresh process."""
+  return subprocess.run([
+      sys.executable, "-m", "mxrec_pipeline.cli", "export", MOVIELENS_CONFIG, "--out",
+      str(out), *movielens_overrides(tmp_path, data_dir, model_dir, **pipeline)
+  ], capture_output=True, text=True, timeout=TIMEOUT_S, check=False)
+
+
+def check_export_of_sharded_checkpoint(tmp_path: pathlib.Path, data_dir, model_dir: pathlib.Path,
+                                       **pipeline) -> None:
+  """`export` of a sharded run's checkpoint serves as the run's own export; bad shards refused.
+
+  Exports the run's latest checkpoint in one process (no cluster), then
+  scores the validation lists with both SavedModels in a fresh process with
+  plain TF. Then, on a copy of the checkpoints missing one shard file of the
+  "item" table, `export` exits 2 naming the table and the file, writing
+  nothing.
+  """
+  out = tmp_path / f"{model_dir.name}_exported"
+  done = _export_command(tmp_path, data_dir, model_dir, out, **pipeline)
+  assert done.returncode == 0, done.stderr[-3000:]
+  assert done.stdout.strip().endswith(str(out))
+  valid = tmp_path / "elwc" / "valid.tfrecord"
+  served = [
+      serve_in_fresh_process(d, valid, tmp_path / f"{model_dir.name}_{i}.npy")
+      for i, d in enumerate([model_dir / "export" / "latest_model", out])
+  ]
+  assert served[0].shape[0] == 16
+  np.testing.assert_allclose(served[1], served[0], atol=1e-6)
+
+  broken = tmp_path / f"{model_dir.name}_broken"
+  shutil.copytree(model_dir / "checkpoints", broken / "checkpoints")
+  latest = tf.train.latest_checkpoint(str(broken / "checkpoints")).rsplit("-", 1)[1]
+  shard = next((broken / "checkpoints" / f"shards-{latest}" / "item").glob("shard-1-of-*.index"))
+  shard.unlink()
+  out = tmp_path / f"{model_dir.name}_not_exported"
+  done = _export_command(tmp_path, data_dir, broken, out, **pipeline)
+  assert done.returncode == 2, done.stderr[-3000:]
+  assert "table 'item': shard 1 of" in done.stderr and str(shard) in done.stderr, done.stderr
+  assert not out.exists() and not (broken / "export").exists()

@@ -199,7 +199,7 @@ def test_ctrl_c_stops_every_worker(tmp_path):
     lib.kill_marked(marker)
 
 
-def _run_ps(tmp_path, chief_action, server_actions):
+def _run_ps(tmp_path, chief_action, server_actions, **run_args):
   """A workers=1,ps=2 cluster: the chief runs TASK with `chief_action`, the servers SERVER."""
   env, marker = lib.marked_env()
   out = io.StringIO()
@@ -216,7 +216,8 @@ while True:
   try:
     status = local.run(lambda task: [sys.executable, "-c", TASK, chief_action],
                        local.LocalClusterSpec(workers=1, ps=2), str(tmp_path / "logs"), env=env,
-                       out=out, server_argv=[sys.executable, "-c", server, *server_actions])
+                       out=out, server_argv=[sys.executable, "-c", server,
+                                             *server_actions], **run_args)
     assert lib.marked_pids(marker) == []  # The servers were stopped too.
   finally:
     lib.kill_marked(marker)
@@ -241,6 +242,20 @@ def test_ps_cluster_a_server_that_exits_is_named(tmp_path, ps1_status):
   status, out = _run_ps(tmp_path, "forever", ["forever", "forever", ps1_status])
   assert status == 1
   assert f"ps 1 exited with status {ps1_status}; its log: {tmp_path / 'logs' / 'ps-1.log'}" in out
+
+
+def test_ps_cluster_a_lost_worker_is_started_again_then_named(tmp_path):
+  # Worker 0 exits at once, every time: started again twice at its address, then a failure.
+  status, out = _run_ps(tmp_path, "forever", ["3", "forever", "forever"], max_worker_restarts=2)
+  assert status == 1
+  log = tmp_path / "logs" / "worker-0.log"
+  assert out.count("worker 0 exited with status 3; started again (pid ") == 2
+  for restart in (1, 2):
+    assert f"restart {restart} of 2) at the same address" in out
+  assert f"error: worker 0 exited with status 3; its log: {log}" in out
+  # Each start appended to the log, with the same TF_CONFIG.
+  configs = [line for line in log.read_text().splitlines() if line.startswith("TF_CONFIG ")]
+  assert len(configs) == 3 and len(set(configs)) == 1
 
 
 def test_module_entry_point_refuses_a_bad_spec(capsys):

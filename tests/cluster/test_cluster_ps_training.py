@@ -6,7 +6,8 @@ in schedule order, so per-epoch losses, validation metrics and every table's
 rows by key in the export equal one process's, also across a stop after
 epoch 1 on 2 ps tasks and a resume on 1 (the shards re-sharded, no key lost).
 With 2 workers training is asynchronous: metrics close to one process's, and
-the export serves in a fresh process with plain TensorFlow.
+the export serves in a fresh process with plain TensorFlow, as does
+`mxrec-pipeline export` of the run's checkpoint (one process, no cluster).
 """
 
 import json
@@ -27,15 +28,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.cluster]
 CONFIG = lib.MOVIELENS_CONFIG
 TIMEOUT_S = lib.TIMEOUT_S
 TABLES = lib.MOVIELENS_TABLES
-# Scores of the exported model, by a fresh process importing nothing but TensorFlow.
-SERVE = """
-import sys
-import numpy as np
-import tensorflow as tf
-lists = tf.constant(list(tf.data.TFRecordDataset(sys.argv[2]).as_numpy_iterator()))
-scores = tf.saved_model.load(sys.argv[1]).signatures["serving_default"](examples=lists)["scores"]
-np.save(sys.argv[3], scores.numpy())
-"""
 
 
 def _launch(spec: str, tmp_path, data_dir, model_dir, **pipeline) -> str:
@@ -56,17 +48,6 @@ def _launch(spec: str, tmp_path, data_dir, model_dir, **pipeline) -> str:
 def _serving_rows(model_dir: pathlib.Path) -> dict[str, np.ndarray]:
   export = tf.saved_model.load(str(model_dir / "export" / "latest_model"))
   return {table: export.serving_rows[table].numpy() for table in TABLES}
-
-
-def _serve_in_fresh_process(model_dir: pathlib.Path, valid: pathlib.Path) -> np.ndarray:
-  out = model_dir / "served.npy"
-  subprocess.run([
-      sys.executable, "-c", SERVE,
-      str(model_dir / "export" / "latest_model"),
-      str(valid),
-      str(out)
-  ], check=True, timeout=TIMEOUT_S, env={"PATH": "/usr/bin:/bin", "CUDA_VISIBLE_DEVICES": ""})
-  return np.load(out)
 
 
 def _shard_keys(model_dir: pathlib.Path, number: int, table: str) -> np.ndarray:
@@ -117,7 +98,7 @@ def test_one_worker_trains_and_resumes_on_another_ps_count_as_one_process(moviel
     np.testing.assert_allclose(rows[0][table], rows[1][table], atol=1e-5, err_msg=table)
 
 
-def test_two_workers_train_asynchronously_and_the_export_serves_with_plain_tf(movielens, capsys):
+def test_two_workers_train_asynchronously_and_the_export_serves_with_plain_tf(movielens):
   tmp_path, data_dir, run1 = movielens
   model_dir = tmp_path / "run_ps2"
   _launch("workers=2,ps=2", tmp_path, data_dir, model_dir)
@@ -128,15 +109,5 @@ def test_two_workers_train_asynchronously_and_the_export_serves_with_plain_tf(mo
   for table in TABLES:
     assert np.abs(rows[table][:-1]).max() > 0, table
 
-  # `mxrec-pipeline export` would restore no table rows from it: refused, pointing at the export.
-  assert cli.main(["export", CONFIG, *lib.movielens_overrides(tmp_path, data_dir, model_dir)]) == 2
-  assert "exported its tables at the end of training" in capsys.readouterr().err
-
-  valid = tmp_path / "elwc" / "valid.tfrecord"
-  served = _serve_in_fresh_process(model_dir, valid)
-  export = tf.saved_model.load(str(model_dir / "export" / "latest_model"))
-  lists = lib.builders_testlib.serialized_lists(str(valid))
-  assert served.shape[0] == 16
-  np.testing.assert_allclose(served,
-                             export.signatures["serving_default"](examples=lists)["scores"].numpy(),
-                             atol=1e-6)
+  # It serves with plain TF, as does `mxrec-pipeline export` of its checkpoint, in one process.
+  lib.check_export_of_sharded_checkpoint(tmp_path, data_dir, model_dir)

@@ -4,7 +4,8 @@ The Keras pipeline's sparse features under MultiWorkerMirroredStrategy
 (keras/sharded.py over distributed.ShardedTable) against one process on the
 same global batches: per-epoch losses, validation metrics, every table's rows
 by key in the exports (gathered from the shards), and the served scores; the
-2-worker job stops after epoch 1 and resumes from its per-shard checkpoints.
+2-worker job stops after epoch 1 and resumes from its per-shard checkpoints;
+`mxrec-pipeline export` of its checkpoint serves as its own export.
 """
 
 import json
@@ -87,3 +88,6 @@ def test_movielens_on_two_workers_trains_as_one_process(tmp_path, capsys):
   scores = [serving.predict_file(str(d / "export" / "latest_model"), valid) for d in runs]
   assert len(scores[0]) == 16
   np.testing.assert_allclose(np.concatenate(scores[0]), np.concatenate(scores[1]), atol=1e-5)
+
+  # `mxrec-pipeline export` of its checkpoint, in one process, serves as its own export.
+  lib.check_export_of_sharded_checkpoint(tmp_path, data_dir, model_dir, collective_timeout_s=60)

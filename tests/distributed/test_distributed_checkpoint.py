@@ -84,6 +84,15 @@ def test_restore_errors_name_the_table(tmp_path):
   (tmp_path / "item" / "shard-0-of-1.index").rename(tmp_path / "item" / "shard-1-of-2.index")
   with pytest.raises(FileNotFoundError, match=r"table 'item': shard 0 of 2 is missing"):
     checkpoint.restore_shard(str(tmp_path), table)
+  # A whole bundle, then its data file lost: the shard named, before and at restore.
+  prefix = checkpoint.save_shard(str(tmp_path / "lost"), table)
+  assert checkpoint.saved_key_count(str(tmp_path / "lost"), lib.TABLE) == 3
+  (tmp_path / "lost" / "item" / "shard-0-of-1.data-00000-of-00001").unlink()
+  for read in (checkpoint.saved_key_count, checkpoint.restore_shard):
+    with pytest.raises(
+        FileNotFoundError, match=f"table 'item': cannot read `keys` of shard {prefix}:"
+        ".*shard-0-of-1.data-00000-of-00001"):
+      read(str(tmp_path / "lost"), lib.TABLE if read is checkpoint.saved_key_count else table)
 
 
 def test_save_is_atomic_per_shard(tmp_path):
