@@ -17,7 +17,9 @@ documents them and why no validation rating reaches them):
             item_rating_count and neighbor_rating_deviation (user-based
             collaborative filtering), dense (`model.rating_statistics`);
             mf_rating (biased matrix factorization's predicted rating,
-            cross-fitted on training lists), dense (`model.mf_rating`).
+            cross-fitted on training lists), dense (`model.mf_rating`);
+            item_knn_deviation (item-based collaborative filtering,
+            cross-fitted the same way), dense (`model.item_knn`).
 The first is the baseline's own signal: the model gets what the baseline
 ranks by.
 
@@ -59,6 +61,7 @@ from builders.base import DataPaths, RankerBuilder, MASK_FEATURE
 from builders.ensemble import EnsembleMean
 from builders.movielens_config import RELEVANCES, MovieLensDataConfig, MovieLensModelConfig
 from mxrec_pipeline.data import fetch as fetch_lib
+from mxrec_pipeline.data import item_knn
 from mxrec_pipeline.data import matrix_factorization
 from mxrec_pipeline.data import movielens
 from mxrec_pipeline.keras import model as model_lib
@@ -84,6 +87,7 @@ EXAMPLE_SPEC = {
     "item_rating_count": _F([1], tf.int64, default_value=0),
     "neighbor_rating_deviation": _F([1], tf.float32, default_value=0.0),
     "mf_rating": _F([1], tf.float32, default_value=0.0),
+    "item_knn_deviation": _F([1], tf.float32, default_value=0.0),
 }
 LABEL_SPEC = ("rating", _F([1], tf.float32, default_value=-1.0))
 LIKED_RATING = 4.0
@@ -100,6 +104,7 @@ PREPROCESS_SPEC = {
     "item_rating_count": lambda t: tf.math.log1p(tf.cast(t, tf.float32)) / 6.0,
     "neighbor_rating_deviation": lambda t: t / 2.0,
     "mf_rating": lambda t: (t - 3.0) / 2.0,
+    "item_knn_deviation": lambda t: t / 2.0,
 }
 
 
@@ -225,6 +230,8 @@ def build_scorer(model: MovieLensModelConfig) -> MovieLensScorer:
   linear = movielens.RATING_STATISTICS_FEATURES if getattr(model, "rating_statistics", True) else ()
   if getattr(model, "mf_rating", True):
     linear += movielens.MF_FEATURES
+  if getattr(model, "item_knn", True):
+    linear += movielens.ITEM_KNN_FEATURES
   return MovieLensScorer(model.hidden_layer_dims, dropout=model.dropout,
                          use_batch_norm=model.use_batch_norm, dot_product=model.dot_product,
                          id_l2=model.id_l2, linear_features=linear,
@@ -265,7 +272,8 @@ class MovieLensListwise(RankerBuilder):
         f"_r{data.rating_range[0]:g}-{data.rating_range[1]:g}_{data.on_bad_record}")
     # The history and neighbor sizes name the features' version too.
     features = (f"_h{movielens.HISTORY_SIZE}_n{movielens.NUM_NEIGHBORS}"
-                f"_mf{matrix_factorization.DIM}x{movielens.MF_NUM_FOLDS}")
+                f"_mf{matrix_factorization.DIM}x{movielens.MF_NUM_FOLDS}"
+                f"_iknn{item_knn.NUM_NEIGHBORS}")
     out = pathlib.Path(data.elwc_dir) if data.elwc_dir else data_dir / (
         f"elwc_v{data.valid_fraction}_l{data.max_list_size}{checks}{features}")
     train, valid = out / "train.tfrecord", out / "valid.tfrecord"
@@ -285,7 +293,7 @@ class MovieLensListwise(RankerBuilder):
   def model_feature_specs(self, model) -> tuple[dict, dict]:
     """(context, example) specs of the features `model` uses.
 
-    Per `user_history`, `rating_statistics` and `mf_rating`; model configs
+    Per `user_history`, `rating_statistics`, `mf_rating` and `item_knn`; model configs
     without the switches (e.g. movielens_dcn's) use every feature.
     """
     context, example, _ = self.feature_specs()
@@ -295,6 +303,8 @@ class MovieLensListwise(RankerBuilder):
       example = {k: v for k, v in example.items() if k not in movielens.RATING_STATISTICS_FEATURES}
     if not getattr(model, "mf_rating", True):
       example = {k: v for k, v in example.items() if k not in movielens.MF_FEATURES}
+    if not getattr(model, "item_knn", True):
+      example = {k: v for k, v in example.items() if k not in movielens.ITEM_KNN_FEATURES}
     return context, example
 
   def sparse_features(self, model: MovieLensModelConfig):

@@ -28,6 +28,8 @@ from typing import Mapping
 
 import numpy as np
 
+from mxrec_pipeline.data import cross_fitting
+
 # Defaults of `fit_als`.
 DIM = 20
 L2 = 20.0
@@ -136,11 +138,7 @@ def _solve_side(side: np.ndarray, other: np.ndarray, other_rows: np.ndarray,
 
 def cross_fitted_predictions(users: np.ndarray, items: np.ndarray, ratings: np.ndarray,
                              num_folds: int = 5, seed: int = 0, **als) -> np.ndarray:
-  """Out-of-fold `fit_als` predictions: each rating predicted by a fit without its fold.
-
-  Ratings are dealt to `num_folds` folds at random (`seed`); the fit of fold
-  k sees every other fold. A user or item whose only ratings are in fold k
-  gets the unseen-id prediction there (`BiasedMF.predict`).
+  """Out-of-fold `fit_als` predictions (`cross_fitting.out_of_fold_predictions`).
 
   Args:
     users, items, ratings: As `fit_als`.
@@ -149,19 +147,11 @@ def cross_fitted_predictions(users: np.ndarray, items: np.ndarray, ratings: np.n
     **als: `fit_als`'s dim, l2, num_iterations.
 
   Returns:
-    [num_ratings] float64 predictions.
+    [num_ratings] float64 predictions; a user or item whose only ratings are
+    in a rating's fold gets the unseen-id prediction (`BiasedMF.predict`).
 
   Raises:
     ValueError: `num_folds` < 2, or as `fit_als` (e.g. a fold holding every rating).
   """
-  if num_folds < 2:
-    raise ValueError(f"cross_fitted_predictions: num_folds must be >= 2, got {num_folds}")
-  users, items = np.asarray(users, np.int64), np.asarray(items, np.int64)
-  ratings = np.asarray(ratings, np.float64)
-  fold = np.random.default_rng(seed).permutation(len(ratings)) % num_folds
-  out = np.empty(len(ratings))
-  for k in range(num_folds):
-    held = fold == k
-    model = fit_als(users[~held], items[~held], ratings[~held], seed=seed, **als)
-    out[held] = [model.predict(u, i) for u, i in zip(users[held], items[held])]
-  return out
+  return cross_fitting.out_of_fold_predictions(lambda u, i, r: fit_als(u, i, r, seed=seed, **als),
+                                               users, items, ratings, num_folds, seed)

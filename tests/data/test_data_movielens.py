@@ -5,7 +5,9 @@ import pytest
 import tensorflow as tf
 import tensorflow_ranking as tfr
 
+from mxrec_pipeline.data import cross_fitting
 from mxrec_pipeline.data import elwc
+from mxrec_pipeline.data import item_knn
 from mxrec_pipeline.data import matrix_factorization
 from mxrec_pipeline.data import movielens
 from mxrec_pipeline.data import validation
@@ -273,7 +275,8 @@ def test_neighbors_by_hand():
   assert unshrunk.neighbor_rating_deviation(2, 10) == pytest.approx(1.5)
   assert features.example_features(1, 12) == {
       "item_mean_rating": 2.5, "item_rating_count": 2,
-      "neighbor_rating_deviation": pytest.approx(0.0625), "mf_rating": features.mf.predict(1, 12)
+      "neighbor_rating_deviation": pytest.approx(0.0625), "mf_rating": features.mf.predict(1, 12),
+      "item_knn_deviation": features.item_knn.predict(1, 12)
   }
 
 
@@ -296,10 +299,31 @@ def test_mf_rating_by_hand():
   assert features.mf_rating(2, 18, training=False) == full.predict(2, 18)
   with pytest.raises(ValueError, match="user 2 has no training rating of movie 18"):
     features.mf_rating(2, 18, training=True)
-  plain = movielens.training_features(train, mf_dim=None)
-  assert plain.mf is None and "mf_rating" not in plain.example_features(1, 12)
-  with pytest.raises(ValueError, match="no matrix factorization"):
+  plain = movielens.training_features(train, mf_dim=None, use_item_knn=False)
+  assert plain.mf is None and plain.item_knn is None
+  assert set(plain.example_features(
+      1, 12)) == {"item_mean_rating", "item_rating_count", "neighbor_rating_deviation"}
+  with pytest.raises(ValueError, match="mf_rating: these TrainingFeatures were computed without"):
     plain.mf_rating(1, 12, training=False)
+  with pytest.raises(ValueError, match="item_knn_deviation: these TrainingFeatures were computed"):
+    plain.item_knn_deviation(1, 12, training=False)
+
+
+def test_item_knn_deviation_by_hand():
+  train, _ = movielens.split_by_time([movielens.Rating(*row) for row in _INTER])
+  features = movielens.training_features(train)
+  table = [(r.user_id, r.item_id, r.rating) for rs in train.values() for r in rs]
+  users, items, ratings = (np.array(column) for column in zip(*table))
+  full = item_knn.fit_item_knn(users, items, ratings)
+  np.testing.assert_array_equal(features.item_knn.similarity, full.similarity)
+  assert features.example_features(1, 12)["item_knn_deviation"] == full.predict(1, 12)
+  # Training examples: the same folds as mf_rating.
+  out_of_fold = cross_fitting.out_of_fold_predictions(item_knn.fit_item_knn, users, items, ratings,
+                                                      movielens.MF_NUM_FOLDS)
+  for u, i, r, prediction in zip(users, items, ratings, out_of_fold):
+    assert features.example_features(u, i, own_rating=r)["item_knn_deviation"] == prediction
+  with pytest.raises(ValueError, match="user 1 has no training rating of movie 12"):
+    features.item_knn_deviation(1, 12, training=True)
 
 
 def test_training_features_errors():
@@ -341,8 +365,14 @@ def test_history_and_item_statistics_in_the_lists(tmp_path):
   features = movielens.training_features(train_split)
   assert [e["mf_rating"] for e in examples
          ] == [[pytest.approx(features.mf.predict(2, i), rel=1e-6)] for i in (18, 19)]
+  assert [
+      e["item_knn_deviation"] for e in examples
+  ] == [[pytest.approx(features.item_knn.predict(2, i), rel=1e-6, abs=1e-7)] for i in (18, 19)]
   (_, examples), = [lst for lst in train if lst[0]["user_id"] == [3]]
   assert examples[0]["mf_rating"] == [pytest.approx(features.mf_out_of_fold[(3, 12)], rel=1e-6)]
+  assert examples[0]["item_knn_deviation"] == [
+      pytest.approx(features.item_knn_out_of_fold[(3, 12)], rel=1e-6, abs=1e-7)
+  ]
 
 
 def test_no_validation_rating_reaches_a_feature(tmp_path):
