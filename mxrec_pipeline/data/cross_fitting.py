@@ -20,8 +20,9 @@ def out_of_fold_predictions(fit: Callable, users: np.ndarray, items: np.ndarray,
   """Each rating predicted by `fit` on the other folds.
 
   Args:
-    fit: `fit(users, items, ratings)` -> a model with `predict(user_id, item_id) -> float`
-      (e.g. `matrix_factorization.fit_als`, `item_knn.fit_item_knn`).
+    fit: `fit(users, items, ratings)` -> a model with `predict_many(user_ids,
+      item_ids)` -> [n] float64 (e.g. `matrix_factorization.fit_als`,
+      `item_knn.fit_item_knn`).
     users: [num_ratings] int64 user ids.
     items: [num_ratings] int64 item ids.
     ratings: [num_ratings] float64 ratings.
@@ -44,5 +45,5 @@ def out_of_fold_predictions(fit: Callable, users: np.ndarray, items: np.ndarray,
   for k in range(num_folds):
     held = fold == k
     model = fit(users[~held], items[~held], ratings[~held])
-    out[held] = [model.predict(u, i) for u, i in zip(users[held], items[held])]
+    out[held] = model.predict_many(users[held], items[held])
   return out

@@ -70,6 +70,17 @@ class BiasedMF:
       value += float(self.user_factors[u] @ self.item_factors[i])
     return float(value)
 
+  def predict_many(self, user_ids: np.ndarray, item_ids: np.ndarray) -> np.ndarray:
+    """[n] float64 `predict` of each (user_ids[k], item_ids[k]); ids [n] int64."""
+    users = np.array([self.user_index.get(int(u), -1) for u in user_ids], np.int64)
+    items = np.array([self.item_index.get(int(i), -1) for i in item_ids], np.int64)
+    known_user, known_item = users >= 0, items >= 0
+    u, i = np.where(known_user, users, 0), np.where(known_item, items, 0)
+    factors = np.einsum("nd,nd->n", self.user_factors[u], self.item_factors[i])
+    return (self.global_mean + np.where(known_user, self.user_bias[u], 0.0) +
+            np.where(known_item, self.item_bias[i], 0.0) +
+            np.where(known_user & known_item, factors, 0.0))
+
 
 def fit_als(users: np.ndarray, items: np.ndarray, ratings: np.ndarray, dim: int = DIM,
             l2: float = L2, num_iterations: int = NUM_ITERATIONS, seed: int = 0) -> BiasedMF:
@@ -78,14 +89,17 @@ def fit_als(users: np.ndarray, items: np.ndarray, ratings: np.ndarray, dim: int 
   Args:
     users: [num_ratings] int64 user ids.
     items: [num_ratings] int64 item ids.
-    ratings: [num_ratings] float64 ratings.
+    ratings: [num_ratings] float64 ratings; a repeated (user, item) counts
+      once, with its last rating (mu still counts every rating).
     dim: Factors per user and item, >= 1.
     l2: Ridge weight on each user's and item's bias and factors, > 0.
     num_iterations: Alternations (users then items), >= 1.
     seed: Seed of the initial item factors (normal, std 0.1).
 
   Returns:
-    The fitted `BiasedMF`; deterministic given the inputs and `seed`.
+    The fitted `BiasedMF`; deterministic given the inputs and `seed`. Holds
+    [num_users, num_items] float64 matrices while fitting: fine for ml-100k,
+    not meant for millions.
 
   Raises:
     ValueError: no rating, arrays of different lengths, or a bad `dim`,
@@ -108,32 +122,67 @@ def fit_als(users: np.ndarray, items: np.ndarray, ratings: np.ndarray, dim: int 
   item_side = np.concatenate(
       [rng.normal(0.0, 0.1, (len(item_ids), dim)),
        np.zeros((len(item_ids), 1))], axis=1)
-  by_user, by_item = _groups(user_rows, len(user_ids)), _groups(item_rows, len(item_ids))
+  rated = np.zeros((len(user_ids), len(item_ids)))
+  rated[user_rows, item_rows] = 1.0
+  residual = np.zeros_like(rated)
+  residual[user_rows, item_rows] = ratings - mu
   for _ in range(num_iterations):
-    _solve_side(user_side, item_side, item_rows, by_user, ratings - mu, l2)
-    _solve_side(item_side, user_side, user_rows, by_item, ratings - mu, l2)
+    _solve_side(user_side, item_side, rated, residual, l2)
+    _solve_side(item_side, user_side, rated.T, residual.T, l2)
   return BiasedMF(mu, {int(u): k for k, u in enumerate(user_ids)},
                   {int(i): k for k, i in enumerate(item_ids)}, user_side[:, dim].copy(),
                   item_side[:, dim].copy(), user_side[:, :dim].copy(), item_side[:, :dim].copy())
 
 
-def _groups(rows: np.ndarray, num_rows: int) -> list[np.ndarray]:
-  """The rating indices of each row (user or item)."""
-  order = np.argsort(rows, kind="stable")
-  return np.split(order, np.searchsorted(rows[order], np.arange(1, num_rows)))
+def _solve_side(side: np.ndarray, other: np.ndarray, rated: np.ndarray, residual: np.ndarray,
+                l2: float) -> None:
+  """One ALS half-step: per row, ridge regression of its ratings on the other side's factors.
 
+  All rows at once, as dense products (two BLAS matmuls, no per-row call):
+  row r solves `(X^T W_r X + l2 I) theta_r = X^T W_r y_r`, X = [other's
+  factors, 1], W_r the 0/1 row of `rated`, y_r the row of `residual` minus
+  the other side's bias.
 
-def _solve_side(side: np.ndarray, other: np.ndarray, other_rows: np.ndarray,
-                groups: list[np.ndarray], residual: np.ndarray, l2: float) -> None:
-  """One ALS half-step: per row, ridge regression of its ratings on the other side's factors."""
+  Args:
+    side: [num_rows, dim + 1] float64 factors and bias, overwritten.
+    other: [num_other, dim + 1] float64, fixed.
+    rated: [num_rows, num_other] float64 0/1.
+    residual: [num_rows, num_other] float64 rating - mu where rated, else 0.
+    l2: The ridge weight.
+  """
   dim = side.shape[1] - 1
-  design = np.concatenate([other[:, :dim], np.ones((len(other), 1))], axis=1)
-  ridge = l2 * np.eye(dim + 1)
-  for row, indices in enumerate(groups):
-    x = design[other_rows[indices]]
-    # The other side's bias is a fixed offset of each rating.
-    y = residual[indices] - other[other_rows[indices], dim]
-    side[row] = np.linalg.solve(x.T @ x + ridge, x.T @ y)
+  x = np.concatenate([other[:, :dim], np.ones((len(other), 1))], axis=1)
+  outer = (x[:, :, None] * x[:, None, :]).reshape(len(x), -1)
+  gram = (rated @ outer).reshape(len(side), dim + 1, dim + 1) + l2 * np.eye(dim + 1)
+  # The other side's bias is a fixed offset of each rating.
+  moment = (residual - rated * other[None, :, dim]) @ x
+  side[:] = _solve_positive_definite(gram, moment)
+
+
+def _solve_positive_definite(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+  """x with a[n] @ x[n] = b[n] for each n: Gaussian elimination without pivoting.
+
+  Vectorized over the batch in NumPy (numpy.linalg.solve on many tiny
+  systems was ~100x slower here, OpenBLAS threads per call). Symmetric
+  positive definite `a` (here: a Gram matrix + l2 I, l2 > 0) needs no pivoting.
+
+  Args:
+    a: [n, d, d] float64, each symmetric positive definite.
+    b: [n, d] float64.
+
+  Returns:
+    [n, d] float64.
+  """
+  a, b = a.copy(), b.copy()
+  d = a.shape[1]
+  for k in range(d - 1):
+    factor = a[:, k + 1:, k] / a[:, k, k, None]
+    a[:, k + 1:, k:] -= factor[:, :, None] * a[:, None, k, k:]
+    b[:, k + 1:] -= factor * b[:, None, k]
+  x = np.zeros_like(b)
+  for k in reversed(range(d)):
+    x[:, k] = (b[:, k] - np.einsum("nj,nj->n", a[:, k, k + 1:], x[:, k + 1:])) / a[:, k, k]
+  return x
 
 
 def cross_fitted_predictions(users: np.ndarray, items: np.ndarray, ratings: np.ndarray,

@@ -63,6 +63,12 @@ def test_matches_the_loop_reference(num_neighbors, shrinkage, prior_weight):
       assert knn.predict(user, item) == pytest.approx(
           _reference(users, items, ratings, user, item, num_neighbors, shrinkage, prior_weight),
           abs=1e-12), (user, item)
+  # predict_many: the same, vectorized per user, any order, unseen ids too.
+  users_asked = np.array([u for u in range(7) for _ in range(9)][::-1])
+  items_asked = np.array([i for _ in range(7) for i in range(9)][::-1])
+  np.testing.assert_allclose(knn.predict_many(users_asked, items_asked),
+                             [knn.predict(u, i) for u, i in zip(users_asked, items_asked)],
+                             rtol=1e-12, atol=1e-14)
 
 
 def test_errors():

@@ -63,6 +63,9 @@ def test_unseen_ids_get_the_biases_they_have():
   assert model.predict(99, 99) == pytest.approx(mu)
   assert model.predict(0, 99) == pytest.approx(mu + model.user_bias[model.user_index[0]])
   assert model.predict(99, 12) == pytest.approx(mu + model.item_bias[model.item_index[12]])
+  users, items = np.array([99, 0, 99, 0, 3]), np.array([99, 99, 12, 12, 14])
+  np.testing.assert_allclose(model.predict_many(users, items),
+                             [model.predict(u, i) for u, i in zip(users, items)], rtol=1e-12)
   again = mf.fit_als(_USERS, _ITEMS, _RATINGS, dim=1, l2=1.0)
   np.testing.assert_array_equal(again.item_factors, model.item_factors)
 
