@@ -15,7 +15,11 @@ documents them and why no validation rating reaches them):
             through the sparse core (`model.user_history`);
   examples: item_mean_rating (leave-one-out on training lists),
             item_rating_count and neighbor_rating_deviation (user-based
-            collaborative filtering), dense (`model.rating_statistics`).
+            collaborative filtering), dense (`model.rating_statistics`);
+            mf_rating (biased matrix factorization's predicted rating,
+            cross-fitted on training lists), dense (`model.mf_rating`);
+            item_knn_deviation (item-based collaborative filtering,
+            cross-fitted the same way), dense (`model.item_knn`).
 The first is the baseline's own signal: the model gets what the baseline
 ranks by.
 
@@ -57,6 +61,8 @@ from builders.base import DataPaths, RankerBuilder, MASK_FEATURE
 from builders.ensemble import EnsembleMean
 from builders.movielens_config import RELEVANCES, MovieLensDataConfig, MovieLensModelConfig
 from mxrec_pipeline.data import fetch as fetch_lib
+from mxrec_pipeline.data import item_knn
+from mxrec_pipeline.data import matrix_factorization
 from mxrec_pipeline.data import movielens
 from mxrec_pipeline.keras import model as model_lib
 from mxrec_pipeline.keras import pipeline as pipeline_lib
@@ -80,6 +86,8 @@ EXAMPLE_SPEC = {
     "item_mean_rating": _F([1], tf.float32, default_value=0.0),
     "item_rating_count": _F([1], tf.int64, default_value=0),
     "neighbor_rating_deviation": _F([1], tf.float32, default_value=0.0),
+    "mf_rating": _F([1], tf.float32, default_value=0.0),
+    "item_knn_deviation": _F([1], tf.float32, default_value=0.0),
 }
 LABEL_SPEC = ("rating", _F([1], tf.float32, default_value=-1.0))
 LIKED_RATING = 4.0
@@ -95,6 +103,8 @@ PREPROCESS_SPEC = {
     "item_mean_rating": lambda t: (t - 3.0) / 2.0,
     "item_rating_count": lambda t: tf.math.log1p(tf.cast(t, tf.float32)) / 6.0,
     "neighbor_rating_deviation": lambda t: t / 2.0,
+    "mf_rating": lambda t: (t - 3.0) / 2.0,
+    "item_knn_deviation": lambda t: t / 2.0,
 }
 
 
@@ -218,6 +228,10 @@ class MovieLensScorer(tfr.keras.model.UnivariateScorer):
 def build_scorer(model: MovieLensModelConfig) -> MovieLensScorer:
   """The scorer of a model config (shared by the sparse and dense builders)."""
   linear = movielens.RATING_STATISTICS_FEATURES if getattr(model, "rating_statistics", True) else ()
+  if getattr(model, "mf_rating", True):
+    linear += movielens.MF_FEATURES
+  if getattr(model, "item_knn", True):
+    linear += movielens.ITEM_KNN_FEATURES
   return MovieLensScorer(model.hidden_layer_dims, dropout=model.dropout,
                          use_batch_norm=model.use_batch_norm, dot_product=model.dot_product,
                          id_l2=model.id_l2, linear_features=linear,
@@ -257,7 +271,9 @@ class MovieLensListwise(RankerBuilder):
     checks = "" if (data.rating_range, data.on_bad_record) == ([1.0, 5.0], "error") else (
         f"_r{data.rating_range[0]:g}-{data.rating_range[1]:g}_{data.on_bad_record}")
     # The history and neighbor sizes name the features' version too.
-    features = f"_h{movielens.HISTORY_SIZE}_n{movielens.NUM_NEIGHBORS}"
+    features = (f"_h{movielens.HISTORY_SIZE}_n{movielens.NUM_NEIGHBORS}"
+                f"_mf{matrix_factorization.DIM}x{movielens.MF_NUM_FOLDS}"
+                f"_iknn{item_knn.NUM_NEIGHBORS}")
     out = pathlib.Path(data.elwc_dir) if data.elwc_dir else data_dir / (
         f"elwc_v{data.valid_fraction}_l{data.max_list_size}{checks}{features}")
     train, valid = out / "train.tfrecord", out / "valid.tfrecord"
@@ -275,15 +291,20 @@ class MovieLensListwise(RankerBuilder):
     return dict(CONTEXT_SPEC), dict(EXAMPLE_SPEC), LABEL_SPEC
 
   def model_feature_specs(self, model) -> tuple[dict, dict]:
-    """(context, example) specs of the features `model` uses (`user_history`, `rating_statistics`).
+    """(context, example) specs of the features `model` uses.
 
-    Model configs without the two switches (e.g. movielens_dcn's) use every feature.
+    Per `user_history`, `rating_statistics`, `mf_rating` and `item_knn`; model configs
+    without the switches (e.g. movielens_dcn's) use every feature.
     """
     context, example, _ = self.feature_specs()
     if not getattr(model, "user_history", True):
       context = {k: v for k, v in context.items() if k not in movielens.HISTORY_FEATURES}
     if not getattr(model, "rating_statistics", True):
       example = {k: v for k, v in example.items() if k not in movielens.RATING_STATISTICS_FEATURES}
+    if not getattr(model, "mf_rating", True):
+      example = {k: v for k, v in example.items() if k not in movielens.MF_FEATURES}
+    if not getattr(model, "item_knn", True):
+      example = {k: v for k, v in example.items() if k not in movielens.ITEM_KNN_FEATURES}
     return context, example
 
   def sparse_features(self, model: MovieLensModelConfig):

@@ -81,6 +81,13 @@ class MovieLensModelConfig:
     rating_statistics: Use each movie's leave-one-out mean training rating,
       its rating count and the user's neighbors' rating deviation (dense
       example features; mxrec_pipeline/data/movielens.py).
+    mf_rating: Use biased matrix factorization's predicted rating of each
+      (user, movie), fitted by ALS on the training ratings (cross-fitted for
+      training examples; a dense example feature, also in the linear term;
+      mxrec_pipeline/data/movielens.py).
+    item_knn: Use item-based collaborative filtering's deviation of each
+      (user, movie) (the user's ratings of the most similar training movies;
+      cross-fitted as mf_rating; dense, also in the linear term).
     num_attention_heads: > 0: self-attention across the movies of each list
       (tfr.keras.layers.DocumentInteractionAttention, `dropout` as the DNN's)
       over the concatenated example features, its output joining the DNN's
@@ -109,6 +116,8 @@ class MovieLensModelConfig:
   table_initializer: str = "truncated_normal"
   user_history: bool = True
   rating_statistics: bool = True
+  mf_rating: bool = True
+  item_knn: bool = True
   num_attention_heads: int = 0
   attention_head_size: int = 16
   ensemble_size: int = 1

@@ -54,6 +54,16 @@ nothing of a validation rating reaches any feature:
               the two users' sets of training movies (ids only, no rating),
               and only other users' ratings enter, so no example's own rating
               does.
+              mf_rating float: the rating biased matrix factorization
+              predicts (mxrec_pipeline.data.matrix_factorization, ALS on the
+              training ratings). A validation example's comes from the fit on
+              every training rating; a training example's from a fit without
+              it (5-fold cross-fitting), so the model learns how far the
+              prediction of an unseen rating is to be trusted.
+              item_knn_deviation float: item-based collaborative filtering
+              (mxrec_pipeline.data.item_knn, Sarwar et al., WWW 2001): how
+              the user rated the training movies most similar to this one,
+              against the user's mean; cross-fitted as mf_rating (same folds).
 
 Every rating is checked once, while reading (`mxrec_pipeline.data.validation`):
 integer ids, a finite timestamp, a finite rating in `rating_range` (1-5). A bad
@@ -70,7 +80,10 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
+from mxrec_pipeline.data import cross_fitting
 from mxrec_pipeline.data import elwc
+from mxrec_pipeline.data import item_knn as item_knn_lib
+from mxrec_pipeline.data import matrix_factorization
 from mxrec_pipeline.data import validation
 
 PathLike = str | os.PathLike
@@ -83,6 +96,8 @@ CONTEXT_FEATURES = ("user_id", "age", "gender", "occupation", "zip")
 EXAMPLE_FEATURES = ("item_id", "genres", "title_tokens", "year", "timestamp")
 HISTORY_FEATURES = ("history_item_ids", "history_genres")
 RATING_STATISTICS_FEATURES = ("item_mean_rating", "item_rating_count", "neighbor_rating_deviation")
+MF_FEATURES = ("mf_rating",)
+ITEM_KNN_FEATURES = ("item_knn_deviation",)
 LABEL_FEATURE = "rating"
 # Default `history_size`: the latest training movies of a user in its history.
 HISTORY_SIZE = 100
@@ -90,6 +105,8 @@ HISTORY_SIZE = 100
 # of their mean deviation (in units of their mean similarity).
 NUM_NEIGHBORS = 100
 NEIGHBOR_SHRINKAGE = 5.0
+# Folds of the cross-fitted `mf_rating` and `item_knn_deviation` of training examples.
+MF_NUM_FOLDS = 5
 
 # Placeholders the real ml-100k.item uses for unknown values ("unkonwn" [sic]
 # for item 267's title and year); item 1412 has release_year "V".
@@ -348,6 +365,13 @@ class TrainingFeatures:
     neighbors: user_id -> [(other user_id, Jaccard similarity > 0)], the
       most similar first (ties: lower user_id first).
     shrinkage: Weight of the prior 0 in `neighbor_rating_deviation`.
+    mf: Biased MF fitted on every training rating (validation examples'
+      `mf_rating`); None: no `mf_rating`.
+    mf_out_of_fold: (user_id, item_id) -> the cross-fitted prediction of
+      that training rating (training examples' `mf_rating`).
+    item_knn: Item-based CF fitted on every training rating (validation
+      examples' `item_knn_deviation`); None: no `item_knn_deviation`.
+    item_knn_out_of_fold: As `mf_out_of_fold`, for `item_knn_deviation`.
   """
 
   item_totals: Mapping[int, tuple[float, int]]
@@ -357,6 +381,10 @@ class TrainingFeatures:
   user_means: Mapping[int, float] = dataclasses.field(default_factory=dict)
   neighbors: Mapping[int, list[tuple[int, float]]] = dataclasses.field(default_factory=dict)
   shrinkage: float = NEIGHBOR_SHRINKAGE
+  mf: matrix_factorization.BiasedMF | None = None
+  mf_out_of_fold: Mapping[tuple[int, int], float] = dataclasses.field(default_factory=dict)
+  item_knn: item_knn_lib.ItemKNN | None = None
+  item_knn_out_of_fold: Mapping[tuple[int, int], float] = dataclasses.field(default_factory=dict)
 
   def example_features(self, user_id: int, item_id: int,
                        own_rating: float | None = None) -> dict[str, object]:
@@ -369,11 +397,35 @@ class TrainingFeatures:
 
     Returns:
       `item_statistics(item_id, own_rating)` plus
-      `{"neighbor_rating_deviation": neighbor_rating_deviation(user_id, item_id)}`.
+      `{"neighbor_rating_deviation": neighbor_rating_deviation(user_id, item_id)}`
+      and, when `mf` / `item_knn` is set, `{"mf_rating": mf_rating(...)}` /
+      `{"item_knn_deviation": item_knn_deviation(...)}`.
     """
     features = self.item_statistics(item_id, own_rating)
     features["neighbor_rating_deviation"] = self.neighbor_rating_deviation(user_id, item_id)
+    if self.mf is not None:
+      features["mf_rating"] = self.mf_rating(user_id, item_id, training=own_rating is not None)
+    if self.item_knn is not None:
+      features["item_knn_deviation"] = self.item_knn_deviation(user_id, item_id, training=own_rating
+                                                               is not None)
     return features
+
+  def mf_rating(self, user_id: int, item_id: int, training: bool) -> float:
+    """The MF prediction of a rating: out-of-fold for a training example, else the full fit's.
+
+    Raises:
+      ValueError: no `mf`, or `training` for a (user, movie) with no training rating.
+    """
+    return _cross_fitted("mf_rating", self.mf, self.mf_out_of_fold, user_id, item_id, training)
+
+  def item_knn_deviation(self, user_id: int, item_id: int, training: bool) -> float:
+    """Item-based CF's deviation: out-of-fold for a training example, else the full fit's.
+
+    Raises:
+      ValueError: no `item_knn`, or `training` for a (user, movie) with no training rating.
+    """
+    return _cross_fitted("item_knn_deviation", self.item_knn, self.item_knn_out_of_fold, user_id,
+                         item_id, training)
 
   def neighbor_rating_deviation(self, user_id: int, item_id: int) -> float:
     """How the user's neighbors rated the movie against their own means.
@@ -428,10 +480,25 @@ class TrainingFeatures:
     }
 
 
+def _cross_fitted(feature: str, model, out_of_fold: Mapping[tuple[int, int], float], user_id: int,
+                  item_id: int, training: bool) -> float:
+  """`model.predict` (validation) or the out-of-fold prediction (training) of one example."""
+  if model is None:
+    raise ValueError(f"{feature}: these TrainingFeatures were computed without it")
+  if not training:
+    return model.predict(user_id, item_id)
+  try:
+    return out_of_fold[(user_id, item_id)]
+  except KeyError:
+    raise ValueError(f"{feature}: user {user_id} has no training rating of movie "
+                     f"{item_id}") from None
+
+
 def training_features(train: Mapping[int, Sequence[Rating]], history_size: int = HISTORY_SIZE,
-                      num_neighbors: int = NUM_NEIGHBORS,
-                      shrinkage: float = NEIGHBOR_SHRINKAGE) -> TrainingFeatures:
-  """Item rating totals, user histories and user neighbors of the training split.
+                      num_neighbors: int = NUM_NEIGHBORS, shrinkage: float = NEIGHBOR_SHRINKAGE,
+                      mf_dim: int | None = matrix_factorization.DIM,
+                      use_item_knn: bool = True) -> TrainingFeatures:
+  """Item rating totals, user histories, user neighbors and MF of the training split.
 
   Args:
     train: `split_by_time`'s training split, {user_id: time-ordered ratings}.
@@ -441,6 +508,12 @@ def training_features(train: Mapping[int, Sequence[Rating]], history_size: int =
       Needs a [num_users, num_users] float64 matrix: fine for ml-100k's 943
       users, not meant for millions.
     shrinkage: See `TrainingFeatures.neighbor_rating_deviation`, >= 0.
+    mf_dim: Factors of the biased MF (`matrix_factorization.fit_als` with its
+      other defaults, seed 0; `MF_NUM_FOLDS`-fold cross-fitting for training
+      examples); None: no MF (`mf_rating` is not computed). A user with the
+      same movie twice in training gets the prediction of one of them.
+    use_item_knn: Compute `item_knn_deviation` (`item_knn.fit_item_knn`
+      with its defaults; cross-fitted on the same folds as the MF).
 
   Returns:
     The `TrainingFeatures`; nothing in it depends on a validation rating.
@@ -467,8 +540,22 @@ def training_features(train: Mapping[int, Sequence[Rating]], history_size: int =
   histories = {user: [r.item_id for r in rs[-history_size:]] for user, rs in train.items()}
   ratings = {user: {r.item_id: r.rating for r in rs} for user, rs in train.items() if rs}
   user_means = {user: sum(rs.values()) / len(rs) for user, rs in ratings.items()}
+  table = [(r.user_id, r.item_id, r.rating) for rs in train.values() for r in rs]
+  users, items, values = (np.array(column) for column in zip(*table))
+
+  def fitted(fit):
+    """The fit on every training rating and {(user, item): out-of-fold prediction}."""
+    predictions = cross_fitting.out_of_fold_predictions(fit, users, items, values, MF_NUM_FOLDS)
+    return fit(users, items,
+               values), {(int(u), int(i)): float(p) for u, i, p in zip(users, items, predictions)}
+
+  mf, mf_out_of_fold = None, {}
+  if mf_dim is not None:
+    mf, mf_out_of_fold = fitted(lambda u, i, r: matrix_factorization.fit_als(u, i, r, dim=mf_dim))
+  knn, knn_out_of_fold = fitted(item_knn_lib.fit_item_knn) if use_item_knn else (None, {})
   return TrainingFeatures(totals, global_mean, histories, ratings, user_means,
-                          _jaccard_neighbors(ratings, num_neighbors), shrinkage)
+                          _jaccard_neighbors(ratings, num_neighbors), shrinkage, mf, mf_out_of_fold,
+                          knn, knn_out_of_fold)
 
 
 def _jaccard_neighbors(ratings: Mapping[int, Mapping[int, float]],

@@ -5,7 +5,10 @@ import pytest
 import tensorflow as tf
 import tensorflow_ranking as tfr
 
+from mxrec_pipeline.data import cross_fitting
 from mxrec_pipeline.data import elwc
+from mxrec_pipeline.data import item_knn
+from mxrec_pipeline.data import matrix_factorization
 from mxrec_pipeline.data import movielens
 from mxrec_pipeline.data import validation
 
@@ -214,6 +217,7 @@ def test_no_lists_is_an_error(tmp_path, inter, match):
 #   10: 4 (u1), 1 (u2)   11: 3, 2   12: 3 (u2), 2 (u3)   13: 1, 4   14: 2, 5
 #   15: 1 (u2)   16: 2 (u2)   17: 3 (u2)   -> 13 ratings summing to 33.
 _GLOBAL_MEAN = 33 / 13
+_VALID_ROWS = {(1, 12), (2, 18), (2, 19)}
 
 
 def _lists(path):
@@ -271,8 +275,55 @@ def test_neighbors_by_hand():
   assert unshrunk.neighbor_rating_deviation(2, 10) == pytest.approx(1.5)
   assert features.example_features(1, 12) == {
       "item_mean_rating": 2.5, "item_rating_count": 2,
-      "neighbor_rating_deviation": pytest.approx(0.0625)
+      "neighbor_rating_deviation": pytest.approx(0.0625), "mf_rating": features.mf.predict(1, 12),
+      "item_knn_deviation": features.item_knn.predict(1, 12)
   }
+
+
+def test_mf_rating_by_hand():
+  train, _ = movielens.split_by_time([movielens.Rating(*row) for row in _INTER])
+  features = movielens.training_features(train, mf_dim=2)
+  # The training ratings user by user, in time order (the folds are dealt in this order).
+  table = [(r.user_id, r.item_id, r.rating) for rs in train.values() for r in rs]
+  assert {(u, i) for u, i, _ in table} == {(u, i) for u, i, _, _ in _INTER} - _VALID_ROWS
+  users, items, ratings = (np.array(column) for column in zip(*table))
+  # Validation examples: the fit on every training rating.
+  full = matrix_factorization.fit_als(users, items, ratings, dim=2)
+  np.testing.assert_array_equal(features.mf.item_factors, full.item_factors)
+  assert features.example_features(2, 18)["mf_rating"] == full.predict(2, 18)
+  # Training examples: the prediction of the fit without the rating's fold.
+  out_of_fold = matrix_factorization.cross_fitted_predictions(users, items, ratings,
+                                                              movielens.MF_NUM_FOLDS, dim=2)
+  for u, i, r, prediction in zip(users, items, ratings, out_of_fold):
+    assert features.example_features(u, i, own_rating=r)["mf_rating"] == prediction
+  assert features.mf_rating(2, 18, training=False) == full.predict(2, 18)
+  with pytest.raises(ValueError, match="user 2 has no training rating of movie 18"):
+    features.mf_rating(2, 18, training=True)
+  plain = movielens.training_features(train, mf_dim=None, use_item_knn=False)
+  assert plain.mf is None and plain.item_knn is None
+  assert set(plain.example_features(
+      1, 12)) == {"item_mean_rating", "item_rating_count", "neighbor_rating_deviation"}
+  with pytest.raises(ValueError, match="mf_rating: these TrainingFeatures were computed without"):
+    plain.mf_rating(1, 12, training=False)
+  with pytest.raises(ValueError, match="item_knn_deviation: these TrainingFeatures were computed"):
+    plain.item_knn_deviation(1, 12, training=False)
+
+
+def test_item_knn_deviation_by_hand():
+  train, _ = movielens.split_by_time([movielens.Rating(*row) for row in _INTER])
+  features = movielens.training_features(train)
+  table = [(r.user_id, r.item_id, r.rating) for rs in train.values() for r in rs]
+  users, items, ratings = (np.array(column) for column in zip(*table))
+  full = item_knn.fit_item_knn(users, items, ratings)
+  np.testing.assert_array_equal(features.item_knn.similarity, full.similarity)
+  assert features.example_features(1, 12)["item_knn_deviation"] == full.predict(1, 12)
+  # Training examples: the same folds as mf_rating.
+  out_of_fold = cross_fitting.out_of_fold_predictions(item_knn.fit_item_knn, users, items, ratings,
+                                                      movielens.MF_NUM_FOLDS)
+  for u, i, r, prediction in zip(users, items, ratings, out_of_fold):
+    assert features.example_features(u, i, own_rating=r)["item_knn_deviation"] == prediction
+  with pytest.raises(ValueError, match="user 1 has no training rating of movie 12"):
+    features.item_knn_deviation(1, 12, training=True)
 
 
 def test_training_features_errors():
@@ -309,13 +360,26 @@ def test_history_and_item_statistics_in_the_lists(tmp_path):
   assert [e["item_mean_rating"] for e in examples] == [[pytest.approx(_GLOBAL_MEAN)]] * 2
   # Nobody else rated 18 and 19.
   assert [e["neighbor_rating_deviation"] for e in examples] == [[0.0], [0.0]]
+  # mf_rating: the full fit's for validation, out-of-fold for training (test_mf_rating_by_hand).
+  train_split, _ = movielens.split_by_time([movielens.Rating(*row) for row in _INTER])
+  features = movielens.training_features(train_split)
+  assert [e["mf_rating"] for e in examples
+         ] == [[pytest.approx(features.mf.predict(2, i), rel=1e-6)] for i in (18, 19)]
+  assert [
+      e["item_knn_deviation"] for e in examples
+  ] == [[pytest.approx(features.item_knn.predict(2, i), rel=1e-6, abs=1e-7)] for i in (18, 19)]
+  (_, examples), = [lst for lst in train if lst[0]["user_id"] == [3]]
+  assert examples[0]["mf_rating"] == [pytest.approx(features.mf_out_of_fold[(3, 12)], rel=1e-6)]
+  assert examples[0]["item_knn_deviation"] == [
+      pytest.approx(features.item_knn_out_of_fold[(3, 12)], rel=1e-6, abs=1e-7)
+  ]
 
 
 def test_no_validation_rating_reaches_a_feature(tmp_path):
   """Changing every validation rating changes the labels of the lists and nothing else."""
   clean = movielens.build_movielens_elwc(_write_dir(tmp_path), tmp_path / "out")
   valid_rows = {(u, i) for u, rows in _decode(clean.valid_path) for i, _, _ in rows}
-  assert valid_rows == {(1, 12), (2, 18), (2, 19)}
+  assert valid_rows == _VALID_ROWS
   flipped = [(u, i, 6.0 - r if (u, i) in valid_rows else r, t) for u, i, r, t in _INTER]
   (tmp_path / "flipped").mkdir()
   result = movielens.build_movielens_elwc(_write_dir(tmp_path / "flipped", inter=flipped),
