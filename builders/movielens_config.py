@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 import pathlib
 
-from builders.base_config import check_bad_record_options
+from builders.base_config import check_bad_record_options, check_dnn_options
 
 RELEVANCES = ("graded", "liked")
 
@@ -123,11 +123,7 @@ class MovieLensModelConfig:
   ensemble_size: int = 1
 
   def __post_init__(self):
-    if not 0.0 <= self.dropout < 1.0:
-      raise ValueError(f"model.dropout must be in [0, 1), got {self.dropout}")
-    if not self.hidden_layer_dims or any(d <= 0 for d in self.hidden_layer_dims):
-      raise ValueError(f"model.hidden_layer_dims must be positive ints, "
-                       f"got {self.hidden_layer_dims}")
+    check_dnn_options(self.hidden_layer_dims, self.dropout)
     if self.num_attention_heads < 0 or self.attention_head_size <= 0:
       raise ValueError(f"model.num_attention_heads must be >= 0 and model.attention_head_size "
                        f"> 0, got {self.num_attention_heads}, {self.attention_head_size}")
