@@ -200,8 +200,16 @@ class KeyIndex {
   uint64_t ProbeFrom(uint64_t s, int64_t key) const;
   // The first slot probed for `key`.
   uint64_t Home(int64_t key) const;
-  // Prefetches the home slot of keys[i + distance], if any.
-  void PrefetchAhead(const int64_t* keys, int64_t i, int64_t n) const;
+  // Probes keys[0..n) in order, software-pipelined: every key's home slot
+  // first (into homes[i]), then the probes, each prefetching the home slot
+  // kPrefetchDistance keys ahead. visit(i, s) gets the slot of keys[i] (holding
+  // it, or the empty slot where it would go); it may overwrite homes[j] for
+  // j <= i, so `homes` may be the caller's output array.
+  template <typename Visit>
+  void ProbePipelined(const int64_t* keys,  // (n)
+                      int64_t n,
+                      int64_t* homes,  // scratch: (n)
+                      Visit&& visit) const;
   // Slots for `keys` keys at load 2/3 (at least kMinSlots; for a fixed-capacity
   // index at most 1.25 * capacity).
   uint64_t SlotsFor(int64_t keys) const;

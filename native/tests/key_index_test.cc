@@ -14,6 +14,7 @@
 #include <random>
 #include <set>
 #include <thread>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -554,6 +555,119 @@ TEST(EvictionTest, IdleKeysAreRemovedAndRowsReusedLowestFirst) {
   ASSERT_TRUE(index.FindOrInsertAdmitting(fresh.data(), Ones(3).data(), 3,
                                           1, 151, rows.data()).ok());
   EXPECT_EQ(std::vector<int64_t>(rows.begin(), rows.begin() + 3), (std::vector<int64_t>{0, 2, 4}));
+}
+
+// Rows Find gives each of `queries` (hits, misses, repeats) in batches of
+// every length around the prefetch distance (16), against `model`.
+void ExpectFindMatches(const KeyIndex& index, const std::unordered_map<int64_t, int64_t>& model,
+                       const std::vector<int64_t>& queries) {
+  for (size_t length : {size_t{0}, size_t{1}, size_t{15}, size_t{16}, size_t{17}, size_t{31},
+                        size_t{32}, size_t{33}, queries.size()}) {
+    SCOPED_TRACE(length);
+    ASSERT_LE(length, queries.size());
+    std::vector<int64_t> rows(length, -7);
+    index.Find(queries.data(), static_cast<int64_t>(length), rows.data());
+    for (size_t i = 0; i < length; ++i) {
+      auto it = model.find(queries[i]);
+      ASSERT_EQ(rows[i], it == model.end() ? kMissingRow : it->second)
+          << "key " << queries[i] << " at " << i;
+    }
+  }
+}
+
+TEST(EvictionTest, PipelinedFindMatchesModelThroughGrowthAndErasures) {
+  // Find computes every home slot first, then probes prefetching 16 keys ahead.
+  // Its rows must equal a std::unordered_map's for present keys, absent keys
+  // (never seen, and evicted) and repeats, as the array grows from 16 slots
+  // and after backward-shift erasures (and the shrinking rehash after them).
+  KeyIndex index(64, "t", /*growable=*/true);
+  std::unordered_map<int64_t, int64_t> model;
+  std::mt19937_64 rng(5);
+  std::vector<int64_t> stored;
+  auto queries = [&]() {
+    std::vector<int64_t> q;
+    for (int i = 0; i < 2000; ++i) {
+      const uint64_t pick = rng() % 3;
+      if (pick == 0 && !stored.empty()) {
+        q.push_back(stored[rng() % stored.size()]);  // Present, or evicted.
+      } else if (pick == 1 && !q.empty()) {
+        q.push_back(q[rng() % q.size()]);  // Repeated.
+      } else {
+        q.push_back(static_cast<int64_t>(rng()));  // Never inserted.
+      }
+    }
+    return q;
+  };
+  int64_t time = 0;
+  for (int64_t count : {10, 90, 2900, 17000}) {
+    std::vector<int64_t> keys(count), rows(count);
+    for (int64_t& key : keys) key = static_cast<int64_t>(rng());
+    ++time;
+    ASSERT_TRUE(index.FindOrInsertAdmitting(keys.data(), Ones(count).data(), count, 1, time,
+                                            rows.data()).ok());
+    for (int64_t i = 0; i < count; ++i) {
+      ASSERT_GE(rows[i], 0);
+      model[keys[i]] = rows[i];
+      stored.push_back(keys[i]);
+    }
+    ExpectFindMatches(index, model, queries());
+  }
+  // Keys seen last at time 4 (the 17000) stay; the first 3000 are evicted.
+  std::vector<int64_t> freed;
+  index.Evict(0, &freed);
+  ASSERT_EQ(freed.size(), 3000u);
+  for (size_t i = 0; i < 3000; ++i) model.erase(stored[i]);
+  ASSERT_EQ(index.size(), 17000);
+  ExpectFindMatches(index, model, queries());
+  // Half the rest evicted in turn: erasures in a fuller array.
+  std::vector<int64_t> again(stored.begin() + 3000, stored.begin() + 11500), rows(8500);
+  ASSERT_TRUE(index.FindOrInsertAdmitting(again.data(), Ones(8500).data(), 8500, 1, time + 1,
+                                          rows.data()).ok());
+  index.Evict(0, &freed);
+  for (size_t i = 11500; i < stored.size(); ++i) model.erase(stored[i]);
+  ASSERT_EQ(index.size(), 8500);
+  ExpectFindMatches(index, model, queries());
+}
+
+TEST(AdmissionTest, PipelinedFirstPassMatchesModelAcrossManyKeys) {
+  // FindOrInsertAdmitting's first pass is pipelined like Find: over batches of
+  // 100 distinct keys (counts 0-2, threshold 3), rows and pending counts must
+  // equal a model's: a key is admitted once its summed count reaches 3, taking
+  // the next row in order of appearance.
+  KeyIndex index(10000, "t");
+  std::unordered_map<int64_t, int64_t> rows_of, pending;
+  std::mt19937_64 rng(9);
+  int64_t next_row = 0;
+  for (int batch_number = 0; batch_number < 6; ++batch_number) {
+    std::vector<int64_t> keys(100), counts(100), rows(100);
+    for (int64_t i = 0; i < 100; ++i) {
+      keys[i] = static_cast<int64_t>(rng() % 300);
+      counts[i] = static_cast<int64_t>(rng() % 3);
+    }
+    std::sort(keys.begin(), keys.end());
+    keys.erase(std::unique(keys.begin(), keys.end()), keys.end());
+    std::shuffle(keys.begin(), keys.end(), rng);
+    const int64_t n = static_cast<int64_t>(keys.size());
+    std::vector<int64_t> want(n);
+    for (int64_t i = 0; i < n; ++i) {
+      auto it = rows_of.find(keys[i]);
+      if (it != rows_of.end()) {
+        want[i] = it->second;
+      } else if ((pending[keys[i]] += counts[i]) >= 3) {
+        pending.erase(keys[i]);
+        want[i] = rows_of[keys[i]] = next_row++;
+      } else {
+        want[i] = kMissingRow;
+      }
+    }
+    ASSERT_TRUE(
+        index.FindOrInsertAdmitting(keys.data(), counts.data(), n, 3, batch_number, rows.data())
+            .ok());
+    rows.resize(n);
+    ASSERT_EQ(rows, want) << "batch " << batch_number;
+    EXPECT_EQ(index.stats().pending, static_cast<int64_t>(pending.size()));
+  }
+  EXPECT_GT(next_row, 16);
 }
 
 TEST(EvictionTest, PendingKeysExpireToo) {
