@@ -175,8 +175,11 @@ def gather_per_id(rows, unique_rows: tf.Tensor, restore, *, training: bool = Tru
     ValueError: default_value neither a scalar nor of shape [dim].
   """
   positions = restore.flat_values if isinstance(restore, tf.RaggedTensor) else restore
-  emb = gather_rows(rows, tf.gather(unique_rows, positions), training=training,
+  emb = gather_rows(rows, tf.gather(unique_rows, tf.reshape(positions, [-1])), training=training,
                     default_value=default_value, admitting=admitting)
+  if positions.shape.rank != 1:  # gather_rows reads a vector of rows.
+    emb = tf.reshape(emb, tf.concat([tf.shape(positions), tf.shape(emb)[-1:]], 0))
+    emb.set_shape(positions.shape.concatenate(emb.shape[-1:]))
   return restore.with_flat_values(emb) if isinstance(restore, tf.RaggedTensor) else emb
 
 
