@@ -363,10 +363,9 @@ def sparse_lookup(hashtable: SparseEmbedding, ids, send_count: int | None = None
           tf.debugging.assert_less_equal(tf.size(unique_rows, out_type=tf.int64),
                                          tf.constant(send_count, tf.int64), message=message))
     with tf.control_dependencies(deps):
-      unique_emb = lookup.unique_embeddings(hashtable, unique_rows, training=is_train,
-                                            plan_token=token, default_value=serving_default_value,
-                                            admitting=admits and is_train)
-      out = lookup.per_id(unique_emb, restore)
+      out = lookup.id_embeddings(hashtable, unique_rows, restore, training=is_train,
+                                 plan_token=token, default_value=serving_default_value,
+                                 admitting=admits and is_train)
     return out if is_grad else tf.stop_gradient(out)
 
 

@@ -5,12 +5,27 @@ TPUEmbedding-style enqueue) gives per table the batch's distinct rows,
 `unique_rows` [num_unique] int64, and per feature `restore`, int32 positions
 into them shaped like the ids (or ragged). A lookup is then
 
-  unique_embeddings(table, unique_rows, ...)  -> [num_unique, dim]
-  per_id(unique_emb, restore)                 -> [*ids_shape, dim]
+  id_embeddings(table, unique_rows, restore, ...)  -> [*ids_shape, dim]
 
-with the first step chosen by the table's `kind` (see `TableKind`). The Keras
-`SparseLookup`, `sparse_lookup` and `Embedding.dequeue` all read through here;
-`combiner.combine` then reduces each position's ids.
+which reads by the table's `kind` (see `TableKind`):
+
+  FLAT, and TIERED in training (its plan applied first):
+    gather(variable, gather(unique_rows, restore))
+  EXPANSION, and TIERED when not training:
+    per_id(unique_embeddings(table, unique_rows), restore)
+
+The first reads each id's row straight from the table variable, so the
+gradient of a table is IndexedSlices on every id's row, repeated rows
+included, with the ids' gradients as they are: no segment sum over restore in
+the backward pass. Summing the repeated rows is the optimizer's job, done once
+over the batch: the fused native row updates sum them in their own pass
+(`HashOptimizer.sums_repeated_rows_of`), the other HashOptimizer updates with
+tf.unique + unsorted_segment_sum, stock Keras optimizers with their own
+deduplication. The second is the dedup read (the distinct rows once, then
+every id's from those), for row stores read through their own ops.
+
+The Keras `SparseLookup`, `sparse_lookup` and `Embedding.dequeue` all read
+through `id_embeddings`; `combiner.combine` then reduces each position's ids.
 
 Rows of -1 (ids with no row: unseen ones when not training, ids not admitted
 yet when training with admission, core/admission.py) read the default value,
@@ -82,17 +97,90 @@ def unique_embeddings(table, unique_rows: tf.Tensor, *, training: bool,
     return tf.where(tf.expand_dims(unique_rows >= 0, -1), local_emb, default)
   if table.kind is TableKind.TIERED and not training:
     return table.tiers.read(table.variable, unique_rows, default_value)
-  if table.kind is TableKind.TIERED:
-    if plan_token is None:
-      raise ValueError(f"table '{table.table_name}' is tiered: a training lookup needs the "
-                       "batch's plan token, which get_asc_insert_func puts in the batch")
-    with tf.control_dependencies([table.tiers.apply_plan(table.variable, plan_token)]):
-      # The rows (hence the gradient's indices, hence the optimizer's reads of
-      # its slots) depend on the moves: in a tf.compat.v1 graph nothing else
-      # orders them.
-      unique_rows = tf.identity(unique_rows)
-  return gather_rows(table.variable, unique_rows, training=training, default_value=default_value,
-                     admitting=admitting)
+  return gather_rows(table.variable, _planned(table, unique_rows, plan_token), training=training,
+                     default_value=default_value, admitting=admitting)
+
+
+def id_embeddings(table, unique_rows: tf.Tensor, restore, *, training: bool,
+                  plan_token: tf.Tensor | None = None, default_value=None, admitting: bool = False):
+  """Every id's embedding, read as the table's kind needs: THE lookup.
+
+  FLAT tables, and TIERED ones in training, gather each id's row from the
+  table variable (`gather_per_id`); EXPANSION tables, and TIERED ones when not
+  training, read the distinct rows first (`unique_embeddings`, then `per_id`).
+  See the module docstring.
+
+  Args:
+    table: A table from create_table (SparseEmbedding or ExpansionTable).
+    unique_rows: [num_unique] int64 rows from the batch's insertion; -1 for ids
+      without a row (see the module docstring).
+    restore: [*ids_shape] int32 positions into unique_rows, or a
+      tf.RaggedTensor of them.
+    training, plan_token, default_value, admitting: As for
+      `unique_embeddings`.
+
+  Returns:
+    [*ids_shape, dim] of the table's value dtype; a tf.RaggedTensor
+    [..., (num_ids), dim] for ragged restore. The gradient with respect to a
+    flat or tiered `table.variable` is IndexedSlices on every id's row (rows
+    repeat as ids do; rows of -1 get none): optimizers sum repeated rows
+    (module docstring).
+
+  Raises:
+    As `unique_embeddings`.
+  """
+  if table.kind is TableKind.EXPANSION or (table.kind is TableKind.TIERED and not training):
+    return per_id(
+        unique_embeddings(table, unique_rows, training=training, plan_token=plan_token,
+                          default_value=default_value, admitting=admitting), restore)
+  return gather_per_id(table.variable, _planned(table, unique_rows, plan_token), restore,
+                       training=training, default_value=default_value, admitting=admitting)
+
+
+def _planned(table, unique_rows: tf.Tensor, plan_token: tf.Tensor | None) -> tf.Tensor:
+  """unique_rows, after the batch's plan is applied to a tiered table (training)."""
+  if table.kind is not TableKind.TIERED:
+    return unique_rows
+  if plan_token is None:
+    raise ValueError(f"table '{table.table_name}' is tiered: a training lookup needs the "
+                     "batch's plan token, which get_asc_insert_func puts in the batch")
+  with tf.control_dependencies([table.tiers.apply_plan(table.variable, plan_token)]):
+    # The rows (hence the gradient's indices, hence the optimizer's reads of
+    # its slots) depend on the moves: in a tf.compat.v1 graph nothing else
+    # orders them.
+    return tf.identity(unique_rows)
+
+
+def gather_per_id(rows, unique_rows: tf.Tensor, restore, *, training: bool = True,
+                  default_value=None, admitting: bool = False):
+  """Every id's row read from `rows`: `gather(rows, gather(unique_rows, restore))`.
+
+  The same values as `per_id(gather_rows(rows, unique_rows), restore)`, in
+  one gather of the rows instead of two, and a backward pass with no segment
+  sum: the gradient is the ids' gradients on their rows.
+
+  Args:
+    rows: [capacity, dim] variable (or tensor) of rows.
+    unique_rows: [num_unique] int64, as for `gather_rows`.
+    restore: [*ids_shape] int32 positions into unique_rows, or a
+      tf.RaggedTensor of them.
+    training, default_value, admitting: As for `gather_rows`.
+
+  Returns:
+    [*ids_shape, dim] of rows' dtype (ragged [..., (num_ids), dim] for ragged
+    restore). The gradient with respect to `rows` is IndexedSlices on the
+    ids' rows, repeated as the ids are (the rows >= 0 when admitting).
+
+  Raises:
+    ValueError: default_value neither a scalar nor of shape [dim].
+  """
+  positions = restore.flat_values if isinstance(restore, tf.RaggedTensor) else restore
+  emb = gather_rows(rows, tf.gather(unique_rows, tf.reshape(positions, [-1])), training=training,
+                    default_value=default_value, admitting=admitting)
+  if positions.shape.rank != 1:  # gather_rows reads a vector of rows.
+    emb = tf.reshape(emb, tf.concat([tf.shape(positions), tf.shape(emb)[-1:]], 0))
+    emb.set_shape(positions.shape.concatenate(emb.shape[-1:]))
+  return restore.with_flat_values(emb) if isinstance(restore, tf.RaggedTensor) else emb
 
 
 def gather_rows(rows, unique_rows: tf.Tensor, *, training: bool = True, default_value=None,
@@ -100,12 +188,14 @@ def gather_rows(rows, unique_rows: tf.Tensor, *, training: bool = True, default_
   """`gather(rows, unique_rows)`, with rows of -1 reading the default value.
 
   The read of a flat table, of a tiered table's device rows once the batch's
-  plan is applied, and of a bare rows variable (e.g. an exported snapshot).
+  plan is applied, and of a bare rows variable (e.g. an exported snapshot);
+  `gather_per_id` reads through it.
 
   Args:
     rows: [capacity, dim] variable (or tensor) of rows.
-    unique_rows: [num_unique] int64; -1 marks an id without a row when not
-      training (or when admitting).
+    unique_rows: [num_unique] int64 (or every id's row, repeated, from
+      `gather_per_id`); -1 marks an id without a row when not training (or
+      when admitting).
     training: With False, rows of -1 read `default_value`.
     default_value: Scalar or [dim] value for rows of -1 (zeros when None).
     admitting: Training with admission: rows of -1 (ids not admitted yet)

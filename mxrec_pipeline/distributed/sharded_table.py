@@ -270,9 +270,8 @@ class ShardedTable(tf.Module):
     def lookup_owned(owned_keys, weights=None):
       rows, restore_owned = admission.insert(container, self.table_name, owned_keys, training,
                                              counts=weights, timestamp=batch_time)
-      unique_emb = lookup.gather_rows(self.shard.variable, rows, training=training,
-                                      default_value=default_value, admitting=admitting)
-      return lookup.per_id(unique_emb, restore_owned)
+      return lookup.gather_per_id(self.shard.variable, rows, restore_owned, training=training,
+                                  default_value=default_value, admitting=admitting)
 
     weights = tf.cast(occurrences, tf.int64) if admitting else None
     if self.routing == "all_to_all":

@@ -378,12 +378,11 @@ class Embedding(tf.Module):
     replica = self._replica_id("dequeue")
     step = self._current_step("dequeue")
     with tf.name_scope(name or "dequeue"):
-      unique = {
-          table: core_lookup.unique_embeddings(self._tables[table], rows, training=step.training)
-          for table, rows in step.rows[replica].items()
-      }
+      rows = step.rows[replica]
       outputs = [
-          plan.activation(core_lookup.per_id(unique[table], restore))
+          plan.activation(
+              core_lookup.id_embeddings(self._tables[table], rows[table], restore,
+                                        training=step.training))
           for table, (restore, plan) in zip(self._table_of_feature, step.features[replica])
       ]
     return tf.nest.pack_sequence_as(self._feature_config, outputs)
@@ -472,12 +471,10 @@ class Embedding(tf.Module):
         for i, (value, w) in enumerate(zip(tf.nest.flatten(features), flat_weights))
     ]]
     rows, restores = self._insert(plans, training)
-    unique = {
-        table: core_lookup.unique_embeddings(self._tables[table], table_rows, training=training)
-        for table, table_rows in rows[0].items()
-    }
     outputs = [
-        plan.activation(core_lookup.per_id(unique[table], restore))
+        plan.activation(
+            core_lookup.id_embeddings(self._tables[table], rows[0][table], restore,
+                                      training=training))
         for table, restore, plan in zip(self._table_of_feature, restores[0], plans[0])
     ]
     return tf.nest.pack_sequence_as(self._feature_config, outputs)
@@ -669,8 +666,10 @@ def _row_gradients(rows: tf.Tensor, grads, dim: int) -> tf.IndexedSlices:
 
   Each feature's activation is linear in its ids' embeddings, so the
   gradient of those embeddings is the activation gradient taken back through
-  the FeaturePlan (a tape over zeros gives that transpose); ids' gradients are
-  then summed per distinct row.
+  the FeaturePlan (a tape over zeros gives that transpose). Each id's
+  gradient then goes to its row as it is, rows repeating as ids do: the hash
+  optimizer sums repeated rows (core/lookup.py's module docstring), as it does
+  for the gradient of a lookup.
 
   Args:
     rows: [u] int64, the replica's distinct rows of the table.
@@ -678,7 +677,7 @@ def _row_gradients(rows: tf.Tensor, grads, dim: int) -> tf.IndexedSlices:
     dim: Embedding dimension.
 
   Returns:
-    IndexedSlices of [u, dim] float32 on `rows`.
+    IndexedSlices of [sum of n, dim] float32 on the ids' rows (repeated).
   """
   with tf.GradientTape() as tape:
     per_id = [tf.zeros([tf.size(restore), dim]) for _, restore, _ in grads]
@@ -687,10 +686,10 @@ def _row_gradients(rows: tf.Tensor, grads, dim: int) -> tf.IndexedSlices:
     activations = [plan.activation(p) for p, (_, _, plan) in zip(per_id, grads)]
   id_grads = tape.gradient(activations, per_id, output_gradients=[g for g, _, _ in grads])
   restores = [restore for _, restore, _ in grads]
-  values = tf.math.unsorted_segment_sum(
+  return tf.IndexedSlices(
       tf.concat(id_grads, 0) if len(grads) > 1 else id_grads[0],
-      tf.concat(restores, 0) if len(grads) > 1 else restores[0], tf.size(rows))
-  return tf.IndexedSlices(values, rows)
+      tf.gather(rows,
+                tf.concat(restores, 0) if len(grads) > 1 else restores[0]))
 
 
 def _to_tensor(value):

@@ -209,16 +209,16 @@ class SparseLookup(tf.keras.layers.Layer):
     restore, unique_rows, *plan = inputs
     training = bool(training) if training is not None else False
     if self.serving_rows is not None:
-      unique_emb = lookup.gather_rows(self.serving_rows, unique_rows, training=False)
+      emb = lookup.gather_per_id(self.serving_rows, unique_rows, restore, training=False)
     else:
       # Tables with admission (FeatureSpec access_threshold) hold -1 rows in
       # training batches for ids not admitted yet; they read zeros.
       config = admission.config_of(self.table_spec.name)
-      unique_emb = lookup.unique_embeddings(
-          initialize.get_config_initializer().tables[self.table_spec.name], unique_rows,
-          training=training, plan_token=plan[0] if plan else None, admitting=training and
-          config is not None and config.admits)
-    return combine(lookup.per_id(unique_emb, restore), self.feature.combiner)
+      emb = lookup.id_embeddings(initialize.get_config_initializer().tables[self.table_spec.name],
+                                 unique_rows, restore, training=training,
+                                 plan_token=plan[0] if plan else None, admitting=training and
+                                 config is not None and config.admits)
+    return combine(emb, self.feature.combiner)
 
   def get_config(self):
     config = super().get_config()
