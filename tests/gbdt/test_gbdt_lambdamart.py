@@ -137,7 +137,8 @@ def test_movielens_layout_ids_are_categorical_multi_valued_skipped():
                ("zip", "categorical", True), ("item_id", "categorical", False),
                ("year", "numeric", False), ("item_mean_rating", "numeric", False),
                ("item_rating_count", "numeric", False),
-               ("neighbor_rating_deviation", "numeric", False)]
+               ("neighbor_rating_deviation", "numeric", False), ("mf_rating", "numeric", False),
+               ("item_knn_deviation", "numeric", False)]
   assert layout.skipped == ("history_item_ids", "history_genres", "genres", "title_tokens")
   assert layout.categorical_indices == [0, 2, 3, 4, 5]
 
