@@ -460,15 +460,15 @@ class ModelFitPipeline(AbstractPipeline):
         shard file or its data file), naming the table and the file.
       ValueError: shards of jobs of different sizes in one table's
         directory; a model builder that is not a ModelBuilder (sharded runs
-        only); table rows of another dim; a dense variable of another shape
-        than the checkpoint's (TF's restore; dense variables the checkpoint
-        lacks are not detected, as in the single-process export).
+        only); table rows of another dim; a variable of another shape than
+        the checkpoint's (TF's restore) or one the checkpoint lacks (e.g. a
+        config with more hidden layers than the run's), named.
     """
     number = int(checkpoint.rsplit("-", 1)[1])
     shards_dir = sharded.shards_path(os.path.dirname(checkpoint), number)
     if not os.path.isdir(shards_dir):
       model = self.build_compiled_model()
-      callbacks_lib.training_checkpoint(model).restore(checkpoint).expect_partial()
+      _restore_every_variable(callbacks_lib.training_checkpoint(model), checkpoint)
       return model
     if not isinstance(self._model_builder, model_lib.ModelBuilder):
       raise ValueError(f"{checkpoint} is a sharded run's checkpoint ({shards_dir}): its tables "
@@ -482,7 +482,7 @@ class ModelFitPipeline(AbstractPipeline):
     ]
     strategy = tf.distribute.get_strategy()  # One replica: one shard holding every key.
     model = self._build_sharded_model(strategy, specs, build_slots=False)
-    callbacks_lib.training_checkpoint(model, sharded=True).restore(checkpoint).expect_partial()
+    _restore_every_variable(callbacks_lib.training_checkpoint(model, sharded=True), checkpoint)
     for table in self._sharded_tables.values():
       checkpoint_lib.restore_shard(shards_dir, table)
     self._strategy_in_use = strategy
@@ -798,6 +798,25 @@ class ModelFitPipeline(AbstractPipeline):
     # Another AbstractDatasetBuilder: its data, bounded to the epoch.
     dataset = builder.build_train_dataset(num_epochs=1 if num_steps is None else None)
     return dataset if num_steps is None else dataset.take(num_steps)
+
+
+def _restore_every_variable(checkpoint: tf.train.Checkpoint, path: str) -> None:
+  """Restores `checkpoint` from `path`; every variable built so far must get a value.
+
+  Values the checkpoint holds that nothing built here uses (e.g. the dense
+  optimizer's slots, created only by a first training step) are fine.
+
+  Raises:
+    ValueError: a variable has no value in `path` (TF names the unbound
+      objects), e.g. an export with a config of more hidden layers than the
+      run's: it would otherwise serve its random initial weights.
+  """
+  status = checkpoint.restore(path).expect_partial()
+  try:
+    status.assert_existing_objects_matched()
+  except AssertionError as e:
+    raise ValueError(f"{path}: the model built from this config has variables the checkpoint "
+                     f"lacks (is it the config the run trained with?): {e}") from None
 
 
 def _ranking_results(results: dict) -> dict[str, float]:

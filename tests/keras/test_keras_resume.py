@@ -17,6 +17,7 @@ import tensorflow as tf
 import keras_testlib as lib
 from mxrec_pipeline import jobs
 from mxrec_pipeline.data import elwc
+from mxrec_pipeline.keras import model as model_lib
 from mxrec_pipeline.keras import pipeline as pipeline_lib
 from mxrec_pipeline.util import initialize
 
@@ -252,6 +253,27 @@ def test_checkpoint_of_another_model_is_refused_naming_it(task, uninterrupted, t
       hparams)
   with pytest.raises(ValueError, match=r"checkpoint .*ckpt-3 does not match this model"):
     pipe.train_and_validate()
+
+
+def test_export_of_a_checkpoint_lacking_a_variable_is_refused(task, uninterrupted):
+  """A config with an extra layer would serve that layer's random initial weights."""
+  builder = model_lib.ModelBuilder(
+      input_creator=model_lib.FeatureSpecInputCreator(lib.CONTEXT_SPEC, lib.EXAMPLE_SPEC),
+      preprocessor={}, mask_feature_name=lib.MASK, sparse_features=lib.SPARSE_FEATURES,
+      tables=lib.TABLES, seed=1,
+      scorer=model_lib.DNNScorer(hidden_layer_dims=[8], output_units=1, input_batch_norm=True))
+  hparams = pipeline_lib.PipelineHparams(model_dir=str(uninterrupted["dir"]), num_epochs=3, seed=7)
+  pipe = pipeline_lib.SimplePipeline(
+      builder, lib.dataset_builder(str(task / "train.tfrecord"), str(task / "valid.tfrecord")),
+      hparams)
+  latest = tf.train.latest_checkpoint(str(uninterrupted["dir"] / "checkpoints"))
+  initialize.init()
+  try:
+    with pytest.raises(ValueError, match=r"ckpt-3: the model built from this config has "
+                       r"variables the checkpoint lacks .*batch_normalization"):
+      pipe.restore_for_export(latest)
+  finally:
+    initialize.terminate_config_initializer()
 
 
 def test_cli_resumes_refuses_and_starts_fresh(tmp_path):
