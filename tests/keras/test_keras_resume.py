@@ -260,8 +260,8 @@ def test_export_of_a_checkpoint_lacking_a_variable_is_refused(task, uninterrupte
   builder = model_lib.ModelBuilder(
       input_creator=model_lib.FeatureSpecInputCreator(lib.CONTEXT_SPEC, lib.EXAMPLE_SPEC),
       preprocessor={}, mask_feature_name=lib.MASK, sparse_features=lib.SPARSE_FEATURES,
-      tables=lib.TABLES, seed=1,
-      scorer=model_lib.DNNScorer(hidden_layer_dims=[8], output_units=1, input_batch_norm=True))
+      tables=lib.TABLES, seed=1, scorer=model_lib.DNNScorer(hidden_layer_dims=[8], output_units=1,
+                                                            input_batch_norm=True))
   hparams = pipeline_lib.PipelineHparams(model_dir=str(uninterrupted["dir"]), num_epochs=3, seed=7)
   pipe = pipeline_lib.SimplePipeline(
       builder, lib.dataset_builder(str(task / "train.tfrecord"), str(task / "valid.tfrecord")),
@@ -269,8 +269,9 @@ def test_export_of_a_checkpoint_lacking_a_variable_is_refused(task, uninterrupte
   latest = tf.train.latest_checkpoint(str(uninterrupted["dir"] / "checkpoints"))
   initialize.init()
   try:
-    with pytest.raises(ValueError, match=r"ckpt-3: the model built from this config has "
-                       r"variables the checkpoint lacks .*batch_normalization"):
+    with pytest.raises(
+        ValueError, match=r"ckpt-3: the model built from this config has "
+        r"variables the checkpoint lacks .*batch_normalization"):
       pipe.restore_for_export(latest)
   finally:
     initialize.terminate_config_initializer()
