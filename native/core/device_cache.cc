@@ -191,7 +191,7 @@ bool DeviceCache::DropLostPlansLocked() {
   if (!pin_until_finish_) return false;
   const auto lost_before = std::chrono::steady_clock::now() -
                            std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                               std::chrono::duration<double>(wait_seconds_));
+                               std::chrono::duration<double>(2 * wait_seconds_));
   bool dropped = false;
   for (auto it = in_flight_.begin(); it != in_flight_.end();) {
     if (it->second < lost_before) {

@@ -49,8 +49,11 @@
 // Finish(its token), and every slot whose latest use is at or after the
 // oldest plan in flight is pinned: a slot a step reads or updates is never a
 // victim of another step's plan, whatever order the steps finish in. A plan
-// still in flight wait_seconds after it was made is taken as lost (its
-// worker died mid-step) and stops pinning once a plan needs its room.
+// still in flight 2 x wait_seconds after it was made is taken as lost (its
+// worker died mid-step) and stops pinning once a plan needs its room; a
+// plan waiting for room gives up after wait_seconds, so a step holding rows
+// for less than that (e.g. an earlier lookup of the same step) makes it fail
+// rather than lose its rows.
 //
 // Thread safety: every public method is thread-safe. Plan, Release, ImportState
 // and Clear are serialized by a plan mutex held for the whole call; the state
@@ -233,8 +236,8 @@ class DeviceCache {
     }
     return std::max(applied_seq_, finished_seq_ + 1);
   }
-  // pin_until_finish: drops the plans in flight made more than wait_seconds
-  // ago (lost steps); true when any was dropped.
+  // pin_until_finish: drops the plans in flight made more than 2 x
+  // wait_seconds ago (lost steps); true when any was dropped.
   bool DropLostPlansLocked();
   // Occupied planned slots whose last use is >= PinFloorLocked().
   int64_t PinnedLocked() const;

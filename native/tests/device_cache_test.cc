@@ -961,11 +961,16 @@ TEST(DeviceCacheTest, PinUntilFinishKeepsAnOlderStepPinnedWhenANewerOneFinishes)
   EXPECT_EQ(m.swap_out_globals, (V{0}));
 }
 
-TEST(DeviceCacheTest, PinUntilFinishDropsAPlanUnfinishedForWaitSeconds) {
+TEST(DeviceCacheTest, PinUntilFinishDropsAPlanUnfinishedForTwiceWaitSeconds) {
   DeviceCache cache(2, 100, Policy::kLfu, "ps_t", 0.05, /*pin_until_finish=*/true);
   Planned lost = PlanOk(cache, {0, 1});  // its worker dies: never finished
   ApplyOk(cache, lost.token);
-  std::this_thread::sleep_for(std::chrono::milliseconds(80));
+  // Younger than 2 x wait_seconds at the end of the wait: still pinned.
+  V slots(1, -9);
+  int64_t token = -9;
+  EXPECT_EQ(cache.Plan(V{2}.data(), 1, slots.data(), &token).code(),
+            Status::Code::kResourceExhausted);
+  std::this_thread::sleep_for(std::chrono::milliseconds(60));
   Planned next = PlanOk(cache, {2});
   EXPECT_EQ(next.slots, (V{0}));
   EXPECT_EQ(cache.stats().in_flight, 1);
