@@ -190,8 +190,7 @@ class TieredStorage(tf.Module):
   """
 
   def __init__(self, table_name: str, dim: int, config: TierConfig,
-               row_initializer: initializers.RowInitializer, container: str,
-               slot_variables=()):
+               row_initializer: initializers.RowInitializer, container: str, slot_variables=()):
     super().__init__(name=None)
     self._table_name = table_name
     self._dim = dim

@@ -291,7 +291,7 @@ def _restore_tiers(shard, tiers, saved, keep, order, rows: np.ndarray, optimizer
     optimizer.build([shard.variable])
     for slot_name in optimizer.slot_initial_values:
       block = tiers.slot_block(optimizer.get_slot(shard.table_name, slot_name))
-      whole[:, block * dim:(block + 1) * dim] = (
-          saved[f"slot/{optimizer.optimizer_name}/{slot_name}"][keep][order])
+      whole[:, block * dim:(block + 1) *
+            dim] = (saved[f"slot/{optimizer.optimizer_name}/{slot_name}"][keep][order])
     optimizer.iterations.assign(saved[f"iterations/{optimizer.optimizer_name}"])
   tiers.import_rows(shard.variable, tf.constant(rows, tf.int64), tf.constant(whole))

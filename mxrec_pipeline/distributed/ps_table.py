@@ -229,11 +229,10 @@ class PSShardedTable(tf.Module):
           self.step = tf.Variable(tf.constant(0, tf.int64), trainable=False, name=f"{name}/step")
         if tiers is not None:
           self.tiered_shards.append(
-              ps_tiers.TieredShard(
-                  name, self.dim, ps_tiers.shard_config(tiers, i), emb_initializer, CONTAINER,
-                  self.shard_variables[i],
-                  [(self.slots[i][slot], initial)
-                   for slot, initial in optimizer.slot_initial_values.items()]))
+              ps_tiers.TieredShard(name, self.dim, ps_tiers.shard_config(tiers, i), emb_initializer,
+                                   CONTAINER, self.shard_variables[i],
+                                   [(self.slots[i][slot], initial)
+                                    for slot, initial in optimizer.slot_initial_values.items()]))
 
   @property
   def key_indexes(self) -> list[key_index_lib.KeyIndex]:
@@ -303,9 +302,8 @@ class PSShardedTable(tf.Module):
         if self.tiered_shards is not None:
           values = self.tiered_shards[i].lookup(unique_rows, training, default_value, admitting)
         else:
-          values = lookup_lib.gather_rows(self.shard_variables[i], unique_rows,
-                                          training=training, default_value=default_value,
-                                          admitting=admitting)
+          values = lookup_lib.gather_rows(self.shard_variables[i], unique_rows, training=training,
+                                          default_value=default_value, admitting=admitting)
       parts.append(tf.gather(values, restore))
     stitched = tf.dynamic_stitch(position_parts, parts)
     return tf.reshape(stitched, tf.concat([tf.shape(ids), [self.dim]], 0))
@@ -335,8 +333,8 @@ class PSShardedTable(tf.Module):
                          "lookup's rows); a dense gradient would update every row")
       with tf.device(self.devices[i]):
         if grad is not None:
-          shard_updates = self.optimizer.apply_sparse(self.shard_variables[i], self.slots[i],
-                                                      grad, step)
+          shard_updates = self.optimizer.apply_sparse(self.shard_variables[i], self.slots[i], grad,
+                                                      step)
         if self.tiered_shards is not None:  # The step's rows stop being pinned.
           shard_updates = shard_updates + self.tiered_shards[i].finish(shard_updates)
       updates += shard_updates
@@ -379,7 +377,8 @@ class PSShardedTable(tf.Module):
       if self.tiered_shards is not None:  # Rows of every tier: [n, dim * (1 + slots)].
         whole = self.tiered_shards[shard].read_rows(self.shard_variables[shard], rows).numpy()
         blocks = np.split(whole, 1 + len(self.slots[shard]), axis=1)
-        return {"keys": keys.numpy(), "values": blocks[0]} | dict(zip(self.slots[shard], blocks[1:]))
+        return {"keys": keys.numpy(), "values": blocks[0]} | dict(zip(self.slots[shard],
+                                                                      blocks[1:]))
       out = {"keys": keys.numpy(), "values": tf.gather(self.shard_variables[shard], rows).numpy()}
       for slot, variable in self.slots[shard].items():
         out[slot] = tf.gather(variable, rows).numpy()

@@ -86,8 +86,8 @@ class TieredShard:
   """
 
   def __init__(self, table_name: str, dim: int, config: tiers_lib.TierConfig,
-               row_initializer: initializers.RowInitializer, container: str,
-               variable: tf.Variable, slot_variables):
+               row_initializer: initializers.RowInitializer, container: str, variable: tf.Variable,
+               slot_variables):
     self.table_name = table_name
     self.container = container
     self.variable = variable
@@ -126,8 +126,8 @@ class TieredShard:
 
     slots, token = self.critical_section.execute(plan_and_move, exclusive_resource_access=False)
     self._tokens.setdefault(_graph_key(), []).append(token)
-    return lookup_lib.gather_rows(self.variable, slots, training=True,
-                                  default_value=default_value, admitting=admitting)
+    return lookup_lib.gather_rows(self.variable, slots, training=True, default_value=default_value,
+                                  admitting=admitting)
 
   def finish(self, after) -> list:
     """Finishes the tokens of this step's training lookups once `after` ran.

@@ -38,7 +38,8 @@ def _tiers(tmp_path=None, host=20, ssd=0, wait_seconds=60.0):
 def _batches(steps: int):
   """[steps] ([4, 2] int64 ids, [4] labels): 30 keys, so 8 device rows keep swapping."""
   rng = np.random.default_rng(5)
-  return [(rng.integers(0, 30, size=[4, 2]).astype(np.int64), rng.normal(size=[4]).astype(np.float32))
+  return [(rng.integers(0, 30, size=[4,
+                                     2]).astype(np.int64), rng.normal(size=[4]).astype(np.float32))
           for _ in range(steps)]
 
 
@@ -125,7 +126,8 @@ def test_tiered_checkpoint_restores_every_tier_onto_tiered_and_flat_tables(tmp_p
 
 
 def test_tiered_table_arguments_are_checked():
-  with pytest.raises(ValueError, match="ps_bad.*device_vocabulary_size=8 must equal rows_per_shard=9"):
+  with pytest.raises(ValueError,
+                     match="ps_bad.*device_vocabulary_size=8 must equal rows_per_shard=9"):
     _table("ps_bad", _tiers(), rows=9)
   with pytest.raises(ValueError, match="ps_bad.*float32"):
     ps_table.PSShardedTable(None, name="ps_bad", dim=DIM, rows_per_shard=DEVICE_ROWS,
