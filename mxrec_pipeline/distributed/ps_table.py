@@ -377,8 +377,8 @@ class PSShardedTable(tf.Module):
       if self.tiered_shards is not None:  # Rows of every tier: [n, dim * (1 + slots)].
         whole = self.tiered_shards[shard].read_rows(self.shard_variables[shard], rows).numpy()
         blocks = np.split(whole, 1 + len(self.slots[shard]), axis=1)
-        return {"keys": keys.numpy(), "values": blocks[0]} | dict(zip(self.slots[shard],
-                                                                      blocks[1:]))
+        slots = dict(zip(self.slots[shard], blocks[1:]))
+        return {"keys": keys.numpy(), "values": blocks[0]} | slots
       out = {"keys": keys.numpy(), "values": tf.gather(self.shard_variables[shard], rows).numpy()}
       for slot, variable in self.slots[shard].items():
         out[slot] = tf.gather(variable, rows).numpy()

@@ -38,9 +38,9 @@ def _tiers(tmp_path=None, host=20, ssd=0, wait_seconds=60.0):
 def _batches(steps: int):
   """[steps] ([4, 2] int64 ids, [4] labels): 30 keys, so 8 device rows keep swapping."""
   rng = np.random.default_rng(5)
-  return [(rng.integers(0, 30, size=[4,
-                                     2]).astype(np.int64), rng.normal(size=[4]).astype(np.float32))
-          for _ in range(steps)]
+  ids = rng.integers(0, 30, size=[steps, 4, 2]).astype(np.int64)
+  labels = rng.normal(size=[steps, 4]).astype(np.float32)
+  return list(zip(ids, labels))
 
 
 def _train(table, batches):
