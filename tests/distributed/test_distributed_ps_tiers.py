@@ -5,18 +5,26 @@ exactly as an all-on-device shard with the same RowInitializer: every key's
 row and lazy Adam slots to 1e-5 after steps that swap rows out and in. Steps
 whose optimizer update has not run keep their rows pinned; the planner's
 concurrency (several workers' steps in flight) is tested natively
-(native/tests/device_cache_test.cc, PinUntilFinish*).
+(native/tests/device_cache_test.cc, PinUntilFinish*). On real local
+clusters (ps_coordinator.py --tiers, 2 ps with 14 device rows each for 17 and
+25 keys): 1 worker equals one all-on-device process; 2 asynchronous workers
+keep every key on its owner and the loss falls.
 """
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
+import distributed_testlib as lib
+import ps_coordinator
+import ps_testlib
+
 from mxrec_pipeline.core import initializers
 from mxrec_pipeline.core import tiers as tiers_lib
 from mxrec_pipeline.distributed import checkpoint
 from mxrec_pipeline.distributed import ps_checkpoint
 from mxrec_pipeline.distributed import ps_table
+from mxrec_pipeline.distributed import sharding
 from mxrec_pipeline.optimizers import lazy_adam
 
 DIM = 3
@@ -133,3 +141,68 @@ def test_tiered_table_arguments_are_checked():
     ps_table.PSShardedTable(None, name="ps_bad", dim=DIM, rows_per_shard=DEVICE_ROWS,
                             optimizer=lazy_adam.create_hash_optimizer(), emb_initializer=INIT,
                             value_dtype=tf.float64, tiers=_tiers())
+
+
+def test_eviction_drops_keys_from_every_tier_and_they_restart_from_initial_rows():
+  table = ps_table.PSShardedTable(None, name="ps_evict", dim=DIM, rows_per_shard=DEVICE_ROWS,
+                                  optimizer=lazy_adam.create_hash_optimizer(0.05),
+                                  emb_initializer=INIT, eviction_threshold_s=10,
+                                  tiers=_tiers(host=20))
+
+  def step(ids, timestamp):
+    with tf.GradientTape() as tape:
+      loss = tf.reduce_sum(table.lookup(tf.constant(ids, tf.int64), timestamp=timestamp))
+    table.apply_gradients(tape.gradient(loss, table.shard_variables))
+
+  step(list(range(8)), 0)  # keys 0-7 fill the device cache (global rows 0-7)
+  step(list(range(8, 16)), 100)  # keys 8-15 swap them out to the host tier
+  freed = table.evict()[0].numpy()
+  np.testing.assert_array_equal(freed, np.arange(8))  # idle since t=0: evicted from the host
+  assert sorted(table.export_shard(0)["keys"]) == list(range(8, 16))
+  # Key 20 gets the freed global row 0: its initial row, not key 0's trained one.
+  np.testing.assert_allclose(table.lookup(tf.constant([20], tf.int64), timestamp=100),
+                             INIT.rows(tf.constant([0], tf.int64), DIM), atol=1e-7)
+  table.apply_gradients([None])
+
+
+CLUSTER_TIERS = ["--tiers", "14,32"]  # Per shard: 14 device rows, 32 host rows.
+
+
+def _rows_by_key(out, part: str) -> dict:
+  got = {}
+  for i in range(int(out["num_shards"])):
+    keys = out[f"shard{i}_keys"]
+    assert (sharding.owner_numpy(keys, int(out["num_shards"])) == i).all()  # on its owner
+    got.update(zip(keys.tolist(), out[f"shard{i}_{part}"]))
+  return got
+
+
+@pytest.mark.cluster
+@pytest.mark.slow
+def test_one_worker_two_tiered_ps_equal_one_all_on_device_process(tmp_path):
+  steps = 2 * ps_coordinator.CYCLE
+  ps_coordinator.main(str(tmp_path / "local.npz"), steps, local=True)
+  want = dict(np.load(tmp_path / "local.npz"))
+  got = ps_testlib.train(num_workers=1, num_ps=2, steps=steps, tmp=tmp_path / "cluster",
+                         extra=CLUSTER_TIERS)
+  assert int(got["num_shards"]) == 2
+  np.testing.assert_allclose(got["losses"], want["losses"], rtol=1e-5)
+  for part in ("values", "m", "v"):
+    got_rows, want_rows = _rows_by_key(got, part), _rows_by_key(want, part)
+    assert sorted(got_rows) == sorted(want_rows)
+    for key, row in want_rows.items():
+      np.testing.assert_allclose(got_rows[key], row, atol=1e-5, err_msg=f"{part} of {key}")
+  # 17 and 25 keys on shards of 14 device rows: the host tiers hold the rest.
+  assert max(got[f"shard{i}_keys"].size for i in range(2)) > 14
+
+
+@pytest.mark.cluster
+@pytest.mark.slow
+def test_two_workers_two_tiered_ps_async_keys_on_owners_loss_falls(tmp_path):
+  steps = 4 * ps_coordinator.CYCLE
+  out = ps_testlib.train(num_workers=2, num_ps=2, steps=steps, tmp=tmp_path, extra=CLUSTER_TIERS)
+  want_keys = set(np.concatenate([lib.batch(s)[0].ravel() for s in range(ps_coordinator.CYCLE)]))
+  assert set(_rows_by_key(out, "values")) == want_keys
+  assert int(out["step"]) == steps
+  losses = out["losses"].reshape(-1, ps_coordinator.CYCLE).mean(axis=1)
+  assert losses[-1] < 0.7 * losses[0], losses
