@@ -15,9 +15,10 @@ a checkpoint (at its step), --save and --export write the table after
 training. --access_threshold and --eviction_threshold_s give the table
 admission and eviction: step s has time distributed_testlib.step_time(s) and
 every step evicts after its update. --tiers makes the table tiered
-(distributed/ps_tiers.py): DEVICE cache rows and HOST host rows per shard. OUT.npz gets per shard its keys, values,
-m and v and its key index's state (state_<name>, key_index.STATE_NAMES), the
-loss of every step (in step order) and steps/s of the training loop.
+(distributed/ps_tiers.py): DEVICE cache rows and HOST host rows per shard.
+OUT.npz gets per shard its keys, values, m and v and its key index's state
+(state_<name>, key_index.STATE_NAMES), the loss of every step (in step order)
+and steps/s of the training loop.
 """
 
 import argparse
