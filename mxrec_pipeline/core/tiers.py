@@ -66,6 +66,11 @@ class TierConfig:
     ssd_data_path: Directories of the SSD files, used in order as each fills.
     cache_policy: "lru" or "lfu": which device rows make room.
     wait_seconds: See DEFAULT_WAIT_SECONDS.
+    pin_until_finish: The planner's concurrent-steps mode (a table shard on a
+      parameter server, distributed/ps_table.py): each step's plan pins its
+      device rows until that step's `finish`, whatever order steps end in;
+      a step unfinished 2 x wait_seconds after its plan counts as lost. False:
+      one training loop, plans made ahead by the key process.
   """
 
   device_vocabulary_size: int
@@ -74,6 +79,7 @@ class TierConfig:
   ssd_data_path: tuple[str, ...] = ()
   cache_policy: str = "lru"
   wait_seconds: float = DEFAULT_WAIT_SECONDS
+  pin_until_finish: bool = False
 
   @property
   def total_rows(self) -> int:
@@ -178,10 +184,13 @@ class TieredStorage(tf.Module):
     config: The TierConfig.
     row_initializer: Initial rows by global row.
     container: The run's resource container.
+    slot_variables: (slot variable, initial value) pairs of optimizer slots
+      created by the caller (a parameter-server shard's, in that order in the
+      stored rows); optimizers attached later add theirs after them.
   """
 
   def __init__(self, table_name: str, dim: int, config: TierConfig,
-               row_initializer: initializers.RowInitializer, container: str):
+               row_initializer: initializers.RowInitializer, container: str, slot_variables=()):
     super().__init__(name=None)
     self._table_name = table_name
     self._dim = dim
@@ -189,7 +198,8 @@ class TieredStorage(tf.Module):
     self.row_initializer = row_initializer
     self._container = container
     self._optimizers = []
-    self._slot_variables = []  # (variable, initial value) in attach order
+    # (variable, initial value) in attach order
+    self._slot_variables = [(v, float(initial)) for v, initial in slot_variables]
     self._applied_ops = {}  # token tensor ref -> the step's moves (one apply per batch)
     self._last_token = None  # of the latest apply_plan: what `finish` reports done
     self._frozen = False
@@ -207,7 +217,8 @@ class TieredStorage(tf.Module):
   def _cache_attrs(self) -> dict:
     return dict(device_rows=self.config.device_vocabulary_size, total_rows=self.config.total_rows,
                 policy=self.config.cache_policy, table_name=self._table_name,
-                wait_seconds=self.config.wait_seconds)
+                wait_seconds=self.config.wait_seconds,
+                pin_until_finish=self.config.pin_until_finish)
 
   def _store_attrs(self) -> dict:
     return dict(width=self.width, host_rows=self.config.host_vocabulary_size,
@@ -317,6 +328,28 @@ class TieredStorage(tf.Module):
     if key is not None and key in self._applied_ops:
       return self._applied_ops[key]
     self._frozen = True
+    applied = self.apply_moves(variable, token)
+    if key is not None:
+      self._applied_ops[key] = applied
+    return applied
+
+  def apply_moves(self, variable: tf.Variable, token: tf.Tensor) -> tf.Operation:
+    """The data movement of plan `token` (and of the pending plans before it), every time.
+
+    Reads the swap-out rows (embedding and slots) and the device-to-device
+    sources, swaps with the host/SSD store, writes the swap-in rows. No
+    caching per token and no replica merge: `apply_plan` is the entry of
+    the single-process pipeline; a parameter-server shard calls this inside
+    its critical section, right after the plan (distributed/ps_table.py).
+
+    Args:
+      variable: The table's (or shard's) device rows; a mirrored variable
+        writes every replica's copy.
+      token: [1] or scalar int64 from `plan`.
+
+    Returns:
+      The op of the moves (eagerly: after they are done).
+    """
     variables = self._row_variables(variable)
     dim = self._dim
     with tf.name_scope(f"{self._table_name}_apply_plan"):
@@ -344,10 +377,7 @@ class TieredStorage(tf.Module):
           copy.scatter_update(tf.IndexedSlices(in_rows[:, i * dim:(i + 1) * dim], in_slots))
           for i, copies in enumerate(variables) for copy in copies
       ]
-      applied = tf.group(updates)
-    if key is not None:
-      self._applied_ops[key] = applied
-    return applied
+      return tf.group(updates)
 
   def finish(self, after) -> tf.Operation | None:
     """Tells the cache the step of the latest applied plan is done (after `after`).
@@ -361,8 +391,25 @@ class TieredStorage(tf.Module):
     if token is None or (tf.is_symbolic_tensor(token) and
                          token.graph is not tf.compat.v1.get_default_graph()):
       return None
-    with tf.control_dependencies(after), tf.device(HOST_DEVICE):
-      return ops.load().mx_device_cache_finish(self.cache_handle, token)
+    with tf.control_dependencies(after):
+      return self.finish_token(token)
+
+  def finish_token(self, token: tf.Tensor) -> tf.Operation:
+    """Tells the cache the step of plan `token` is done (its optimizer update ran)."""
+    with tf.device(HOST_DEVICE):
+      return ops.load().mx_device_cache_finish(self.cache_handle, tf.reshape(token, []))
+
+  def slot_block(self, slot_variable) -> int:
+    """Block of `slot_variable` in `read_rows`' layout: 1 + its attach position.
+
+    Raises:
+      ValueError: not a slot variable of this table (naming the table).
+    """
+    for i, (variable, _) in enumerate(self._slot_variables):
+      if variable is slot_variable:
+        return i + 1
+    raise ValueError(f"table '{self._table_name}': {slot_variable.name} is not a slot variable "
+                     "moving with its tiered rows")
 
   def _locate(self, global_rows: tf.Tensor):
     """(device slot or -1/-2 per Locate, stored row [n, width], found [n]) of global rows."""

@@ -22,6 +22,14 @@ shard 0, the latest timestamp into every shard. A single-process table
 (create_table) saves and restores with the same functions as shard 0 of 1.
 Dense variables are checkpointed by the user's tf.train.Checkpoint as under
 any strategy.
+
+Tiered tables (core/tiers.py: a single-process table with host/SSD tiers, or
+a tiered parameter-server shard, distributed/ps_tiers.py) save the rows and
+slots of every tier in the same format (read wherever they live), so the
+bundles do not say which tiers held them: they restore onto tiered or flat
+tables, onto any shard count. Restoring into a tiered table gives its keys
+global rows 0..m-1: the first device_vocabulary_size on the device, the rest
+in the host/SSD store.
 """
 
 from __future__ import annotations
@@ -75,9 +83,18 @@ def save_shard(directory: str, table, optimizers=()) -> str:
   state = shard.key_index.export_state()
   order = tf.argsort(state["keys"])
   keys, rows = tf.gather(state["keys"], order), tf.gather(state["rows"], order)
+  tiers = shard.tiers if shard.is_tiered else None
+  # A tiered table's rows are global rows: read each tier's, [n, dim * (1 + slots)].
+  whole = None if tiers is None else tiers.read_rows(shard.variable, rows)
+
+  def gather(variable, block: int):
+    if whole is None:
+      return tf.gather(variable, rows)
+    return whole[:, block * shard.dim:(block + 1) * shard.dim]
+
   tensors = {
       "keys": keys,
-      "values": tf.gather(shard.variable, rows),
+      "values": gather(shard.variable, 0),
       "last_seen": tf.gather(state["last_seen"], order),
       "counters": state["counters"],
   }
@@ -86,7 +103,8 @@ def save_shard(directory: str, table, optimizers=()) -> str:
     optimizer.build([shard.variable])
     for slot_name in optimizer.slot_initial_values:
       slot = optimizer.get_slot(shard.table_name, slot_name)
-      tensors[f"slot/{optimizer.optimizer_name}/{slot_name}"] = tf.gather(slot, rows)
+      tensors[f"slot/{optimizer.optimizer_name}/{slot_name}"] = gather(
+          slot, 0 if tiers is None else tiers.slot_block(slot))
     tensors[f"iterations/{optimizer.optimizer_name}"] = tf.convert_to_tensor(optimizer.iterations)
   prefix = shard_prefix(directory, shard.table_name, shard_id, num_shards)
   os.makedirs(os.path.dirname(prefix), exist_ok=True)
@@ -221,9 +239,11 @@ def restore_shard(directory: str, table, optimizers=()) -> int:
   keep = sharding.owner_numpy(saved["keys"], num_shards) == shard_id
   order = np.argsort(saved["keys"][keep], kind="stable")
   keys = saved["keys"][keep][order]
-  if keys.size > shard.device_vocabulary_size:
+  tiers = shard.tiers if shard.is_tiered else None
+  capacity = shard.device_vocabulary_size if tiers is None else tiers.config.total_rows
+  if keys.size > capacity:
     raise ValueError(f"table '{name}': shard {shard_id} of {num_shards} gets {keys.size} keys of "
-                     f"the checkpoint, more than its {shard.device_vocabulary_size} rows")
+                     f"the checkpoint, more than its {capacity} rows")
   if saved["values"].shape[1:] != (shard.dim,):
     raise ValueError(f"table '{name}': the checkpoint's rows have dim "
                      f"{saved['values'].shape[1]}, the table {shard.dim}")
@@ -241,6 +261,9 @@ def restore_shard(directory: str, table, optimizers=()) -> int:
   state.update({n: saved[n][pending] for n in _PENDING})
   shard.key_index.import_state(
       {n: tf.constant(state[n], tf.int64) for n in key_index_lib.STATE_NAMES})
+  if tiers is not None:
+    _restore_tiers(shard, tiers, saved, keep, order, rows, optimizers)
+    return int(keys.size)
   indices = tf.constant(rows[:, None])
   shard.variable.assign(
       tf.tensor_scatter_nd_update(shard.initial_rows(), indices, saved["values"][keep][order]))
@@ -254,3 +277,21 @@ def restore_shard(directory: str, table, optimizers=()) -> int:
                                       indices, values))
     optimizer.iterations.assign(saved[f"iterations/{optimizer.optimizer_name}"])
   return int(keys.size)
+
+
+def _restore_tiers(shard, tiers, saved, keep, order, rows: np.ndarray, optimizers) -> None:
+  """restore_shard of a tiered table: every tier's rows and slots of global rows `rows`.
+
+  Slots of optimizers not given keep their initial values.
+  """
+  dim = shard.dim
+  whole = tiers.fresh_rows(tf.constant(rows, tf.int64)).numpy()
+  whole[:, :dim] = saved["values"][keep][order]
+  for optimizer in optimizers:
+    optimizer.build([shard.variable])
+    for slot_name in optimizer.slot_initial_values:
+      block = tiers.slot_block(optimizer.get_slot(shard.table_name, slot_name))
+      whole[:, block * dim:(block + 1) *
+            dim] = (saved[f"slot/{optimizer.optimizer_name}/{slot_name}"][keep][order])
+    optimizer.iterations.assign(saved[f"iterations/{optimizer.optimizer_name}"])
+  tiers.import_rows(shard.variable, tf.constant(rows, tf.int64), tf.constant(whole))

@@ -22,7 +22,8 @@ What differs from one process, and why:
   * Admission and eviction are the table's (ps_table's access_threshold,
     eviction_threshold_s at create_table), not sparse_lookup's
     access_and_evict_config, which a scheduled step cannot register.
-  * No tiers (host/SSD vocabularies) and no dynamic expansion, as PS tables.
+  * No tiers (host/SSD vocabularies: PSShardedTable(tiers=) has them) and no dynamic
+    expansion.
 
 Example (the chief is the coordinator; docs/distributed.md "Parameter servers"):
   >>> init()
@@ -103,9 +104,10 @@ def create_table(strategy: tf.distribute.Strategy | None, key_dtype: tf.DType,
   if name in run.tables or name in run.ps_tables:
     raise ValueError(f"{where}: a table named '{name}' already exists in this run")
   if host_vocabulary_size or ssd_vocabulary_size:
-    raise ValueError(f"{where}: host_vocabulary_size and ssd_vocabulary_size must be 0: tiered "
-                     "tables are not sharded over ps tasks (docs/scaling.md, \"What PS tables "
-                     "support\"); raise device_vocabulary_size or add ps tasks")
+    raise ValueError(f"{where}: host_vocabulary_size and ssd_vocabulary_size must be 0: the "
+                     "mx_rec-style PS API has no tiers; a tiered table on ps tasks is a "
+                     "PSShardedTable(..., tiers=TierConfig(...)) or a Keras pipeline TableSpec "
+                     "(docs/tiers.md, \"On parameter servers\"); or raise device_vocabulary_size")
   if run.config.use_dynamic_expansion:
     raise ValueError(f"{where}: init(use_dynamic_expansion=True) tables are not sharded over ps "
                      "tasks; size the shards with device_vocabulary_size")

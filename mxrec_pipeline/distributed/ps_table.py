@@ -27,6 +27,12 @@ shard's idle keys on its PS and resets their rows and slots. Every
 occurrence of a key goes to its owner in step 2 anyway, so the counts add
 nothing to the bytes of a step but the timestamp scalar.
 
+Tiered tables (`tiers=`, mxRec's DDR/SSD modes): each shard keeps the three
+tiers of core/tiers.py on its ps task, the shard variable being the device
+cache of the shard's host and SSD rows; its key index hands out global rows
+of the shard, and each step plans and moves its rows in the shard's
+critical section before reading them (distributed/ps_tiers.py).
+
 Updates from several workers are asynchronous, as ParameterServerStrategy's
 dense variables are (Hogwild-style, TF's PS training tutorial): each step reads
 the rows current when it runs. The optimizer's step count t is one int64
@@ -61,8 +67,11 @@ import numpy as np
 import tensorflow as tf
 
 from mxrec_pipeline.core import admission
+from mxrec_pipeline.core import initializers
 from mxrec_pipeline.core import key_index as key_index_lib
 from mxrec_pipeline.core import lookup as lookup_lib
+from mxrec_pipeline.core import tiers as tiers_lib
+from mxrec_pipeline.distributed import ps_tiers
 from mxrec_pipeline.distributed import sharding
 from mxrec_pipeline.optimizers.base import HashOptimizer
 
@@ -130,6 +139,12 @@ class PSShardedTable(tf.Module):
     eviction_threshold_s: Feature eviction (mxRec's eviction_threshold):
       `evict` removes keys unseen for more than this many seconds of the
       batches' timestamps (`lookup(..., timestamp=)`); None never evicts.
+    tiers: Host/SSD tiers of each shard (core/tiers.TierConfig, per-shard
+      sizes; its device_vocabulary_size must equal rows_per_shard, and
+      ssd_data_path directories get a `shard_<i>` directory per shard), or
+      None: all rows in the shard variable. Tiered rows are float32 and start
+      from the RowInitializer of `emb_initializer` (by global row of the
+      shard, core/initializers.row_initializer).
 
   Attributes:
     devices: The shards' devices, shard i first.
@@ -138,19 +153,22 @@ class PSShardedTable(tf.Module):
     slots: [num_shards] dicts slot name -> [rows_per_shard, dim] variable.
     step: int64 scalar variable on shard 0: apply_gradients calls so far.
     admit_evict: The table's admission.AdmitEvictConfig.
+    tiered_shards: [num_shards] ps_tiers.TieredShard, or None (not tiered).
 
   Raises:
     ValueError: created inside a strategy scope, bad dim/rows_per_shard/
       key_dtype/access_threshold/eviction_threshold_s, an optimizer that is
-      not a HashOptimizer, or a strategy that ps_devices refuses (all naming
-      the table).
+      not a HashOptimizer, a strategy that ps_devices refuses, tiers whose
+      device_vocabulary_size is not rows_per_shard, a non-float32 tiered
+      table or an initializer without a per-row form (all naming the table).
   """
 
   def __init__(self, strategy: tf.distribute.Strategy | None, *, name: str, dim: int,
                rows_per_shard: int, optimizer: HashOptimizer,
                emb_initializer: Callable = tf.keras.initializers.Zeros(),
                key_dtype: tf.DType = tf.int64, value_dtype: tf.DType = tf.float32,
-               access_threshold: int | None = None, eviction_threshold_s: int | None = None):
+               access_threshold: int | None = None, eviction_threshold_s: int | None = None,
+               tiers: tiers_lib.TierConfig | None = None):
     super().__init__(name=None)
     if tf.distribute.has_strategy():
       raise ValueError(f"PSShardedTable('{name}'): create it outside strategy.scope(): "
@@ -174,6 +192,16 @@ class PSShardedTable(tf.Module):
       self.admit_evict = admission.AdmitEvictConfig(access_threshold, eviction_threshold_s)
     except ValueError as e:
       raise ValueError(f"PSShardedTable('{name}'): {e}") from None
+    if tiers is not None:
+      if tiers.device_vocabulary_size != self.rows_per_shard:
+        raise ValueError(f"PSShardedTable('{name}'): tiers.device_vocabulary_size="
+                         f"{tiers.device_vocabulary_size} must equal rows_per_shard="
+                         f"{self.rows_per_shard} (the shard variable is the device cache)")
+      if tf.as_dtype(value_dtype) != tf.float32:
+        raise ValueError(f"PSShardedTable('{name}'): a tiered table's value_dtype must be "
+                         f"float32, got {tf.as_dtype(value_dtype).name}")
+      emb_initializer = initializers.row_initializer(emb_initializer, name)
+    self.tiers = tiers
     self._emb_initializer = emb_initializer
     self._value_dtype = value_dtype
     self.devices = ps_devices(strategy)
@@ -181,9 +209,11 @@ class PSShardedTable(tf.Module):
     self._key_indexes = []
     self.shard_variables = []
     self.slots = []
+    self.tiered_shards = None if tiers is None else []
+    capacity = self.rows_per_shard if tiers is None else tiers.total_rows
     for i, device in enumerate(self.devices):
       with tf.device(device):
-        index = key_index_lib.KeyIndex(CONTAINER, name, self.rows_per_shard)
+        index = key_index_lib.KeyIndex(CONTAINER, name, capacity)
       self._key_indexes.append(index)
       with tf.device(device):
         self.shard_variables.append(
@@ -197,6 +227,12 @@ class PSShardedTable(tf.Module):
         })
         if i == 0:
           self.step = tf.Variable(tf.constant(0, tf.int64), trainable=False, name=f"{name}/step")
+        if tiers is not None:
+          self.tiered_shards.append(
+              ps_tiers.TieredShard(name, self.dim, ps_tiers.shard_config(tiers, i), emb_initializer,
+                                   CONTAINER, self.shard_variables[i],
+                                   [(self.slots[i][slot], initial)
+                                    for slot, initial in optimizer.slot_initial_values.items()]))
 
   @property
   def key_indexes(self) -> list[key_index_lib.KeyIndex]:
@@ -263,8 +299,11 @@ class PSShardedTable(tf.Module):
               self.admit_evict.access_threshold or 0)
         else:
           unique_rows, restore, _ = key_index_lib.insert(handle, key_parts[i], training)
-        values = lookup_lib.gather_rows(self.shard_variables[i], unique_rows, training=training,
-                                        default_value=default_value, admitting=admitting)
+        if self.tiered_shards is not None:
+          values = self.tiered_shards[i].lookup(unique_rows, training, default_value, admitting)
+        else:
+          values = lookup_lib.gather_rows(self.shard_variables[i], unique_rows, training=training,
+                                          default_value=default_value, admitting=admitting)
       parts.append(tf.gather(values, restore))
     stitched = tf.dynamic_stitch(position_parts, parts)
     return tf.reshape(stitched, tf.concat([tf.shape(ids), [self.dim]], 0))
@@ -287,14 +326,18 @@ class PSShardedTable(tf.Module):
       step = self.step.assign_add(1)
     updates = []
     for i, grad in enumerate(grads):
-      if grad is None:
-        continue
-      if not isinstance(grad, tf.IndexedSlices):
+      shard_updates = []
+      if grad is not None and not isinstance(grad, tf.IndexedSlices):
         raise ValueError(f"PSShardedTable('{self.table_name}'): the gradient of shard {i} is "
                          f"{type(grad).__name__}, expected IndexedSlices (tape.gradient of "
                          "lookup's rows); a dense gradient would update every row")
       with tf.device(self.devices[i]):
-        updates += self.optimizer.apply_sparse(self.shard_variables[i], self.slots[i], grad, step)
+        if grad is not None:
+          shard_updates = self.optimizer.apply_sparse(self.shard_variables[i], self.slots[i], grad,
+                                                      step)
+        if self.tiered_shards is not None:  # The step's rows stop being pinned.
+          shard_updates = shard_updates + self.tiered_shards[i].finish(shard_updates)
+      updates += shard_updates
     return tf.group(updates)
 
   def evict(self) -> list[tf.Tensor]:
@@ -331,6 +374,11 @@ class PSShardedTable(tf.Module):
     """
     keys, rows = self._key_indexes[shard].export()
     with tf.device(self.devices[shard]):
+      if self.tiered_shards is not None:  # Rows of every tier: [n, dim * (1 + slots)].
+        whole = self.tiered_shards[shard].read_rows(self.shard_variables[shard], rows).numpy()
+        blocks = np.split(whole, 1 + len(self.slots[shard]), axis=1)
+        slots = dict(zip(self.slots[shard], blocks[1:]))
+        return {"keys": keys.numpy(), "values": blocks[0]} | slots
       out = {"keys": keys.numpy(), "values": tf.gather(self.shard_variables[shard], rows).numpy()}
       for slot, variable in self.slots[shard].items():
         out[slot] = tf.gather(variable, rows).numpy()
@@ -342,17 +390,19 @@ class ShardView:
 
   What distributed/checkpoint.py reads of a ShardedTable (shard_id,
   num_shards, `shard`) and core/admission.evict of a SparseEmbedding
-  (key_index, variable, initial_rows, is_tiered). Use its ops under
+  (key_index, variable, initial_rows, is_tiered, tiers). Use its ops under
   `tf.device(table.devices[shard_id])`.
   """
-
-  is_tiered = False
 
   def __init__(self, table: PSShardedTable, shard_id: int):
     self.shard = self
     self.shard_id, self.num_shards = shard_id, table.num_shards
     self.table_name, self.dim = table.table_name, table.dim
     self.device_vocabulary_size = table.rows_per_shard
+    # A tiered shard's tiers (ps_tiers.TieredShard: read_rows, import_rows,
+    # release as core/tiers.TieredStorage's), or None.
+    self.is_tiered = table.tiered_shards is not None
+    self.tiers = table.tiered_shards[shard_id] if self.is_tiered else None
     self.key_index = table.key_indexes[shard_id]
     self.variable = table.shard_variables[shard_id]
     self.initial_rows = table.initial_rows

@@ -448,7 +448,8 @@ class ModelFitPipeline(AbstractPipeline):
     model into the raw-id model those runs train (ShardedLookup layers) and
     every table's shards, whatever their number, into one ShardedTable each
     (distributed/checkpoint.restore_shard onto one shard; as many rows as
-    the checkpoint's keys, at least the spec's). `export_saved_model` then
+    the checkpoint's keys, at least the spec's; a tiered table's rows of
+    every tier all on that flat shard). `export_saved_model` then
     gathers them as the run's own export does (sharded.gathered_snapshots),
     so it writes the same SavedModel.
 
@@ -475,9 +476,11 @@ class ModelFitPipeline(AbstractPipeline):
                        "export through an mxrec_pipeline ModelBuilder; got "
                        f"{type(self._model_builder).__name__}")
     specs = [
+        # Tiered tables' shards hold every tier's rows (checkpoint.py): one flat shard here.
         dataclasses.replace(
             spec, device_vocabulary_size=max(spec.device_vocabulary_size,
-                                             checkpoint_lib.saved_key_count(shards_dir, spec.name)))
+                                             checkpoint_lib.saved_key_count(shards_dir, spec.name)),
+            host_vocabulary_size=0, ssd_vocabulary_size=0, ssd_data_path=())
         for spec in self._model_builder.tables.values()
     ]
     strategy = tf.distribute.get_strategy()  # One replica: one shard holding every key.
@@ -701,8 +704,8 @@ class ModelFitPipeline(AbstractPipeline):
 
     Raises:
       ValueError: a model builder that is not a ModelBuilder (its tables
-        unknown; the pipeline trains only those under the strategy), or a
-        tiered table.
+        unknown; the pipeline trains only those under the strategy), or bad
+        tier arguments of a table.
     """
     if not isinstance(self._model_builder, model_lib.ModelBuilder):
       raise ValueError(f"{PARAMETER_SERVER} shards the tables of an mxrec_pipeline ModelBuilder; "

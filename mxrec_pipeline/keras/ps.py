@@ -23,6 +23,7 @@ from typing import Callable, Iterable, Mapping, Sequence
 
 import tensorflow as tf
 
+from mxrec_pipeline.core import tiers as tiers_lib
 from mxrec_pipeline.distributed import ps_checkpoint
 from mxrec_pipeline.distributed.ps_table import PSShardedTable
 from mxrec_pipeline.keras import layers
@@ -36,7 +37,11 @@ def create_ps_tables(strategy: tf.distribute.Strategy, specs: Iterable[layers.Ta
   Rows per shard are the spec's device_vocabulary_size (so P ps tasks hold up
   to P times a single-process table's keys); initial rows by
   layers.table_initializer (random ones are drawn per shard; "zeros" gives
-  one process's).
+  one process's). A tiered spec (host_vocabulary_size > 0) gives every
+  shard the spec's tiers on its ps task (distributed/ps_tiers.py): a device
+  cache of device_vocabulary_size rows, host_vocabulary_size host rows,
+  ssd_vocabulary_size SSD rows in `<ssd_data_path>/shard_<i>`, each per
+  shard, the rows drawn per global row of the shard (RowInitializer).
 
   Args:
     strategy: The ParameterServerStrategy.
@@ -49,23 +54,20 @@ def create_ps_tables(strategy: tf.distribute.Strategy, specs: Iterable[layers.Ta
     Table name -> PSShardedTable.
 
   Raises:
-    ValueError: a tiered spec (host/SSD tiers are not sharded over ps tasks:
-      docs/scaling.md "What PS tables support"), naming the table; anything
-      PSShardedTable refuses.
+    ValueError: bad tier arguments (core/tiers.check_tier_args: e.g. a
+      missing SSD directory), naming the table; anything PSShardedTable
+      refuses.
   """
   tables = {}
   for spec in specs:
-    if spec.tiered:
-      raise ValueError(
-          f"table '{spec.name}': tiered tables (host_vocabulary_size > 0) cannot be sharded over "
-          "parameter servers yet (the device cache pins the rows of one training step at a time, "
-          "asynchronous workers run several at once); set host_vocabulary_size: 0 and a "
-          "device_vocabulary_size per ps task, or use MirroredStrategy on one host")
+    tier_config = tiers_lib.check_tier_args(spec.name, spec.device_vocabulary_size,
+                                            spec.host_vocabulary_size, spec.ssd_vocabulary_size,
+                                            list(spec.ssd_data_path), spec.cache_policy, tf.float32)
     tables[spec.name] = PSShardedTable(strategy, name=spec.name, dim=spec.dim,
                                        rows_per_shard=spec.device_vocabulary_size,
                                        optimizer=optimizer,
                                        emb_initializer=layers.table_initializer(spec, seed),
-                                       key_dtype=tf.as_dtype(spec.key_dtype))
+                                       key_dtype=tf.as_dtype(spec.key_dtype), tiers=tier_config)
   return tables
 
 

@@ -66,7 +66,9 @@ def create_sharded_tables(strategy: tf.distribute.Strategy, specs: Iterable[laye
   for spec in specs:
     if spec.tiered:
       raise ValueError(f"table '{spec.name}': tiered tables (host_vocabulary_size > 0) cannot be "
-                       "sharded over workers yet; use MirroredStrategy on one host")
+                       "sharded over MultiWorkerMirroredStrategy workers yet; use "
+                       "ParameterServerStrategy (tiers per ps shard) or MirroredStrategy on one "
+                       "host")
     tables[spec.name] = ShardedTable(strategy, name=spec.name, dim=spec.dim,
                                      rows_per_shard=spec.device_vocabulary_size,
                                      emb_initializer=layers.table_initializer(spec, seed),

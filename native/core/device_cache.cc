@@ -26,12 +26,13 @@ constexpr int64_t kSeqMask = (int64_t{1} << DeviceCache::kSeqBits) - 1;
 }  // namespace
 
 DeviceCache::DeviceCache(int64_t device_rows, int64_t total_rows, Policy policy, std::string name,
-                         double wait_seconds)
+                         double wait_seconds, bool pin_until_finish)
     : device_rows_(device_rows),
       total_rows_(total_rows),
       policy_(policy),
       name_(std::move(name)),
       wait_seconds_(std::min(std::max(wait_seconds, 0.0), kMaxWaitSeconds)),
+      pin_until_finish_(pin_until_finish),
       planned_global_(device_rows, -1),
       last_used_(device_rows, 0),
       frequency_(device_rows, 0),
@@ -186,6 +187,23 @@ int64_t DeviceCache::PinnedLocked() const {
   return pinned;
 }
 
+bool DeviceCache::DropLostPlansLocked() {
+  if (!pin_until_finish_) return false;
+  const auto lost_before = std::chrono::steady_clock::now() -
+                           std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                               std::chrono::duration<double>(2 * wait_seconds_));
+  bool dropped = false;
+  for (auto it = in_flight_.begin(); it != in_flight_.end();) {
+    if (it->second < lost_before) {
+      it = in_flight_.erase(it);
+      dropped = true;
+    } else {
+      ++it;
+    }
+  }
+  return dropped;
+}
+
 void DeviceCache::CountUse(int64_t seq, int64_t delta) {
   auto it = uses_.find(seq);
   if (it == uses_.end()) {
@@ -237,6 +255,7 @@ void DeviceCache::ResetLocked() {
   uses_.clear();
   pending_.clear();
   pending_drops_.clear();
+  in_flight_.clear();
 }
 
 Status DeviceCache::CoverGlobalLocked(int64_t max_global) {
@@ -344,6 +363,7 @@ Status DeviceCache::Plan(const int64_t* globals, int64_t n, int64_t* slots, int6
                           std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                               std::chrono::duration<double>(wait ? wait_seconds_ : 0.0));
     while (true) {
+      DropLostPlansLocked();
       const int64_t pinned = PinnedLocked();
       int64_t unpinned_hits = 0;
       for (int64_t i = 0; i < n; ++i) {
@@ -364,7 +384,11 @@ Status DeviceCache::Plan(const int64_t* globals, int64_t n, int64_t* slots, int6
         std::ostringstream msg;
         msg << "table '" << name_ << "': the device cache (device_vocabulary_size=" << device_rows_
             << ") has no room for the " << misses << " new ids of this batch: " << pinned;
-        if (wait) {
+        if (pin_until_finish_) {
+          msg << " rows are held by the " << in_flight_.size()
+              << " training steps in flight (planned, optimizer update not finished); raise "
+                 "device_vocabulary_size (of each shard) or run fewer workers";
+        } else if (wait) {
           msg << " rows are held by batches in flight (planned, not trained yet); raise "
                  "device_vocabulary_size or lower the prefetch depth";
         } else {
@@ -456,6 +480,7 @@ Status DeviceCache::Plan(const int64_t* globals, int64_t n, int64_t* slots, int6
   if (seq_uses->second == 0) uses_.erase(seq_uses);
 
   planned_seq_ = seq;
+  if (pin_until_finish_) in_flight_.emplace(seq, std::chrono::steady_clock::now());
   hits_ += hits;
   misses_ += misses;
   *token = (generation_ << kSeqBits) | seq;
@@ -584,6 +609,7 @@ void DeviceCache::Finish(int64_t token) {
     std::lock_guard<std::mutex> lock(mu_);
     if (token < 0 || (token >> kSeqBits) != generation_) return;
     finished_seq_ = std::max(finished_seq_, std::min(token & kSeqMask, applied_seq_));
+    in_flight_.erase(token & kSeqMask);
   }
   applied_cv_.notify_all();
 }
@@ -815,6 +841,7 @@ DeviceCache::Stats DeviceCache::stats() const {
   stats.swap_outs = swap_outs_;
   stats.swap_ins = swap_ins_;
   stats.pending_plans = planned_seq_ - applied_seq_;
+  stats.in_flight = static_cast<int64_t>(in_flight_.size());
   return stats;
 }
 

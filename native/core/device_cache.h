@@ -43,6 +43,18 @@
 // links or heap and heap position; about 72 bytes per slot), plus the LRU sort
 // buffers of the largest plan so far (up to 8 bytes per slot).
 //
+// Concurrent steps (pin_until_finish, the parameter-server mode): several
+// training steps plan, apply and finish in any order (asynchronous workers
+// reaching one ps shard). Each plan stays in flight from Plan until
+// Finish(its token), and every slot whose latest use is at or after the
+// oldest plan in flight is pinned: a slot a step reads or updates is never a
+// victim of another step's plan, whatever order the steps finish in. A plan
+// still in flight 2 x wait_seconds after it was made is taken as lost (its
+// worker died mid-step) and stops pinning once a plan needs its room; a
+// plan waiting for room gives up after wait_seconds, so a step holding rows
+// for less than that (e.g. an earlier lookup of the same step) makes it fail
+// rather than lose its rows.
+//
 // Thread safety: every public method is thread-safe. Plan, Release, ImportState
 // and Clear are serialized by a plan mutex held for the whole call; the state
 // mutex guards everything else and is released while a plan waits, so Apply
@@ -51,6 +63,7 @@
 #define MXREC_PIPELINE_NATIVE_CORE_DEVICE_CACHE_H_
 
 #include <algorithm>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -79,8 +92,10 @@ class DeviceCache {
   // error messages. `wait_seconds`: how long Plan waits for in-flight batches to
   // be trained when the cache has too few evictable slots. Allocates the arrays
   // (std::bad_alloc when the host cannot).
+  // `pin_until_finish`: the concurrent-steps mode above (false: the key
+  // process plans ahead of one training loop).
   DeviceCache(int64_t device_rows, int64_t total_rows, Policy policy, std::string name,
-              double wait_seconds);
+              double wait_seconds, bool pin_until_finish = false);
 
   DeviceCache(const DeviceCache&) = delete;
   DeviceCache& operator=(const DeviceCache&) = delete;
@@ -127,6 +142,8 @@ class DeviceCache {
   // without waiting for the next Apply. Without Finish, the batch of the latest
   // Apply stays pinned until the next one. Tokens of another generation are
   // ignored; seqs past the applied one count as the applied one.
+  // pin_until_finish: the plan `token` leaves the plans in flight (a token
+  // finished twice, or never planned, changes nothing).
   void Finish(int64_t token);
 
   // The key index freed these globals: each cached one leaves the planned
@@ -169,6 +186,7 @@ class DeviceCache {
     int64_t swap_outs = 0;  // counted by Apply
     int64_t swap_ins = 0;
     int64_t pending_plans = 0;  // planned, not applied
+    int64_t in_flight = 0;      // pin_until_finish: planned, not finished
   };
   Stats stats() const;
 
@@ -178,6 +196,7 @@ class DeviceCache {
   int64_t device_rows() const { return device_rows_; }
   int64_t total_rows() const { return total_rows_; }
   Policy policy() const { return policy_; }
+  bool pin_until_finish() const { return pin_until_finish_; }
 
  private:
   enum class EventKind : int8_t { kHit, kSwapOut, kSwapIn, kDrop };
@@ -209,8 +228,17 @@ class DeviceCache {
   void SortPlanSlots();
 
   // Plans with seq >= this one are in flight (their slots are pinned):
-  // max(applied_seq_, finished_seq_ + 1).
-  int64_t PinFloorLocked() const { return std::max(applied_seq_, finished_seq_ + 1); }
+  // max(applied_seq_, finished_seq_ + 1); pin_until_finish: the oldest plan
+  // in flight, or past every plan when none is.
+  int64_t PinFloorLocked() const {
+    if (pin_until_finish_) {
+      return in_flight_.empty() ? planned_seq_ + 1 : in_flight_.begin()->first;
+    }
+    return std::max(applied_seq_, finished_seq_ + 1);
+  }
+  // pin_until_finish: drops the plans in flight made more than 2 x
+  // wait_seconds ago (lost steps); true when any was dropped.
+  bool DropLostPlansLocked();
   // Occupied planned slots whose last use is >= PinFloorLocked().
   int64_t PinnedLocked() const;
   void CountUse(int64_t seq, int64_t delta);
@@ -239,6 +267,7 @@ class DeviceCache {
   const Policy policy_;
   const std::string name_;
   const double wait_seconds_;
+  const bool pin_until_finish_;
 
   std::mutex plan_mu_;  // serializes Plan, Release, ImportState, Clear
   mutable std::mutex mu_;
@@ -272,6 +301,8 @@ class DeviceCache {
   std::vector<int64_t> applied_frequency_;
   int64_t applied_seq_ = 0;
   int64_t finished_seq_ = 0;  // latest plan whose step finished (Finish)
+  // pin_until_finish: seq -> when it was planned, of the plans not finished.
+  std::map<int64_t, std::chrono::steady_clock::time_point> in_flight_;
 
   std::deque<Record> pending_;                          // guarded by mu_, seq ascending
   std::unordered_map<int64_t, int64_t> pending_drops_;  // guarded by mu_: global -> count

@@ -31,8 +31,8 @@ class DeviceCacheResource : public ::tensorflow::ResourceBase {
   static constexpr char kFirstUse[] = "lookup";
 
   DeviceCacheResource(int64_t device_rows, int64_t total_rows, DeviceCache::Policy policy,
-                      const std::string& table_name, double wait_seconds)
-      : cache_(device_rows, total_rows, policy, table_name, wait_seconds) {}
+                      const std::string& table_name, double wait_seconds, bool pin_until_finish)
+      : cache_(device_rows, total_rows, policy, table_name, wait_seconds, pin_until_finish) {}
 
   DeviceCache& cache() { return cache_; }
   const DeviceCache& cache() const { return cache_; }
@@ -62,6 +62,7 @@ struct CacheAttrs {
   DeviceCache::Policy policy;
   std::string table_name;
   float wait_seconds;
+  bool pin_until_finish;
 
   ::tensorflow::Status Read(OpKernelConstruction* ctx) {
     std::string policy_name;
@@ -70,6 +71,7 @@ struct CacheAttrs {
     TF_RETURN_IF_ERROR(ctx->GetAttr("policy", &policy_name));
     TF_RETURN_IF_ERROR(ctx->GetAttr("table_name", &table_name));
     TF_RETURN_IF_ERROR(ctx->GetAttr("wait_seconds", &wait_seconds));
+    TF_RETURN_IF_ERROR(ctx->GetAttr("pin_until_finish", &pin_until_finish));
     if (policy_name == "lru") {
       policy = DeviceCache::Policy::kLru;
     } else if (policy_name == "lfu") {
@@ -109,12 +111,14 @@ struct CacheAttrs {
           " bytes of host memory)",
       [&] {
         return new DeviceCacheResource(attrs.device_rows, attrs.total_rows, attrs.policy,
-                                       attrs.table_name, attrs.wait_seconds);
+                                       attrs.table_name, attrs.wait_seconds,
+                                       attrs.pin_until_finish);
       },
       [&](const DeviceCacheResource& existing) -> ::tensorflow::Status {
         const DeviceCache& cache = existing.cache();
         if (cache.device_rows() != attrs.device_rows || cache.total_rows() != attrs.total_rows ||
-            cache.policy() != attrs.policy) {
+            cache.policy() != attrs.policy ||
+            cache.pin_until_finish() != attrs.pin_until_finish) {
           return errors::InvalidArgument(
               "table '", attrs.table_name, "' already has a device cache with "
               "device_vocabulary_size=", cache.device_rows(), ", total rows ", cache.total_rows(),

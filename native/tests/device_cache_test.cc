@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -928,6 +929,130 @@ TEST(DeviceCacheTest, ConcurrentPlanAndApplyThreads) {
   cv.notify_one();
   trainer.join();
   EXPECT_EQ(cache.stats().pending_plans, 0);
+}
+
+
+// pin_until_finish (parameter-server shards): steps finish out of order.
+TEST(DeviceCacheTest, PinUntilFinishKeepsAnOlderStepPinnedWhenANewerOneFinishes) {
+  DeviceCache cache(4, 100, Policy::kLru, "ps_t", 5.0, /*pin_until_finish=*/true);
+  Planned a = PlanOk(cache, {0, 1});  // worker A's step
+  ApplyOk(cache, a.token);
+  Planned b = PlanOk(cache, {2, 3});  // worker B's step
+  ApplyOk(cache, b.token);
+  cache.Finish(b.token);  // B finishes first; A still reads and updates slots 0 and 1
+  EXPECT_EQ(cache.stats().in_flight, 1);
+  V slots(1, -9);
+  int64_t token = -9;
+  const V batch = {4};
+  // Without waiting (A is not lost: it was planned less than wait_seconds ago).
+  Status status = cache.Plan(batch.data(), 1, slots.data(), &token, nullptr, /*wait=*/false);
+  ASSERT_EQ(status.code(), Status::Code::kResourceExhausted);
+  EXPECT_EQ(status.message(),
+            "table 'ps_t': the device cache (device_vocabulary_size=4) has no room for the 1 new "
+            "ids of this batch: 4 rows are held by the 1 training steps in flight (planned, "
+            "optimizer update not finished); raise device_vocabulary_size (of each shard) or run "
+            "fewer workers");
+  cache.Finish(a.token);
+  cache.Finish(a.token);  // twice: changes nothing
+  EXPECT_EQ(cache.stats().in_flight, 0);
+  Planned c = PlanOk(cache, {4});
+  EXPECT_EQ(c.slots, (V{0}));  // least recently used: A's
+  Moves m = ApplyOk(cache, c.token);
+  EXPECT_EQ(m.swap_out_globals, (V{0}));
+}
+
+TEST(DeviceCacheTest, PinUntilFinishDropsAPlanUnfinishedForTwiceWaitSeconds) {
+  DeviceCache cache(2, 100, Policy::kLfu, "ps_t", 0.05, /*pin_until_finish=*/true);
+  Planned lost = PlanOk(cache, {0, 1});  // its worker dies: never finished
+  ApplyOk(cache, lost.token);
+  // Younger than 2 x wait_seconds at the end of the wait: still pinned.
+  V slots(1, -9);
+  int64_t token = -9;
+  EXPECT_EQ(cache.Plan(V{2}.data(), 1, slots.data(), &token).code(),
+            Status::Code::kResourceExhausted);
+  std::this_thread::sleep_for(std::chrono::milliseconds(60));
+  Planned next = PlanOk(cache, {2});
+  EXPECT_EQ(next.slots, (V{0}));
+  EXPECT_EQ(cache.stats().in_flight, 1);
+}
+
+TEST(DeviceCacheTest, PinUntilFinishImportClearsThePlansInFlight) {
+  DeviceCache cache(2, 100, Policy::kLru, "ps_t", 0.0, /*pin_until_finish=*/true);
+  PlanOk(cache, {0, 1});
+  DeviceCache::State state;
+  cache.ExportState(&state);
+  ASSERT_TRUE(cache.ImportState(state).ok());
+  EXPECT_EQ(cache.stats().in_flight, 0);
+  PlanOk(cache, {2, 3});
+}
+
+// Workers of a parameter server: each step plans and applies its moves in one
+// exclusive section (the shard's critical section), then reads and updates its
+// slots while other steps plan, and finishes. Rows live in a simulated device
+// array and host store; no step ever sees a slot of its own hold another row.
+void ConcurrentStepsKeepTheirRows(Policy policy) {
+  constexpr int64_t kDeviceRows = 24, kTotal = 200;
+  DeviceCache cache(kDeviceRows, kTotal, policy, "ps_t", 10.0, /*pin_until_finish=*/true);
+  std::vector<int64_t> device(kDeviceRows, -1);  // slot -> the global whose row it holds
+  std::map<int64_t, int64_t> store;                // global -> its row (the global itself)
+  std::mutex section;                              // the shard's exclusive section
+  std::atomic<int64_t> wrong{0}, steps{0};
+  auto worker = [&](int id) {
+    std::mt19937_64 rng(100 + id);
+    for (int step = 0; step < 300; ++step) {
+      std::set<int64_t> distinct;
+      while (distinct.size() < 5) distinct.insert(static_cast<int64_t>(rng() % kTotal));
+      V globals(distinct.begin(), distinct.end()), slots(globals.size());
+      int64_t token = -1;
+      {
+        std::lock_guard<std::mutex> lock(section);
+        const Status status = cache.Plan(globals.data(), globals.size(), slots.data(), &token);
+        ASSERT_TRUE(status.ok()) << status.message();
+        Moves m;
+        ASSERT_TRUE(cache.Apply(token, &m).ok());
+        std::vector<int64_t> moved;  // read every source before writing
+        for (int64_t src : m.swap_in_sources) moved.push_back(src >= 0 ? device[src] : -1);
+        for (size_t i = 0; i < m.swap_out_slots.size(); ++i) {
+          EXPECT_EQ(device[m.swap_out_slots[i]], m.swap_out_globals[i]);
+        }
+        for (int64_t g : m.erase_globals) store.erase(g);
+        for (size_t i = 0; i < m.swap_in_slots.size(); ++i) {
+          if (m.swap_in_sources[i] < 0) {
+            store.erase(m.swap_in_globals[i]);
+            moved[i] = m.swap_in_globals[i];  // taken from the store or fresh
+          }
+        }
+        for (size_t i = 0; i < m.swap_out_slots.size(); ++i) {
+          store[m.swap_out_globals[i]] = device[m.swap_out_slots[i]];
+        }
+        for (size_t i = 0; i < m.swap_in_slots.size(); ++i) device[m.swap_in_slots[i]] = moved[i];
+      }
+      // The step's forward and backward passes and its update, unlocked.
+      for (int check = 0; check < 3; ++check) {
+        for (size_t i = 0; i < globals.size(); ++i) {
+          if (device[slots[i]] != globals[i]) ++wrong;
+        }
+        std::this_thread::sleep_for(std::chrono::microseconds(rng() % 200));
+      }
+      cache.Finish(token);
+      ++steps;
+    }
+  };
+  std::vector<std::thread> workers;
+  for (int id = 0; id < 4; ++id) workers.emplace_back(worker, id);
+  for (std::thread& t : workers) t.join();
+  EXPECT_EQ(wrong.load(), 0);
+  EXPECT_EQ(steps.load(), 4 * 300);
+  EXPECT_EQ(cache.stats().in_flight, 0);
+  EXPECT_GT(cache.stats().swap_outs, 100);  // the cache was far too small for the ids
+}
+
+TEST(DeviceCacheTest, PinUntilFinishConcurrentStepsKeepTheirRowsLru) {
+  ConcurrentStepsKeepTheirRows(Policy::kLru);
+}
+
+TEST(DeviceCacheTest, PinUntilFinishConcurrentStepsKeepTheirRowsLfu) {
+  ConcurrentStepsKeepTheirRows(Policy::kLfu);
 }
 
 

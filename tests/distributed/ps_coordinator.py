@@ -2,6 +2,7 @@
 
 Usage: ps_coordinator.py OUT.npz STEPS [--local] [--restore DIR] [--save DIR] [--export DIR]
                          [--access_threshold N] [--eviction_threshold_s S]
+                         [--tiers DEVICE,HOST]
 
 With TF_CONFIG (a chief task of a cluster with ps and worker tasks running
 mxrec_pipeline.cluster.ps_server) it trains through ParameterServerStrategy +
@@ -13,9 +14,11 @@ loss = sum of squared errors / batch, lazy Adam on the table, SGD on the bias
 a checkpoint (at its step), --save and --export write the table after
 training. --access_threshold and --eviction_threshold_s give the table
 admission and eviction: step s has time distributed_testlib.step_time(s) and
-every step evicts after its update. OUT.npz gets per shard its keys, values,
-m and v and its key index's state (state_<name>, key_index.STATE_NAMES), the
-loss of every step (in step order) and steps/s of the training loop.
+every step evicts after its update. --tiers makes the table tiered
+(distributed/ps_tiers.py): DEVICE cache rows and HOST host rows per shard.
+OUT.npz gets per shard its keys, values, m and v and its key index's state
+(state_<name>, key_index.STATE_NAMES), the loss of every step (in step order)
+and steps/s of the training loop.
 """
 
 import argparse
@@ -29,6 +32,7 @@ import distributed_testlib as lib
 from mxrec_pipeline import ops
 from mxrec_pipeline.cluster import reach
 from mxrec_pipeline.cluster import tf_config
+from mxrec_pipeline.core import tiers as tiers_lib
 from mxrec_pipeline.distributed import ps_checkpoint
 from mxrec_pipeline.distributed import ps_table
 from mxrec_pipeline.optimizers import lazy_adam
@@ -42,7 +46,7 @@ BIAS_LEARNING_RATE = 0.1  # SGD of the dense bias, a variable of the strategy (o
 
 def main(out: str, steps: int, local: bool = False, restore: str = "", save: str = "",
          export_dir: str = "", reach_timeout_s: float = 30.0, access_threshold: int | None = None,
-         eviction_threshold_s: int | None = None) -> None:
+         eviction_threshold_s: int | None = None, tiers: str = "") -> None:
   ops.load()
   if local:
     strategy, coordinator = None, None
@@ -51,11 +55,16 @@ def main(out: str, steps: int, local: bool = False, restore: str = "", save: str
     strategy = tf.distribute.experimental.ParameterServerStrategy(
         tf.distribute.cluster_resolver.TFConfigClusterResolver())
     coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(strategy)
-  table = ps_table.PSShardedTable(strategy, name=lib.TABLE, dim=lib.DIM, rows_per_shard=lib.ROWS,
-                                  optimizer=lazy_adam.create_hash_optimizer(LEARNING_RATE),
-                                  emb_initializer=tf.keras.initializers.Constant(INITIAL),
-                                  access_threshold=access_threshold,
-                                  eviction_threshold_s=eviction_threshold_s)
+  tier_config = None
+  if tiers:
+    device_rows, host_rows = (int(n) for n in tiers.split(","))
+    tier_config = tiers_lib.TierConfig(device_rows, host_rows)
+  table = ps_table.PSShardedTable(
+      strategy, name=lib.TABLE, dim=lib.DIM,
+      rows_per_shard=lib.ROWS if tier_config is None else tier_config.device_vocabulary_size,
+      optimizer=lazy_adam.create_hash_optimizer(LEARNING_RATE),
+      emb_initializer=tf.keras.initializers.Constant(INITIAL), access_threshold=access_threshold,
+      eviction_threshold_s=eviction_threshold_s, tiers=tier_config)
   if restore:
     ps_checkpoint.restore(restore, table)
   w = tf.constant(W)
@@ -133,6 +142,7 @@ if __name__ == "__main__":
   parser.add_argument("--reach_timeout_s", type=float, default=30.0)
   parser.add_argument("--access_threshold", type=int, default=None)
   parser.add_argument("--eviction_threshold_s", type=int, default=None)
+  parser.add_argument("--tiers", default="")
   a = parser.parse_args()
   main(a.out, a.steps, a.local, a.restore, a.save, a.export, a.reach_timeout_s, a.access_threshold,
-       a.eviction_threshold_s)
+       a.eviction_threshold_s, a.tiers)

@@ -21,7 +21,7 @@ def test_per_worker_dataset_gives_each_worker_every_wth_batch_repeated():
     assert list(creator(context).take(6).as_numpy_iterator()) == expected
 
 
-def test_create_ps_tables_follow_the_specs_and_refuse_tiered_tables():
+def test_create_ps_tables_follow_the_specs_with_tiers_per_shard(tmp_path):
   optimizer = lazy_adam.create_hash_optimizer(0.1)
   tables = ps.create_ps_tables(
       None,
@@ -30,8 +30,18 @@ def test_create_ps_tables_follow_the_specs_and_refuse_tiered_tables():
   assert sorted(tables) == ["ps_a", "ps_b"]
   assert tables["ps_a"].shard_variables[0].shape == (10, 4)
   assert tables["ps_b"].key_dtype == tf.string and tables["ps_b"].optimizer is optimizer
-  with pytest.raises(ValueError, match="table 'ps_c': tiered tables"):
-    ps.create_ps_tables(None, [TableSpec("ps_c", 4, 10, host_vocabulary_size=20)], optimizer)
+  (tiered,) = ps.create_ps_tables(None, [
+      TableSpec("ps_c", 4, 10, host_vocabulary_size=20, ssd_vocabulary_size=5,
+                ssd_data_path=(str(tmp_path),), cache_policy="lfu")
+  ], optimizer).values()
+  assert tiered.tiers.total_rows == 35 and tiered.tiered_shards[0].config.pin_until_finish
+  assert tiered.tiered_shards[0].config.ssd_data_path == (str(tmp_path / "shard_0"),)
+  assert (tmp_path / "shard_0").is_dir()
+  with pytest.raises(ValueError, match="create_table\\('ps_d'\\): SSD directory '/nonexistent'"):
+    ps.create_ps_tables(None, [
+        TableSpec("ps_d", 4, 10, host_vocabulary_size=20, ssd_vocabulary_size=5,
+                  ssd_data_path=("/nonexistent",))
+    ], optimizer)
 
 
 def _train_step(table, ids):
