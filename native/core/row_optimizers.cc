@@ -1,13 +1,51 @@
 #include "row_optimizers.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "key_index.h"
 
 namespace mxrec {
 
+namespace {
+
+// Rows ahead whose cache lines (and page-table walks) are requested while a
+// row is updated: a batch's rows are scattered over a table of gigabytes, so
+// each row of var and its slots is a cache and TLB miss. Measured on 24k
+// random rows of three [5M, 64] arrays: 11.4 ms without prefetching, 7.3 ms
+// 2 rows ahead (4 and 8 ahead: the same).
+constexpr int64_t kPrefetchRows = 2;
+
+// Requests row `row` of each of `arrays` [capacity, dim] for writing.
+template <int N>
+inline void PrefetchRow(float* const (&arrays)[N], int64_t row, int64_t dim) {
+  const int64_t offset = row * dim;
+  for (float* array : arrays) {
+    for (int64_t j = 0; j < dim; j += 64 / sizeof(float)) {
+      __builtin_prefetch(array + offset + j, 1, 3);
+    }
+  }
+}
+
+}  // namespace
+
+bool RowsAreDistinct(const int64_t* rows, int64_t n, int64_t capacity) {
+  std::vector<uint64_t> seen(static_cast<size_t>((capacity + 63) / 64), 0);
+  for (int64_t i = 0; i < n; ++i) {
+    uint64_t& word = seen[static_cast<uint64_t>(rows[i]) >> 6];
+    const uint64_t bit = uint64_t{1} << (rows[i] & 63);
+    if (word & bit) return false;
+    word |= bit;
+  }
+  return true;
+}
+
 bool SumRepeatedRows(const int64_t* rows, const float* grad, int64_t n, int64_t dim,
-                     std::vector<int64_t>* unique, std::vector<float>* summed) {
+                     int64_t capacity, std::vector<int64_t>* unique,
+                     std::vector<float>* summed) {
+  // A lookup's gradient (core/lookup.py) comes on its distinct rows: checking
+  // that with a bitmap costs far less than hashing the rows.
+  if (capacity <= 1024 * n && RowsAreDistinct(rows, n, capacity)) return false;
   std::vector<int32_t> position(static_cast<size_t>(n));
   Deduplicate(rows, n, unique, position.data());
   if (static_cast<int64_t>(unique->size()) == n) return false;
@@ -20,6 +58,51 @@ bool SumRepeatedRows(const int64_t* rows, const float* grad, int64_t n, int64_t 
   return true;
 }
 
+int64_t GroupByRestore(const int32_t* restore, int64_t n, int64_t num_unique, int64_t* starts,
+                       int32_t* order) {
+  std::fill(starts, starts + num_unique + 1, 0);
+  for (int64_t i = 0; i < n; ++i) {
+    const int32_t u = restore[i];
+    if (u < 0 || u >= num_unique) return i;
+    ++starts[u + 1];
+  }
+  for (int64_t u = 0; u < num_unique; ++u) starts[u + 1] += starts[u];
+  // starts[u] is the next free slot of value u while placing, then restored.
+  for (int64_t i = 0; i < n; ++i) order[starts[restore[i]]++] = static_cast<int32_t>(i);
+  for (int64_t u = num_unique; u > 0; --u) starts[u] = starts[u - 1];
+  starts[0] = 0;
+  return -1;
+}
+
+void SumGroups(const float* grad, int64_t dim, const int64_t* starts, const int32_t* order,
+               int64_t begin, int64_t end, float* summed) {
+  // order[starts[begin] .. starts[end]) are the positions read, in order:
+  // the one kPrefetchRows ahead is requested while one is added.
+  const int64_t stop = starts[end];
+  const auto prefetch = [&](int64_t k) {
+    if (k + kPrefetchRows < stop) {
+      const float* ahead = grad + static_cast<int64_t>(order[k + kPrefetchRows]) * dim;
+      for (int64_t j = 0; j < dim; j += 64 / sizeof(float)) __builtin_prefetch(ahead + j, 0, 3);
+    }
+  };
+  for (int64_t u = begin; u < end; ++u) {
+    float* __restrict out = summed + u * dim;
+    const int64_t first = starts[u], last = starts[u + 1];
+    if (first == last) {
+      std::fill(out, out + dim, 0.0f);
+      continue;
+    }
+    prefetch(first);
+    const float* __restrict g = grad + static_cast<int64_t>(order[first]) * dim;
+    std::copy(g, g + dim, out);
+    for (int64_t k = first + 1; k < last; ++k) {
+      prefetch(k);
+      const float* __restrict h = grad + static_cast<int64_t>(order[k]) * dim;
+      for (int64_t j = 0; j < dim; ++j) out[j] += h[j];
+    }
+  }
+}
+
 void LazyAdamRows(float* var, float* m, float* v, int64_t dim, const int64_t* rows,
                   const float* grad, int64_t begin, int64_t end, float lr_t, float beta1,
                   float beta2, float epsilon, bool epsilon_inside_sqrt) {
@@ -27,6 +110,7 @@ void LazyAdamRows(float* var, float* m, float* v, int64_t dim, const int64_t* ro
   const float one_minus_beta2 = 1.0f - beta2;
   const float epsilon_squared = epsilon * epsilon;
   for (int64_t i = begin; i < end; ++i) {
+    if (i + kPrefetchRows < end) PrefetchRow({var, m, v}, rows[i + kPrefetchRows], dim);
     const int64_t offset = rows[i] * dim;
     float* __restrict w = var + offset;
     float* __restrict mr = m + offset;
@@ -46,6 +130,7 @@ void LazyAdamRows(float* var, float* m, float* v, int64_t dim, const int64_t* ro
 void AdagradRows(float* var, float* acc, int64_t dim, const int64_t* rows, const float* grad,
                  int64_t begin, int64_t end, float lr) {
   for (int64_t i = begin; i < end; ++i) {
+    if (i + kPrefetchRows < end) PrefetchRow({var, acc}, rows[i + kPrefetchRows], dim);
     const int64_t offset = rows[i] * dim;
     float* __restrict w = var + offset;
     float* __restrict a = acc + offset;
@@ -61,6 +146,7 @@ void AdagradRows(float* var, float* acc, int64_t dim, const int64_t* rows, const
 void SgdRows(float* var, int64_t dim, const int64_t* rows, const float* grad, int64_t begin,
              int64_t end, float lr, float weight_decay) {
   for (int64_t i = begin; i < end; ++i) {
+    if (i + kPrefetchRows < end) PrefetchRow({var}, rows[i + kPrefetchRows], dim);
     float* __restrict w = var + rows[i] * dim;
     const float* __restrict g = grad + i * dim;
     for (int64_t j = 0; j < dim; ++j) w[j] -= lr * (g[j] + weight_decay * w[j]);
@@ -72,6 +158,7 @@ void FtrlRows(float* var, float* accum, float* linear, int64_t dim, const int64_
               float l2, float l2_shrinkage) {
   const bool sqrt_power = power == 0.5f;
   for (int64_t i = begin; i < end; ++i) {
+    if (i + kPrefetchRows < end) PrefetchRow({var, accum, linear}, rows[i + kPrefetchRows], dim);
     const int64_t offset = rows[i] * dim;
     float* __restrict w = var + offset;
     float* __restrict n = accum + offset;
