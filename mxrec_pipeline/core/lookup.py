@@ -18,7 +18,7 @@ which reads by the table's `kind` (see `TableKind`) and `training`:
 
 Training reads the distinct rows once, then every id's from those
 (core/restore_sum.py's `gather_by_restore`), whose gradient the native
-MxSumByRestore sums per distinct row by restore index (a counting sort, no
+MxSumByRestore sums per distinct row by restore index (in order of id, no
 hashing): the table's gradient is IndexedSlices on the batch's distinct rows,
 each once, which every optimizer takes as it is. Reads outside training are
 plain gathers (serving graphs hold no native op): a flat table's reads each

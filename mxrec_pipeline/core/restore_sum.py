@@ -6,8 +6,8 @@ its row among them. A training lookup reads the distinct rows' embeddings
 the values of `tf.gather(unique_emb, restore)`. Its gradient is not TF's
 (IndexedSlices on restore, densified by an `UnsortedSegmentSum` that hashes
 nothing but runs on one thread) but `sum_by_restore`: the native
-`MxSumByRestore` groups the ids by restore with a counting sort and sums each
-distinct row's ids on TF's intra-op threads. The table variable's gradient is
+`MxSumByRestore` adds each id's gradient to its distinct row's by restore
+index, one range of distinct rows per intra-op thread. The table variable's gradient is
 then IndexedSlices on the distinct rows, each once: the optimizers take it as it
 is (the fused row updates check distinctness with a bitmap, not a hash). The
 values equal `tf.math.unsorted_segment_sum(grad, restore, num_unique)`, added
@@ -28,7 +28,7 @@ def sum_by_restore(values: tf.Tensor, restore: tf.Tensor, num_unique) -> tf.Tens
   """Sums the ids' gradients per distinct row: `unsorted_segment_sum(values, restore, num_unique)`.
 
   float32 values go through the native MxSumByRestore (native/core/
-  row_optimizers.h, GroupByRestore + SumGroups); other dtypes through
+  row_optimizers.h, SumByRestore); other dtypes through
   `tf.math.unsorted_segment_sum`.
 
   Args:

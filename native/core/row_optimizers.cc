@@ -58,48 +58,22 @@ bool SumRepeatedRows(const int64_t* rows, const float* grad, int64_t n, int64_t 
   return true;
 }
 
-int64_t GroupByRestore(const int32_t* restore, int64_t n, int64_t num_unique, int64_t* starts,
-                       int32_t* order) {
-  std::fill(starts, starts + num_unique + 1, 0);
+int64_t FindBadRestore(const int32_t* restore, int64_t n, int64_t num_unique) {
   for (int64_t i = 0; i < n; ++i) {
-    const int32_t u = restore[i];
-    if (u < 0 || u >= num_unique) return i;
-    ++starts[u + 1];
+    if (restore[i] < 0 || restore[i] >= num_unique) return i;
   }
-  for (int64_t u = 0; u < num_unique; ++u) starts[u + 1] += starts[u];
-  // starts[u] is the next free slot of value u while placing, then restored.
-  for (int64_t i = 0; i < n; ++i) order[starts[restore[i]]++] = static_cast<int32_t>(i);
-  for (int64_t u = num_unique; u > 0; --u) starts[u] = starts[u - 1];
-  starts[0] = 0;
   return -1;
 }
 
-void SumGroups(const float* grad, int64_t dim, const int64_t* starts, const int32_t* order,
-               int64_t begin, int64_t end, float* summed) {
-  // order[starts[begin] .. starts[end]) are the positions read, in order:
-  // the one kPrefetchRows ahead is requested while one is added.
-  const int64_t stop = starts[end];
-  const auto prefetch = [&](int64_t k) {
-    if (k + kPrefetchRows < stop) {
-      const float* ahead = grad + static_cast<int64_t>(order[k + kPrefetchRows]) * dim;
-      for (int64_t j = 0; j < dim; j += 64 / sizeof(float)) __builtin_prefetch(ahead + j, 0, 3);
-    }
-  };
-  for (int64_t u = begin; u < end; ++u) {
+void SumByRestore(const float* grad, const int32_t* restore, int64_t n, int64_t dim,
+                  int64_t begin, int64_t end, float* summed) {
+  std::fill(summed + begin * dim, summed + end * dim, 0.0f);
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t u = restore[i];
+    if (u < begin || u >= end) continue;
     float* __restrict out = summed + u * dim;
-    const int64_t first = starts[u], last = starts[u + 1];
-    if (first == last) {
-      std::fill(out, out + dim, 0.0f);
-      continue;
-    }
-    prefetch(first);
-    const float* __restrict g = grad + static_cast<int64_t>(order[first]) * dim;
-    std::copy(g, g + dim, out);
-    for (int64_t k = first + 1; k < last; ++k) {
-      prefetch(k);
-      const float* __restrict h = grad + static_cast<int64_t>(order[k]) * dim;
-      for (int64_t j = 0; j < dim; ++j) out[j] += h[j];
-    }
+    const float* __restrict g = grad + i * dim;
+    for (int64_t j = 0; j < dim; ++j) out[j] += g[j];
   }
 }
 

@@ -11,8 +11,8 @@
 // callers may split [begin, end) ranges of the batch over threads. Gradients of
 // repeated rows (an IndexedSlices gradient as autodiff gives it) are summed
 // first by SumRepeatedRows; the gradients of a lookup's ids, whose insertion
-// gave their restore indices, are summed per distinct row by GroupByRestore +
-// SumGroups instead (no hashing: the restore index is the row's position).
+// gave their restore indices, are summed per distinct row by SumByRestore
+// instead (no hashing: the restore index is the row's position).
 #ifndef MXREC_PIPELINE_NATIVE_CORE_ROW_OPTIMIZERS_H_
 #define MXREC_PIPELINE_NATIVE_CORE_ROW_OPTIMIZERS_H_
 
@@ -40,26 +40,19 @@ bool SumRepeatedRows(const int64_t* rows,  // (n)
 // capacity bits (capacity / 8 bytes, zeroed per call).
 bool RowsAreDistinct(const int64_t* rows, int64_t n, int64_t capacity);
 
-// Groups the positions of restore (n) by value: a stable counting sort.
-// restore[i] in [0, num_unique) is the position of id i's row among a batch's
-// distinct rows (key index insertion's restore indices). On return the
-// positions of value u are order[starts[u] .. starts[u + 1]), ascending.
-// Returns -1, or the first position whose value is outside [0, num_unique)
-// (then starts and order are unspecified). n < 2^31.
-int64_t GroupByRestore(const int32_t* restore,  // (n)
-                       int64_t n, int64_t num_unique,
-                       int64_t* starts,  // out: (num_unique + 1)
-                       int32_t* order);  // out: (n)
+// The first position whose restore value is outside [0, num_unique), or -1.
+int64_t FindBadRestore(const int32_t* restore, int64_t n, int64_t num_unique);
 
-// summed[u] = the sum of grad[order[k]] for k in [starts[u], starts[u + 1]),
-// added in that (ascending position) order, for u in [begin, end); zeros for a
-// value without positions. The segment sum of TF's
-// unsorted_segment_sum(grad, restore, num_unique), grouped by GroupByRestore
-// so that ranges of distinct rows can be summed on different threads.
-void SumGroups(const float* grad,  // (n, dim)
-               int64_t dim, const int64_t* starts, const int32_t* order, int64_t begin,
-               int64_t end,
-               float* summed);  // out: (num_unique, dim), rows [begin, end) written
+// summed[u] = the sum of grad[i] over the positions i with restore[i] == u,
+// added in order of i, for u in [begin, end) (zeros for a u without
+// positions): rows [begin, end) of TF's unsorted_segment_sum(grad, restore,
+// num_unique). restore (n) holds positions among a batch's distinct rows (key
+// index insertion's restore indices), checked by FindBadRestore. Reads grad in
+// order (rows of other ranges skipped), so that ranges of distinct rows can be
+// summed on different threads, each reading restore whole.
+void SumByRestore(const float* grad,  // (n, dim)
+                  const int32_t* restore, int64_t n, int64_t dim, int64_t begin, int64_t end,
+                  float* summed);  // out: (num_unique, dim), rows [begin, end) written
 
 // Lazy Adam (tf.keras / mxRec lazy Adam, Kingma & Ba 2015 with the bias
 // correction folded into lr_t = lr * sqrt(1 - beta2^t) / (1 - beta1^t)):

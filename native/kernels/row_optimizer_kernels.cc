@@ -253,8 +253,8 @@ class SgdRowsOp : public OpKernel {
   }
 };
 
-// The gradients of a batch's ids summed per distinct row: GroupByRestore on
-// one thread, then SumGroups over shards of the distinct rows.
+// The gradients of a batch's ids summed per distinct row: SumByRestore over
+// one range of the distinct rows per intra-op thread.
 class SumByRestoreOp : public OpKernel {
  public:
   explicit SumByRestoreOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
@@ -273,30 +273,35 @@ class SumByRestoreOp : public OpKernel {
                                         num_unique_t.shape().DebugString()));
     const int64_t n = grad.dim_size(0), dim = grad.dim_size(1);
     const int64_t num_unique = num_unique_t.scalar<int32_t>()();
-    OP_REQUIRES(ctx, num_unique >= 0 && n < (int64_t{1} << 31),
-                errors::InvalidArgument("MxSumByRestore: num_unique must be >= 0 and n < 2^31, "
-                                        "got ", num_unique, " and ", n));
-    Tensor* summed = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, {num_unique, dim}, &summed));
-    Tensor starts_t, order_t;
-    OP_REQUIRES_OK(ctx, ctx->allocate_temp(::tensorflow::DT_INT64, {num_unique + 1}, &starts_t));
-    OP_REQUIRES_OK(ctx, ctx->allocate_temp(::tensorflow::DT_INT32, {n}, &order_t));
+    OP_REQUIRES(ctx, num_unique >= 0,
+                errors::InvalidArgument("MxSumByRestore: num_unique must be >= 0, got ",
+                                        num_unique));
     const int32_t* r = restore.flat<int32_t>().data();
-    int64_t* starts = starts_t.flat<int64_t>().data();
-    int32_t* order = order_t.flat<int32_t>().data();
-    const int64_t bad = GroupByRestore(r, n, num_unique, starts, order);
+    const int64_t bad = FindBadRestore(r, n, num_unique);
     OP_REQUIRES(ctx, bad < 0,
                 errors::InvalidArgument("MxSumByRestore: restore[", bad, "] = ", r[bad],
                                         " is outside [0, num_unique = ", num_unique, ")"));
+    Tensor* summed = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, {num_unique, dim}, &summed));
     const float* g = grad.flat<float>().data();
     float* out = summed->flat<float>().data();
-    // Each distinct row adds n / num_unique rows of dim on average.
-    const int64_t cost = num_unique > 0 ? dim * (1 + n / num_unique) * 2 : dim;
-    ctx->device()->tensorflow_cpu_worker_threads()->workers->ParallelFor(
-        num_unique, cost, [=](int64_t begin, int64_t end) {
-          SumGroups(g, dim, starts, order, begin, end, out);
-        });
+    // One range of distinct rows per thread (each range reads restore whole),
+    // none for small batches.
+    auto* workers = ctx->device()->tensorflow_cpu_worker_threads()->workers;
+    const int64_t shards =
+        std::max<int64_t>(1, std::min<int64_t>(workers->NumThreads(), n * dim / kMinShardElements));
+    workers->ParallelFor(shards, kHugeShardCost, [=](int64_t first, int64_t last) {
+      for (int64_t s = first; s < last; ++s) {
+        SumByRestore(g, r, n, dim, num_unique * s / shards, num_unique * (s + 1) / shards, out);
+      }
+    });
   }
+
+ private:
+  // Elements of grad per range at least, and a cost that gives each range its
+  // own task.
+  static constexpr int64_t kMinShardElements = 1 << 16;
+  static constexpr int64_t kHugeShardCost = int64_t{1} << 30;
 };
 
 MXREC_REGISTER_CPU("MxLazyAdamRows", LazyAdamRowsOp);

@@ -117,7 +117,7 @@ REGISTER_OP("MxSumByRestore")
 The gradients of a batch's ids summed per distinct row:
 summed[u] = sum of grad[i] over the ids i with restore[i] == u, added in order
 of i (the values of tf.math.unsorted_segment_sum(grad, restore, num_unique)),
-by a counting sort of restore instead of hashing, on TF's intra-op threads.
+by restore index instead of hashing, one range of rows per intra-op thread.
 The gradient of core/lookup.py's per-id read of the distinct rows.
 
 grad: [n, dim] float32, the ids' gradients.

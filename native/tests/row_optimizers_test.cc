@@ -54,36 +54,24 @@ TEST(RowsAreDistinctTest, FindsARepeatAcrossBitmapWords) {
   EXPECT_TRUE(RowsAreDistinct(rows.data(), 0, 0));
 }
 
+TEST(FindBadRestoreTest, ReportsTheFirstPositionOutOfRange) {
+  const std::vector<int32_t> too_big = {0, 1, 2, 0};
+  EXPECT_EQ(FindBadRestore(too_big.data(), 4, 2), 2);
+  EXPECT_EQ(FindBadRestore(too_big.data(), 4, 3), -1);
+  const std::vector<int32_t> negative = {0, -1, 1, 0};
+  EXPECT_EQ(FindBadRestore(negative.data(), 4, 2), 1);
+}
+
 // restore {2, 0, 2, 2, 0}: value 0 at positions 1, 4; value 1 nowhere; value 2
 // at 0, 2, 3.
-TEST(GroupByRestoreTest, GroupsPositionsByValueInAscendingOrder) {
-  const std::vector<int32_t> restore = {2, 0, 2, 2, 0};
-  std::vector<int64_t> starts(4, -7);
-  std::vector<int32_t> order(5, -7);
-  ASSERT_EQ(GroupByRestore(restore.data(), 5, 3, starts.data(), order.data()), -1);
-  EXPECT_EQ(starts, (std::vector<int64_t>{0, 2, 2, 5}));
-  EXPECT_EQ(order, (std::vector<int32_t>{1, 4, 0, 2, 3}));
-}
-
-TEST(GroupByRestoreTest, ReportsTheFirstPositionOutOfRange) {
-  std::vector<int64_t> starts(3);
-  std::vector<int32_t> order(4);
-  const std::vector<int32_t> too_big = {0, 1, 2, 0};
-  EXPECT_EQ(GroupByRestore(too_big.data(), 4, 2, starts.data(), order.data()), 2);
-  const std::vector<int32_t> negative = {0, -1, 1, 0};
-  EXPECT_EQ(GroupByRestore(negative.data(), 4, 2, starts.data(), order.data()), 1);
-}
-
-TEST(SumGroupsTest, SumsEachValuesRowsAndZerosValuesWithoutRows) {
+TEST(SumByRestoreTest, SumsEachValuesRowsAndZerosValuesWithoutRows) {
   const std::vector<int32_t> restore = {2, 0, 2, 2, 0};
   const std::vector<float> grad = {1, 2, 10, 20, 0.5f, 0.25f, 3, 4, -10, -20};
-  std::vector<int64_t> starts(4);
-  std::vector<int32_t> order(5);
-  ASSERT_EQ(GroupByRestore(restore.data(), 5, 3, starts.data(), order.data()), -1);
   std::vector<float> summed(6, 99.0f);
-  // Two shards, as two threads would run them.
-  SumGroups(grad.data(), 2, starts.data(), order.data(), 0, 1, summed.data());
-  SumGroups(grad.data(), 2, starts.data(), order.data(), 1, 3, summed.data());
+  // Two ranges, as two threads would sum them.
+  SumByRestore(grad.data(), restore.data(), 5, 2, 0, 1, summed.data());
+  EXPECT_EQ(summed, (std::vector<float>{0, 0, 99, 99, 99, 99}));
+  SumByRestore(grad.data(), restore.data(), 5, 2, 1, 3, summed.data());
   EXPECT_EQ(summed, (std::vector<float>{0, 0, 0, 0, 4.5f, 6.25f}));
 }
 
