@@ -89,7 +89,7 @@ def main(argv=None) -> int:
       start = time.perf_counter()
       fn().numpy()
       seconds.append(time.perf_counter() - start)
-    print(f"  {name:44s} {1000 * statistics.median(seconds):7.2f} ms  "
+    print(f"  {name:48s} {1000 * statistics.median(seconds):7.2f} ms  "
           f"(min {1000 * min(seconds):.2f})")
   return 0
 
