@@ -7,14 +7,18 @@ tf.function, median wall time of `--calls` calls:
   forward, dedup read:    gather(gather(variable, unique_rows), restore)
   forward, per-id read:   gather(variable, gather(unique_rows, restore))
   backward of the dedup read: unsorted_segment_sum(grad, restore, num_unique)
+  backward of the training read (core/restore_sum.py): MxSumByRestore, the
+    same sum by restore index on TF's intra-op threads
   MxLazyAdamRows on the distinct rows (the dedup read's gradient)
   MxLazyAdamRows on every id's row (the per-id read's gradient: the op sums
     the repeated rows itself)
   tf.unique + unsorted_segment_sum of every id's row (what the TF-op
     optimizer path adds for the per-id read)
 
-core/lookup.py's `id_embeddings` is the per-id read; docs/benchmarks.md
-("Each id's row read from the table") reads the figures.
+core/lookup.py's `id_embeddings` in training is the dedup read with the
+MxSumByRestore gradient, outside training (flat tables) the per-id read;
+docs/benchmarks.md ("Each id's row read from the table", "Gradients summed by
+restore index") reads the figures.
 
 Usage:
   python benchmarks/bench_lookup_ops.py [--calls 30]   # ~1 minute, 4 GB of RAM
@@ -37,6 +41,7 @@ def main(argv=None) -> int:
   import numpy as np  # pylint: disable=import-outside-toplevel
   import tensorflow as tf  # pylint: disable=import-outside-toplevel
   from mxrec_pipeline import ops  # pylint: disable=import-outside-toplevel
+  from mxrec_pipeline.core import restore_sum  # pylint: disable=import-outside-toplevel
 
   sizes = bench_sparse_core.FULL
   per_step = sizes.batch_size * sizes.ids_per_example
@@ -65,6 +70,8 @@ def main(argv=None) -> int:
       "forward, per-id read": lambda: tf.gather(variable, tf.gather(unique_rows, restore))[0, 0],
       "backward of the dedup read (segment sum)": lambda: tf.math.unsorted_segment_sum(
           grad, restore, distinct.size)[0, 0],
+      "backward of the training read (MxSumByRestore)": lambda: restore_sum.sum_by_restore(
+          grad, restore, distinct.size)[0, 0],
       "MxLazyAdamRows, distinct rows": lambda: adam(unique_rows, grad[:distinct.size]),
       "MxLazyAdamRows, every id's row": lambda: adam(id_rows, grad),
       "tf.unique + segment sum of every id's row": lambda: tf.math.unsorted_segment_sum(
@@ -82,7 +89,7 @@ def main(argv=None) -> int:
       start = time.perf_counter()
       fn().numpy()
       seconds.append(time.perf_counter() - start)
-    print(f"  {name:44s} {1000 * statistics.median(seconds):7.2f} ms  "
+    print(f"  {name:48s} {1000 * statistics.median(seconds):7.2f} ms  "
           f"(min {1000 * min(seconds):.2f})")
   return 0
 

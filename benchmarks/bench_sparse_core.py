@@ -17,10 +17,12 @@ Three measurements, one run, ratios printed next to their goals:
    every id's from those (`lookup.gather_rows` + `lookup.per_id`: a segment sum
    over restore in the backward pass), and runs lazy Adam as TF ops (tf.unique
    + unsorted_segment_sum of the gradient, then `LazyAdam._update_rows_tf`'s
-   gather/scatter ops); "dedup lookup + fused" keeps that read with the fused
-   MxLazyAdamRows op (the step before `lookup.id_embeddings` read each id's
-   row from the table). Each variant runs in its own process so that its peak
-   RSS (`ru_maxrss`) is its own.
+   gather/scatter ops); "dedup lookup + fused" keeps that read (TF's gather
+   gradient: UnsortedSegmentSum over restore) with the fused MxLazyAdamRows
+   op. The sparse step (`lookup.id_embeddings`) reads the same way but its
+   per-id gather's gradient is summed by restore index natively
+   (core/restore_sum.py). Each variant runs in its own process so that its
+   peak RSS (`ru_maxrss`) is its own.
 3. Bytes of memory per stored key: index (KeyIndex.memory_bytes() / size), row
    (dim * 4) and lazy Adam slots (2 * dim * 4).
 
@@ -545,7 +547,7 @@ def main(argv=None) -> int:
   print(f"  today's step / sparse step time = {fused_ratio:.2f}x (goal >= {FUSED_GOAL:g}x: "
         f"{_verdict(fused_ratio >= FUSED_GOAL)});  by CPU time {cpu_fused_ratio:.2f}x")
   print(f"  dedup lookup + fused / sparse step time = "
-        f"{dedup['ms_per_step'] / sparse['ms_per_step']:.2f}x (the per-id lookup's part);  "
+        f"{dedup['ms_per_step'] / sparse['ms_per_step']:.2f}x (the native gradient sum's part);  "
         f"by CPU time {dedup['cpu_ms_per_step'] / sparse['cpu_ms_per_step']:.2f}x")
   step_ratio = dense["ms_per_step"] / sparse["ms_per_step"]
   cpu_step_ratio = dense["cpu_ms_per_step"] / sparse["cpu_ms_per_step"]

@@ -7,22 +7,23 @@ into them shaped like the ids (or ragged). A lookup is then
 
   id_embeddings(table, unique_rows, restore, ...)  -> [*ids_shape, dim]
 
-which reads by the table's `kind` (see `TableKind`):
+which reads by the table's `kind` (see `TableKind`) and `training`:
 
-  FLAT, and TIERED in training (its plan applied first):
+  training (TIERED: the batch's plan applied first):
+    per_id(unique_embeddings(table, unique_rows), restore, training=True)
+  FLAT, not training:
     gather(variable, gather(unique_rows, restore))
-  EXPANSION, and TIERED when not training:
+  EXPANSION and TIERED, not training:
     per_id(unique_embeddings(table, unique_rows), restore)
 
-The first reads each id's row straight from the table variable, so the
-gradient of a table is IndexedSlices on every id's row, repeated rows
-included, with the ids' gradients as they are: no segment sum over restore in
-the backward pass. Summing the repeated rows is the optimizer's job, done once
-over the batch: the fused native row updates sum them in their own pass
-(`HashOptimizer.sums_repeated_rows_of`), the other HashOptimizer updates with
-tf.unique + unsorted_segment_sum, stock Keras optimizers with their own
-deduplication. The second is the dedup read (the distinct rows once, then
-every id's from those), for row stores read through their own ops.
+Training reads the distinct rows once, then every id's from those
+(core/restore_sum.py's `gather_by_restore`), whose gradient the native
+MxSumByRestore sums per distinct row by restore index (in order of id, no
+hashing): the table's gradient is IndexedSlices on the batch's distinct rows,
+each once, which every optimizer takes as it is. Reads outside training are
+plain gathers (serving graphs hold no native op): a flat table's reads each
+id's row straight from the variable (`gather_per_id`), other kinds' read their
+row stores through their own ops.
 
 The Keras `SparseLookup`, `sparse_lookup` and `Embedding.dequeue` all read
 through `id_embeddings`; `combiner.combine` then reduces each position's ids.
@@ -39,6 +40,7 @@ import enum
 import tensorflow as tf
 
 from mxrec_pipeline.core import default_value as default_value_lib
+from mxrec_pipeline.core import restore_sum
 
 
 class TableKind(enum.Enum):
@@ -105,10 +107,10 @@ def id_embeddings(table, unique_rows: tf.Tensor, restore, *, training: bool,
                   plan_token: tf.Tensor | None = None, default_value=None, admitting: bool = False):
   """Every id's embedding, read as the table's kind needs: THE lookup.
 
-  FLAT tables, and TIERED ones in training, gather each id's row from the
-  table variable (`gather_per_id`); EXPANSION tables, and TIERED ones when not
-  training, read the distinct rows first (`unique_embeddings`, then `per_id`).
-  See the module docstring.
+  In training, and for EXPANSION and TIERED tables, reads the distinct rows
+  first (`unique_embeddings`, then `per_id`); FLAT tables outside training
+  gather each id's row from the table variable (`gather_per_id`). See the
+  module docstring.
 
   Args:
     table: A table from create_table (SparseEmbedding or ExpansionTable).
@@ -121,18 +123,18 @@ def id_embeddings(table, unique_rows: tf.Tensor, restore, *, training: bool,
 
   Returns:
     [*ids_shape, dim] of the table's value dtype; a tf.RaggedTensor
-    [..., (num_ids), dim] for ragged restore. The gradient with respect to a
-    flat or tiered `table.variable` is IndexedSlices on every id's row (rows
-    repeat as ids do; rows of -1 get none): optimizers sum repeated rows
-    (module docstring).
+    [..., (num_ids), dim] for ragged restore. In training the gradient with respect to a
+    flat or tiered `table.variable` is IndexedSlices on the batch's distinct
+    rows, each once, summed over their ids (rows of -1 get none).
 
   Raises:
     As `unique_embeddings`.
   """
-  if table.kind is TableKind.EXPANSION or (table.kind is TableKind.TIERED and not training):
+  if training or table.kind is not TableKind.FLAT:
     return per_id(
         unique_embeddings(table, unique_rows, training=training, plan_token=plan_token,
-                          default_value=default_value, admitting=admitting), restore)
+                          default_value=default_value, admitting=admitting), restore,
+        training=training)
   return gather_per_id(table.variable, _planned(table, unique_rows, plan_token), restore,
                        training=training, default_value=default_value, admitting=admitting)
 
@@ -228,21 +230,25 @@ def gather_rows(rows, unique_rows: tf.Tensor, *, training: bool = True, default_
   return tf.where(tf.expand_dims(present, -1), unique_emb, default)
 
 
-def per_id(unique_emb: tf.Tensor, restore):
+def per_id(unique_emb: tf.Tensor, restore, *, training: bool = False):
   """Every id's embedding: `gather(unique_emb, restore)`.
 
   Args:
     unique_emb: [num_unique, dim] from `unique_embeddings` or `gather_rows`.
     restore: [*ids_shape] int32 positions into unique_emb, or a
       tf.RaggedTensor of them.
+    training: Read with `restore_sum.gather_by_restore`, whose gradient (a
+      dense [num_unique, dim]) the native MxSumByRestore sums by restore;
+      else TF's gather (no native op in the graph, e.g. for serving).
 
   Returns:
     [*ids_shape, dim]; a tf.RaggedTensor [..., (num_ids), dim] for ragged
     restore.
   """
+  gather = restore_sum.gather_by_restore if training else tf.gather
   if isinstance(restore, tf.RaggedTensor):
-    return restore.with_flat_values(tf.gather(unique_emb, restore.flat_values))
-  return tf.gather(unique_emb, restore)
+    return restore.with_flat_values(gather(unique_emb, restore.flat_values))
+  return gather(unique_emb, restore)
 
 
 def _replica_local(rows):

@@ -58,6 +58,7 @@ import tensorflow as tf
 from mxrec_pipeline.core import embedding as core_embedding
 from mxrec_pipeline.core import key_index as key_index_lib
 from mxrec_pipeline.core import lookup as core_lookup
+from mxrec_pipeline.core import restore_sum
 from mxrec_pipeline.embedding import lookup, optimizers, shapes
 from mxrec_pipeline.embedding.config import FeatureConfig, TableConfig
 from mxrec_pipeline.util import initialize
@@ -429,7 +430,10 @@ class Embedding(tf.Module):
     with tf.name_scope(name or "apply_gradients"):
       for table_name, grads in by_table.items():
         table = self._tables[table_name]
-        row_grads = _row_gradients(step.rows[replica][table_name], grads, table.dim)
+        # Every distinct row has an id of these features when none of the
+        # table's features has a None gradient.
+        complete = len(grads) == self._table_of_feature.count(table_name)
+        row_grads = _row_gradients(step.rows[replica][table_name], grads, table.dim, complete)
         pairs_by_optimizer.setdefault(self._optimizer_of_table[table_name], []).append(
             (row_grads, table.variable))
       # The same order in every replica: each call all-reduces across them.
@@ -661,23 +665,28 @@ def flatten_feature_config(feature_config) -> tuple[list, list, list, list]:
   return paths, flat, configs, names
 
 
-def _row_gradients(rows: tf.Tensor, grads, dim: int) -> tf.IndexedSlices:
+def _row_gradients(rows: tf.Tensor, grads, dim: int, complete: bool) -> tf.IndexedSlices:
   """Gradient of a table's rows from its features' activation gradients.
 
   Each feature's activation is linear in its ids' embeddings, so the
   gradient of those embeddings is the activation gradient taken back through
-  the FeaturePlan (a tape over zeros gives that transpose). Each id's
-  gradient then goes to its row as it is, rows repeating as ids do: the hash
-  optimizer sums repeated rows (core/lookup.py's module docstring), as it does
-  for the gradient of a lookup.
+  the FeaturePlan (a tape over zeros gives that transpose). With `complete`
+  (every row has an id in `grads`) the ids' gradients are summed per distinct
+  row by their restore indices (core/restore_sum.py, as the gradient of a
+  training lookup), so the optimizer gets each row once; otherwise each id's
+  gradient goes to its row as it is, rows repeating as ids do (the hash
+  optimizer sums them), so that rows of features without a gradient get no
+  update.
 
   Args:
     rows: [u] int64, the replica's distinct rows of the table.
     grads: [(activation gradient, restore [n] int32, FeaturePlan)].
     dim: Embedding dimension.
+    complete: Every row of `rows` has an id in `grads`.
 
   Returns:
-    IndexedSlices of [sum of n, dim] float32 on the ids' rows (repeated).
+    IndexedSlices of [u, dim] float32 on `rows` (complete), else of
+    [sum of n, dim] on the ids' rows (repeated).
   """
   with tf.GradientTape() as tape:
     per_id = [tf.zeros([tf.size(restore), dim]) for _, restore, _ in grads]
@@ -685,11 +694,12 @@ def _row_gradients(rows: tf.Tensor, grads, dim: int) -> tf.IndexedSlices:
       tape.watch(p)
     activations = [plan.activation(p) for p, (_, _, plan) in zip(per_id, grads)]
   id_grads = tape.gradient(activations, per_id, output_gradients=[g for g, _, _ in grads])
+  id_grad = tf.concat(id_grads, 0) if len(grads) > 1 else id_grads[0]
   restores = [restore for _, restore, _ in grads]
-  return tf.IndexedSlices(
-      tf.concat(id_grads, 0) if len(grads) > 1 else id_grads[0],
-      tf.gather(rows,
-                tf.concat(restores, 0) if len(grads) > 1 else restores[0]))
+  restore = tf.concat(restores, 0) if len(grads) > 1 else restores[0]
+  if complete:
+    return tf.IndexedSlices(restore_sum.sum_by_restore(id_grad, restore, tf.size(rows)), rows)
+  return tf.IndexedSlices(id_grad, tf.gather(rows, restore))
 
 
 def _to_tensor(value):

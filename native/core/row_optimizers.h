@@ -10,7 +10,9 @@
 // [n, dim], grad[i] the summed gradient of rows[i]. Rows are independent:
 // callers may split [begin, end) ranges of the batch over threads. Gradients of
 // repeated rows (an IndexedSlices gradient as autodiff gives it) are summed
-// first by SumRepeatedRows.
+// first by SumRepeatedRows; the gradients of a lookup's ids, whose insertion
+// gave their restore indices, are summed per distinct row by SumByRestore
+// instead (no hashing: the restore index is the row's position).
 #ifndef MXREC_PIPELINE_NATIVE_CORE_ROW_OPTIMIZERS_H_
 #define MXREC_PIPELINE_NATIVE_CORE_ROW_OPTIMIZERS_H_
 
@@ -25,11 +27,32 @@ namespace mxrec {
 // use rows and grad as they are, nothing copied). Otherwise `unique` holds the
 // distinct rows in first-occurrence order and `summed` [u, dim] the sum of
 // their gradients, added in order of position. n < 2^31.
+// `capacity`: rows are in [0, capacity) (callers check); a bitmap of capacity
+// bits then tells distinct rows apart without hashing when it is small next to
+// the rows' gradients (capacity <= 1024 * n).
 bool SumRepeatedRows(const int64_t* rows,  // (n)
                      const float* grad,    // (n, dim)
-                     int64_t n, int64_t dim,
+                     int64_t n, int64_t dim, int64_t capacity,
                      std::vector<int64_t>* unique,  // out: (u)
                      std::vector<float>* summed);   // out: (u, dim)
+
+// Whether rows (n), each in [0, capacity), are distinct, by a bitmap of
+// capacity bits (capacity / 8 bytes, zeroed per call).
+bool RowsAreDistinct(const int64_t* rows, int64_t n, int64_t capacity);
+
+// The first position whose restore value is outside [0, num_unique), or -1.
+int64_t FindBadRestore(const int32_t* restore, int64_t n, int64_t num_unique);
+
+// summed[u] = the sum of grad[i] over the positions i with restore[i] == u,
+// added in order of i, for u in [begin, end) (zeros for a u without
+// positions): rows [begin, end) of TF's unsorted_segment_sum(grad, restore,
+// num_unique). restore (n) holds positions among a batch's distinct rows (key
+// index insertion's restore indices), checked by FindBadRestore. Reads grad in
+// order (rows of other ranges skipped), so that ranges of distinct rows can be
+// summed on different threads, each reading restore whole.
+void SumByRestore(const float* grad,  // (n, dim)
+                  const int32_t* restore, int64_t n, int64_t dim, int64_t begin, int64_t end,
+                  float* summed);  // out: (num_unique, dim), rows [begin, end) written
 
 // Lazy Adam (tf.keras / mxRec lazy Adam, Kingma & Ba 2015 with the bias
 // correction folded into lr_t = lr * sqrt(1 - beta2^t) / (1 - beta1^t)):

@@ -3,8 +3,9 @@
 // EnsureSparseVariableAccess, as its ResourceScatter* and sparse apply ops do),
 // lock their mutexes exclusively in address order, check the rows and shapes,
 // sum the gradients of repeated rows, and run native/core/row_optimizers.cc
-// over shards of the distinct rows on TF's
-// intra-op threads. CPU only: the tables live on the host here. (GPU-ready
+// over shards of the distinct rows on TF's intra-op threads; and the kernel of
+// MxSumByRestore, the gradient of a lookup's per-id gather summed per
+// distinct row. CPU only: the tables live on the host here. (GPU-ready
 // structure: the per-row math is TF-free and takes [begin, end) ranges.)
 #define EIGEN_USE_THREADS
 
@@ -113,12 +114,12 @@ class SummedRows {
   // `n` rows of `dim` elements, checked by CheckRows; `name` names the op in
   // the error of a failed allocation (nothing throws out of Compute).
   ::tensorflow::Status Sum(OpKernelContext* ctx, int first, int64_t n, int64_t dim,
-                           const char* name) {
+                           int64_t capacity, const char* name) {
     rows_ = ctx->input(first).flat<int64_t>().data();
     grad_ = ctx->input(first + 1).flat<float>().data();
     n_ = n;
     try {
-      if (SumRepeatedRows(rows_, grad_, n, dim, &unique_, &summed_)) {
+      if (SumRepeatedRows(rows_, grad_, n, dim, capacity, &unique_, &summed_)) {
         rows_ = unique_.data();
         grad_ = summed_.data();
         n_ = static_cast<int64_t>(unique_.size());
@@ -164,7 +165,7 @@ class LazyAdamRowsOp : public OpKernel {
     int64_t n;
     OP_REQUIRES_OK(ctx, CheckRows(ctx, 3, vars, "MxLazyAdamRows", &n));
     SummedRows summed;
-    OP_REQUIRES_OK(ctx, summed.Sum(ctx, 3, n, vars.dim(), "MxLazyAdamRows"));
+    OP_REQUIRES_OK(ctx, summed.Sum(ctx, 3, n, vars.dim(), vars.capacity(), "MxLazyAdamRows"));
     const int64_t* rows = summed.rows();
     const float* grad = summed.grad();
     n = summed.n();
@@ -192,7 +193,7 @@ class AdagradRowsOp : public OpKernel {
     int64_t n;
     OP_REQUIRES_OK(ctx, CheckRows(ctx, 2, vars, "MxAdagradRows", &n));
     SummedRows summed;
-    OP_REQUIRES_OK(ctx, summed.Sum(ctx, 2, n, vars.dim(), "MxAdagradRows"));
+    OP_REQUIRES_OK(ctx, summed.Sum(ctx, 2, n, vars.dim(), vars.capacity(), "MxAdagradRows"));
     const int64_t* rows = summed.rows();
     const float* grad = summed.grad();
     n = summed.n();
@@ -215,7 +216,7 @@ class FtrlRowsOp : public OpKernel {
     int64_t n;
     OP_REQUIRES_OK(ctx, CheckRows(ctx, 3, vars, "MxFtrlRows", &n));
     SummedRows summed;
-    OP_REQUIRES_OK(ctx, summed.Sum(ctx, 3, n, vars.dim(), "MxFtrlRows"));
+    OP_REQUIRES_OK(ctx, summed.Sum(ctx, 3, n, vars.dim(), vars.capacity(), "MxFtrlRows"));
     const int64_t* rows = summed.rows();
     const float* grad = summed.grad();
     n = summed.n();
@@ -239,7 +240,7 @@ class SgdRowsOp : public OpKernel {
     int64_t n;
     OP_REQUIRES_OK(ctx, CheckRows(ctx, 1, vars, "MxSgdRows", &n));
     SummedRows summed;
-    OP_REQUIRES_OK(ctx, summed.Sum(ctx, 1, n, vars.dim(), "MxSgdRows"));
+    OP_REQUIRES_OK(ctx, summed.Sum(ctx, 1, n, vars.dim(), vars.capacity(), "MxSgdRows"));
     const int64_t* rows = summed.rows();
     const float* grad = summed.grad();
     n = summed.n();
@@ -252,9 +253,61 @@ class SgdRowsOp : public OpKernel {
   }
 };
 
+// The gradients of a batch's ids summed per distinct row: SumByRestore over
+// one range of the distinct rows per intra-op thread.
+class SumByRestoreOp : public OpKernel {
+ public:
+  explicit SumByRestoreOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
+
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& grad = ctx->input(0);
+    const Tensor& restore = ctx->input(1);
+    const Tensor& num_unique_t = ctx->input(2);
+    OP_REQUIRES(ctx, grad.dims() == 2 && restore.dims() == 1 &&
+                         restore.dim_size(0) == grad.dim_size(0) &&
+                         ::tensorflow::TensorShapeUtils::IsScalar(num_unique_t.shape()),
+                errors::InvalidArgument("MxSumByRestore: grad must be [n, dim], restore [n] and "
+                                        "num_unique a scalar, got ",
+                                        grad.shape().DebugString(), ", ",
+                                        restore.shape().DebugString(), " and ",
+                                        num_unique_t.shape().DebugString()));
+    const int64_t n = grad.dim_size(0), dim = grad.dim_size(1);
+    const int64_t num_unique = num_unique_t.scalar<int32_t>()();
+    OP_REQUIRES(ctx, num_unique >= 0,
+                errors::InvalidArgument("MxSumByRestore: num_unique must be >= 0, got ",
+                                        num_unique));
+    const int32_t* r = restore.flat<int32_t>().data();
+    const int64_t bad = FindBadRestore(r, n, num_unique);
+    OP_REQUIRES(ctx, bad < 0,
+                errors::InvalidArgument("MxSumByRestore: restore[", bad, "] = ", r[bad],
+                                        " is outside [0, num_unique = ", num_unique, ")"));
+    Tensor* summed = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, {num_unique, dim}, &summed));
+    const float* g = grad.flat<float>().data();
+    float* out = summed->flat<float>().data();
+    // One range of distinct rows per thread (each range reads restore whole),
+    // none for small batches.
+    auto* workers = ctx->device()->tensorflow_cpu_worker_threads()->workers;
+    const int64_t shards =
+        std::max<int64_t>(1, std::min<int64_t>(workers->NumThreads(), n * dim / kMinShardElements));
+    workers->ParallelFor(shards, kHugeShardCost, [=](int64_t first, int64_t last) {
+      for (int64_t s = first; s < last; ++s) {
+        SumByRestore(g, r, n, dim, num_unique * s / shards, num_unique * (s + 1) / shards, out);
+      }
+    });
+  }
+
+ private:
+  // Elements of grad per range at least, and a cost that gives each range its
+  // own task.
+  static constexpr int64_t kMinShardElements = 1 << 16;
+  static constexpr int64_t kHugeShardCost = int64_t{1} << 30;
+};
+
 MXREC_REGISTER_CPU("MxLazyAdamRows", LazyAdamRowsOp);
 MXREC_REGISTER_CPU("MxAdagradRows", AdagradRowsOp);
 MXREC_REGISTER_CPU("MxFtrlRows", FtrlRowsOp);
 MXREC_REGISTER_CPU("MxSgdRows", SgdRowsOp);
+MXREC_REGISTER_CPU("MxSumByRestore", SumByRestoreOp);
 
 }  // namespace mxrec

@@ -4,7 +4,8 @@
 // table variable and of its slot variables in one pass. Kernels in
 // native/kernels/row_optimizer_kernels.cc; the math in
 // native/core/row_optimizers.cc (no TF there). Used by the hash optimizers'
-// `_update_rows` (mxrec_pipeline/optimizers).
+// `_update_rows` (mxrec_pipeline/optimizers). MxSumByRestore: the gradient of
+// a lookup's per-id read, summed per distinct row (core/lookup.py).
 #include "common.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/shape_inference.h"
@@ -94,6 +95,36 @@ REGISTER_OP("MxSgdRows")
     .SetShapeFn([](InferenceContext* c) { return RowUpdateShape(c, 1, 2); })
     .Doc(R"doc(
 SGD on rows `rows`: var -= lr (g + weight_decay var). Inputs as MxLazyAdamRows.
+)doc");
+
+REGISTER_OP("MxSumByRestore")
+    .Input("grad: float")
+    .Input("restore: int32")
+    .Input("num_unique: int32")
+    .Output("summed: float")
+    .SetShapeFn([](InferenceContext* c) {
+      ShapeHandle grad, restore;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 2, &grad));
+      TF_RETURN_IF_ERROR(VectorInput(c, 1, &restore));
+      ::tensorflow::shape_inference::DimensionHandle unused, num_unique;
+      TF_RETURN_IF_ERROR(c->Merge(c->Dim(grad, 0), c->Dim(restore, 0), &unused));
+      TF_RETURN_IF_ERROR(ScalarInput(c, 2));
+      TF_RETURN_IF_ERROR(c->MakeDimForScalarInput(2, &num_unique));
+      c->set_output(0, c->Matrix(num_unique, c->Dim(grad, 1)));
+      return ::tensorflow::OkStatus();
+    })
+    .Doc(R"doc(
+The gradients of a batch's ids summed per distinct row:
+summed[u] = sum of grad[i] over the ids i with restore[i] == u, added in order
+of i (the values of tf.math.unsorted_segment_sum(grad, restore, num_unique)),
+by restore index instead of hashing, one range of rows per intra-op thread.
+The gradient of core/lookup.py's per-id read of the distinct rows.
+
+grad: [n, dim] float32, the ids' gradients.
+restore: [n] int32 in [0, num_unique): each id's position among the distinct
+  rows (key index insertion's restore indices); InvalidArgument otherwise.
+num_unique: int32 scalar, the number of distinct rows.
+summed: [num_unique, dim] float32 (zeros for a row without ids).
 )doc");
 
 }  // namespace mxrec

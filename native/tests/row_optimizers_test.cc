@@ -16,19 +16,63 @@ TEST(SumRepeatedRowsTest, DistinctRowsAreLeftAsTheyAre) {
   const std::vector<float> grad = {1, 2, 3, 4, 5, 6};
   std::vector<int64_t> unique = {7};
   std::vector<float> summed;
-  EXPECT_FALSE(SumRepeatedRows(rows.data(), grad.data(), 3, 2, &unique, &summed));
+  EXPECT_FALSE(SumRepeatedRows(rows.data(), grad.data(), 3, 2, 10, &unique, &summed));
   EXPECT_TRUE(summed.empty());
 }
 
-TEST(SumRepeatedRowsTest, RepeatedRowsSumInFirstOccurrenceOrder) {
+// Capacity 6 checks distinctness with the bitmap, 1 << 30 (> 1024 n) by hashing.
+class SumRepeatedRowsCapacityTest : public ::testing::TestWithParam<int64_t> {};
+
+TEST_P(SumRepeatedRowsCapacityTest, RepeatedRowsSumInFirstOccurrenceOrder) {
+  const int64_t capacity = GetParam();
   // Row 5 at positions 0, 2 and 3; row 2 at position 1.
   const std::vector<int64_t> rows = {5, 2, 5, 5};
   const std::vector<float> grad = {1, -1, 10, 20, 0.5f, 0.25f, 2, 4};
   std::vector<int64_t> unique;
   std::vector<float> summed;
-  ASSERT_TRUE(SumRepeatedRows(rows.data(), grad.data(), 4, 2, &unique, &summed));
+  ASSERT_TRUE(SumRepeatedRows(rows.data(), grad.data(), 4, 2, capacity, &unique, &summed));
   EXPECT_EQ(unique, (std::vector<int64_t>{5, 2}));
   EXPECT_EQ(summed, (std::vector<float>{3.5f, 3.25f, 10, 20}));
+}
+
+TEST_P(SumRepeatedRowsCapacityTest, DistinctRowsIncludingTheLastRowAreLeftAsTheyAre) {
+  const int64_t capacity = GetParam();
+  const std::vector<int64_t> rows = {capacity - 1, 0, 4, 1};
+  const std::vector<float> grad = {1, 2, 3, 4, 5, 6, 7, 8};
+  std::vector<int64_t> unique;
+  std::vector<float> summed;
+  EXPECT_FALSE(SumRepeatedRows(rows.data(), grad.data(), 4, 2, capacity, &unique, &summed));
+}
+
+INSTANTIATE_TEST_SUITE_P(BitmapAndHash, SumRepeatedRowsCapacityTest,
+                         ::testing::Values(int64_t{6}, int64_t{1} << 30));
+
+TEST(RowsAreDistinctTest, FindsARepeatAcrossBitmapWords) {
+  const std::vector<int64_t> rows = {63, 64, 127, 0, 64};
+  EXPECT_FALSE(RowsAreDistinct(rows.data(), 5, 128));
+  EXPECT_TRUE(RowsAreDistinct(rows.data(), 4, 128));
+  EXPECT_TRUE(RowsAreDistinct(rows.data(), 0, 0));
+}
+
+TEST(FindBadRestoreTest, ReportsTheFirstPositionOutOfRange) {
+  const std::vector<int32_t> too_big = {0, 1, 2, 0};
+  EXPECT_EQ(FindBadRestore(too_big.data(), 4, 2), 2);
+  EXPECT_EQ(FindBadRestore(too_big.data(), 4, 3), -1);
+  const std::vector<int32_t> negative = {0, -1, 1, 0};
+  EXPECT_EQ(FindBadRestore(negative.data(), 4, 2), 1);
+}
+
+// restore {2, 0, 2, 2, 0}: value 0 at positions 1, 4; value 1 nowhere; value 2
+// at 0, 2, 3.
+TEST(SumByRestoreTest, SumsEachValuesRowsAndZerosValuesWithoutRows) {
+  const std::vector<int32_t> restore = {2, 0, 2, 2, 0};
+  const std::vector<float> grad = {1, 2, 10, 20, 0.5f, 0.25f, 3, 4, -10, -20};
+  std::vector<float> summed(6, 99.0f);
+  // Two ranges, as two threads would sum them.
+  SumByRestore(grad.data(), restore.data(), 5, 2, 0, 1, summed.data());
+  EXPECT_EQ(summed, (std::vector<float>{0, 0, 99, 99, 99, 99}));
+  SumByRestore(grad.data(), restore.data(), 5, 2, 1, 3, summed.data());
+  EXPECT_EQ(summed, (std::vector<float>{0, 0, 0, 0, 4.5f, 6.25f}));
 }
 
 // A [4, 2] table: rows 3 and 1 are updated, rows 0 and 2 must not change.

@@ -49,9 +49,8 @@ def test_gradient_is_indexed_slices_equal_to_dense(raw_ids):
   dense_grad = tf.convert_to_tensor(tape.gradient(dense_loss, dense)).numpy()
 
   assert isinstance(sparse_grad, tf.IndexedSlices)
-  # One slice per id, on its row: repeated rows are summed by the optimizer
-  # (core/lookup.py), here by densifying.
-  assert sorted(sparse_grad.indices.numpy().tolist()) == sorted(table_rows[positions].ravel())
+  # One slice per distinct row, its ids' gradients summed (core/restore_sum.py).
+  assert sorted(sparse_grad.indices.numpy().tolist()) == sorted(table_rows)
   densified = tf.convert_to_tensor(sparse_grad).numpy()
   assert densified.shape == (CAPACITY, DIM)
   np.testing.assert_allclose(densified[table_rows], dense_grad, rtol=1e-5, atol=1e-6)

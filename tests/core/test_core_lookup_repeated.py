@@ -1,11 +1,15 @@
-"""A lookup's gradient with repeated rows trains the table as the dedup read's does.
+"""A lookup's gradient trains the table as the dedup read's and a dense reference do.
 
-core/lookup.py's `id_embeddings` reads each id's row from the table variable,
-so a table's gradient repeats rows as the batch repeats ids; every optimizer of
-tables must sum them: the fused native updates (float32 tables), the TF-op
-updates after tf.unique (float64 tables), stock Keras optimizers. Each run is
-compared with the dedup read (distinct rows, then every id's: a gradient on
-distinct rows) and with a dense tf.Variable trained by a NumPy reference.
+core/lookup.py's `id_embeddings` in training reads the distinct rows, then
+every id's with a gradient that the native MxSumByRestore sums per distinct
+row: the table's gradient holds each distinct row once. Gradients that repeat
+rows (`gather_per_id`, each id's row read from the table; also
+`Embedding.apply_gradients` and replicas' concatenated gradients) must train
+the same: every optimizer of tables sums them (the fused native updates for
+float32 tables, the TF-op updates after tf.unique for float64 tables, stock
+Keras optimizers). Each run is compared with the dedup read through TF's
+gather (its gradient summed by TF's UnsortedSegmentSum) and with a dense
+tf.Variable trained by a NumPy reference.
 """
 
 import numpy as np
@@ -42,6 +46,7 @@ OPTIMIZERS = {
 READS = {
     "id_embeddings": lambda table, rows, restore: lookup.id_embeddings(
         table, rows, restore, training=True),
+    "repeated": lambda table, rows, restore: lookup.gather_per_id(table.variable, rows, restore),
     "dedup": lambda table, rows, restore: lookup.per_id(
         lookup.unique_embeddings(table, rows, training=True), restore),
 }
@@ -94,18 +99,20 @@ def _dense_reference(make_reference, slot_initial_values, index):
   return w, slots
 
 
+@pytest.mark.parametrize("read", ["id_embeddings", "repeated"])
 @pytest.mark.parametrize("value_dtype", [tf.float32, tf.float64], ids=["fused", "tf_ops"])
 @pytest.mark.parametrize("name", list(OPTIMIZERS))
-def test_repeated_rows_train_as_the_dedup_read_and_a_dense_reference(name, value_dtype):
+def test_lookups_train_as_the_dedup_read_and_a_dense_reference(name, value_dtype, read):
   make, make_reference = OPTIMIZERS[name]
   # float64 tables update with TF ops, after tf.unique + unsorted_segment_sum.
   assert (value_dtype in make().sums_repeated_rows_of) == (value_dtype == tf.float32)
-  got_w, got_slots, index, sizes = _train("id_embeddings", make, value_dtype)
+  got_w, got_slots, index, sizes = _train(read, make, value_dtype)
   dedup_w, dedup_slots, dedup_index, dedup_sizes = _train("dedup", make, value_dtype)
 
-  # One gradient slice per id, against one per distinct row for the dedup read.
-  assert sizes == [ids.size for ids in BATCHES]
+  # One gradient slice per distinct row (id_embeddings, as the dedup read), or
+  # one per id, rows repeated (gather_per_id).
   assert dedup_sizes == [np.unique(ids).size for ids in BATCHES]
+  assert sizes == (dedup_sizes if read == "id_embeddings" else [ids.size for ids in BATCHES])
   assert index == dedup_index
   np.testing.assert_allclose(got_w, dedup_w, rtol=1e-6, atol=1e-7)
   assert sorted(got_slots) == sorted(dedup_slots)
@@ -121,9 +128,10 @@ def test_repeated_rows_train_as_the_dedup_read_and_a_dense_reference(name, value
   np.testing.assert_array_equal(got_w[untouched], lib.initial_rows(CAPACITY, DIM)[untouched])
 
 
-def test_stock_keras_optimizer_sums_repeated_rows():
-  got_w, _, index, sizes = _train("id_embeddings", lambda: tf.keras.optimizers.Adam(0.1))
-  assert sizes == [ids.size for ids in BATCHES]
+@pytest.mark.parametrize("read", ["id_embeddings", "repeated"])
+def test_stock_keras_optimizer_trains_as_a_dense_gradient(read):
+  got_w, _, index, sizes = _train(read, lambda: tf.keras.optimizers.Adam(0.1))
+  assert sizes == [(ids if read == "repeated" else np.unique(ids)).size for ids in BATCHES]
   # Keras Adam deduplicates IndexedSlices itself; its update of a sparse
   # gradient equals that of the dense gradient.
   dense = tf.Variable(lib.initial_rows(CAPACITY, DIM))
@@ -156,5 +164,9 @@ def test_ragged_restore_and_rows_without_a_row():
     loss = tf.reduce_sum(emb.flat_values)
   grad = tape.gradient(loss, table.variable)
   assert isinstance(grad, tf.IndexedSlices)
-  assert sorted(grad.indices.numpy().tolist()) == [4, 4, 7, 7]
+  # Each distinct row once, its ids' gradients summed (two ids each).
+  order = np.argsort(grad.indices.numpy())
+  assert grad.indices.numpy()[order].tolist() == [4, 7]
+  np.testing.assert_array_equal(
+      tf.convert_to_tensor(grad.values).numpy()[order], np.full([2, DIM], 2.0))
   np.testing.assert_array_equal(emb.flat_values.numpy()[1], np.zeros(DIM))

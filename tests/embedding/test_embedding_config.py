@@ -57,6 +57,30 @@ def test_shared_table_is_one_table_with_one_row_per_id():
   np.testing.assert_allclose(after[:3], [rows[0] - 2.0, rows[1] - 1.5, rows[2] - 0.5], rtol=1e-6)
 
 
+def test_rows_of_a_shared_tables_feature_without_gradient_stay_untouched():
+  # Row of id 7 (only the second feature's) moves at step 1; at step 2 that
+  # feature's gradient is None, so lazy Adam must not touch the row (a zero
+  # gradient would move it by its momentum). Id 5's row trains both steps.
+  rows = lib.initial_rows(8, 2)
+  table = tpu_embedding.TableConfig(8, 2, initializer=lib.constant_initializer(rows))
+  embedding = tpu_embedding.Embedding(
+      [tpu_embedding.FeatureConfig(table),
+       tpu_embedding.FeatureConfig(table)], tpu_embedding.Adam(0.1))
+  ids = [tf.constant([[5]], tf.int64), tf.constant([[7], [5]], tf.int64)]
+  embedding.enqueue(ids, training=True)
+  embedding.dequeue()
+  embedding.apply_gradients([tf.ones([1, 2]), tf.ones([2, 2])])
+  after_first = embedding.embedding_tables[table].numpy()
+  assert lib.row_of(embedding, table) == {5: 0, 7: 1}
+  assert np.all(after_first[:2] != rows[:2])
+  embedding.enqueue(ids, training=True)
+  embedding.dequeue()
+  embedding.apply_gradients([tf.ones([1, 2]), None])
+  after_second = embedding.embedding_tables[table].numpy()
+  np.testing.assert_array_equal(after_second[1], after_first[1])
+  assert np.all(after_second[0] != after_first[0])
+
+
 def test_duplicate_table_names_raise():
   a, b = tpu_embedding.TableConfig(4, 2, name="same"), tpu_embedding.TableConfig(4, 2, name="same")
   with pytest.raises(ValueError, match="Tables must have a unique name.*same"):

@@ -108,6 +108,8 @@ CASES = (
          bad=((2, [2], RANK), (4, [3, 5, 1], RANK), (9, [1], RANK))),
     Case("MxSgdRows", (HANDLE, (I64, [3]), (F32, [3, 4]), (F32, []), (F32, [])), (), (),
          bad=((1, [3, 1], RANK), (2, [4, 4], DIMS), (4, [1], RANK))),
+    Case("MxSumByRestore", ((F32, [6, 4]), (tf.int32, [6]), (tf.int32, [])), ([None, 4],),
+         ([None, None],), bad=((0, [6], RANK), (1, [6, 1], RANK), (1, [5], DIMS), (2, [1], RANK))),
     # Row store: native/ops/row_store_ops.cc.
     _handle_op("MxRowStoreHandle"),
     _handle_only("MxRowStoreCreate", (), {**DIM, **TABLE}),

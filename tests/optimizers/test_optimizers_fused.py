@@ -79,6 +79,28 @@ def test_fused_update_sums_the_gradients_of_repeated_rows(make):
                                atol=1e-7)
 
 
+@pytest.mark.parametrize("capacity", [6, 7000], ids=["bitmap", "hash"])
+def test_distinct_and_repeated_rows_update_alike_by_bitmap_or_hash(capacity):
+  # The kernels tell distinct rows apart with a bitmap of the capacity when it
+  # is at most 1024 rows per gradient row, else by hashing: both ways, a
+  # gradient on distinct rows and the same gradient split over repeated rows
+  # update the same.
+  optimizer = lazy_adam.LazyAdam(0.01)
+  rng = np.random.RandomState(11)
+  grad = rng.normal(size=[3, DIM]).astype(np.float32)
+  halves = np.concatenate([grad * 0.25, grad * 0.75])
+  results = []
+  for rows, values in (([5, 0, 2], grad), ([5, 0, 2, 5, 0, 2], halves)):
+    var = tf.Variable(np.ones([capacity, DIM], np.float32))
+    slots = {name: tf.Variable(np.zeros([capacity, DIM], np.float32)) for name in ("m", "v")}
+    optimizer._update_rows(var, slots, tf.constant(rows, tf.int64), tf.constant(values),
+                           tf.constant(1, tf.int64))
+    results.append([var.numpy()[[0, 2, 5, 1]], slots["m"].numpy()[[0, 2, 5]]])
+  np.testing.assert_allclose(results[0][0], results[1][0], rtol=1e-6, atol=1e-7)
+  np.testing.assert_allclose(results[0][1], results[1][1], rtol=1e-6, atol=1e-7)
+  np.testing.assert_array_equal(results[0][0][3], 1)  # Row 1: untouched.
+
+
 def test_fused_update_of_a_graph_function_sees_earlier_reads():
   # A value read before the update keeps its old content (copy on write).
   var, slots = _variables(["m", "v"], seed=0)

@@ -1,0 +1,79 @@
+"""A training lookup's per-id read whose gradient comes summed per distinct row.
+
+Insertion gives a batch's distinct rows and, per id, `restore`: the position of
+its row among them. A training lookup reads the distinct rows' embeddings
+`unique_emb` [num_unique, dim] once, then every id's with `gather_by_restore`,
+the values of `tf.gather(unique_emb, restore)`. Its gradient is not TF's
+(IndexedSlices on restore, densified by an `UnsortedSegmentSum` that hashes
+nothing but runs on one thread) but `sum_by_restore`: the native
+`MxSumByRestore` adds each id's gradient to its distinct row's by restore
+index, one range of distinct rows per intra-op thread. The table variable's gradient is
+then IndexedSlices on the distinct rows, each once: the optimizers take it as it
+is (the fused row updates check distinctness with a bitmap, not a hash). The
+values equal `tf.math.unsorted_segment_sum(grad, restore, num_unique)`, added
+in the same (position) order.
+
+Serving graphs never hold these ops: reads with training=False use plain
+gathers (core/lookup.py).
+"""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+from mxrec_pipeline import ops
+
+
+def sum_by_restore(values: tf.Tensor, restore: tf.Tensor, num_unique) -> tf.Tensor:
+  """Sums the ids' gradients per distinct row: `unsorted_segment_sum(values, restore, num_unique)`.
+
+  float32 values go through the native MxSumByRestore (native/core/
+  row_optimizers.h, SumByRestore); other dtypes through
+  `tf.math.unsorted_segment_sum`.
+
+  Args:
+    values: [*restore_shape, dim] float tensor, the ids' gradients.
+    restore: [*restore_shape] int32 positions in [0, num_unique).
+    num_unique: int32 scalar, the number of distinct rows.
+
+  Returns:
+    [num_unique, dim] of values' dtype; zeros for a row no id has.
+
+  Raises:
+    tf.errors.InvalidArgumentError: a restore value outside [0, num_unique)
+      (float32, naming its position and value).
+  """
+  dim = tf.shape(values)[-1]
+  flat_values = tf.reshape(values, [-1, dim])
+  flat_restore = tf.reshape(restore, [-1])
+  if values.dtype != tf.float32:
+    return tf.math.unsorted_segment_sum(flat_values, flat_restore, num_unique)
+  summed = ops.load().mx_sum_by_restore(flat_values, tf.cast(flat_restore, tf.int32),
+                                        tf.cast(num_unique, tf.int32))
+  summed.set_shape([None, values.shape[-1]])
+  return summed
+
+
+def gather_by_restore(unique_emb: tf.Tensor, restore: tf.Tensor) -> tf.Tensor:
+  """`tf.gather(unique_emb, restore)`, its gradient summed per row by `sum_by_restore`.
+
+  Args:
+    unique_emb: [num_unique, dim] float embeddings of a batch's distinct rows.
+    restore: [*ids_shape] int32 positions into unique_emb.
+
+  Returns:
+    [*ids_shape, dim] of unique_emb's dtype. The gradient with respect to
+    unique_emb is a dense [num_unique, dim] tensor (TF's gather gives
+    IndexedSlices on restore, which the gather of unique_emb's own rows then
+    densifies with an UnsortedSegmentSum).
+  """
+
+  @tf.custom_gradient
+  def gather(emb):
+
+    def grad(dy):
+      return sum_by_restore(tf.convert_to_tensor(dy), restore, tf.shape(emb)[0])
+
+    return tf.gather(emb, restore), grad
+
+  return gather(unique_emb)
