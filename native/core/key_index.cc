@@ -31,6 +31,9 @@ uint64_t SlotCount(int64_t n) {
 // miss of a random slot behind the work on the keys before it.
 constexpr int64_t kPrefetchDistance = 16;
 
+// Keys ImportLocked probes per chunk (homes on the stack: 8 KB).
+constexpr int64_t kImportChunk = 1024;
+
 // Slots Deduplicate starts with (64 KB): its table doubles as distinct keys come.
 constexpr uint64_t kDedupInitialSlots = 1 << 14;
 
@@ -64,15 +67,17 @@ int64_t CountDistinctMisses(const int64_t* keys, const int64_t* rows, int64_t n)
 
 }  // namespace
 
-void Deduplicate(const int64_t* keys, int64_t n, std::vector<int64_t>* unique,
-                 int32_t* restore) {
+void Deduplicate(const int64_t* keys, int64_t n, std::vector<int64_t>* unique, int32_t* restore,
+                 int64_t expected_unique) {
   unique->clear();
   if (n == 0) return;
-  // The table is sized by the distinct keys found so far, not by n, and kept at
-  // load <= 1/2 by doubling: a batch of repeated (Zipf) keys probes a table that
-  // stays in cache (2 MB for 200k distinct keys of 1M, not the 8 MB of 2n slots).
+  // The table is sized by the distinct keys expected or found so far, not by n,
+  // and kept at load <= 1/2 by doubling: a batch of repeated (Zipf) keys probes
+  // a table that stays in cache (2 MB for 200k distinct keys of 1M, not the
+  // 8 MB of 2n slots).
   const uint64_t max_slots = SlotCount(n);
-  uint64_t mask = std::min(max_slots, kDedupInitialSlots) - 1;
+  const uint64_t initial = std::max(kDedupInitialSlots, SlotCount(std::min(expected_unique, n)));
+  uint64_t mask = std::min(max_slots, initial) - 1;
   // Each slot holds a position in `unique`, or -1 when empty.
   std::vector<int32_t> slots(mask + 1, -1);
   unique->reserve(static_cast<size_t>(std::min<int64_t>(n, 1 << 20)));
@@ -160,19 +165,24 @@ bool KeyIndex::FitsLocked(int64_t keys) const {
   return 5 * static_cast<uint64_t>(keys) <= 4 * num_slots_;
 }
 
+Status KeyIndex::AllocationError(uint64_t count, int64_t keys) const {
+  std::ostringstream msg;
+  msg << "table '" << name_ << "': cannot grow the key index to " << keys << " keys ("
+      << count * sizeof(Slot) << " bytes of host memory)";
+  return Status::ResourceExhausted(msg.str());
+}
+
 Status KeyIndex::AllocateSlots(uint64_t count, int64_t keys, SlotArray* slots) const {
   try {
-    slots->assign(count, Slot{0, kMissingRow});
+    *slots = SlotArray(count, Slot{0, kMissingRow});
   } catch (const std::bad_alloc&) {
-    std::ostringstream msg;
-    msg << "table '" << name_ << "': cannot grow the key index to " << keys << " keys ("
-        << count * sizeof(Slot) << " bytes of host memory)";
-    return Status::ResourceExhausted(msg.str());
+    return AllocationError(count, keys);
   }
   return Status::Ok();
 }
 
 Status KeyIndex::RehashLocked(uint64_t count, int64_t keys) {
+  if (count > num_slots_) return GrowLocked(count, keys);
   SlotArray old;
   Status allocated = AllocateSlots(count, keys, &old);
   if (!allocated.ok()) return allocated;
@@ -188,6 +198,49 @@ Status KeyIndex::RehashLocked(uint64_t count, int64_t keys) {
       if (++s == num_slots_) s = 0;
     }
     slots_[s] = slot;
+  }
+  return Status::Ok();
+}
+
+Status KeyIndex::GrowLocked(uint64_t count, int64_t keys) {
+  const uint64_t old_count = num_slots_;
+  try {
+    slots_.Grow(count, Slot{0, kMissingRow});  // The old slots stay in place.
+  } catch (const std::bad_alloc&) {
+    return AllocationError(count, keys);
+  }
+  num_slots_ = count;
+  // Rehash in place, old slots from the last down: a key's home in the larger
+  // array is at or after its old home (Reduce grows with the slot count), so
+  // it mostly lands above the scan, where every old key has been moved out
+  // already: two descending sweeps. A key whose probe meets an old key below
+  // the scan takes that slot and the old key is placed next (displaced); keys
+  // placed below the scan carry kMovedBit in their row until the scan passes
+  // them. A key's probe passes only slots of keys already placed, which stay,
+  // so every key stays findable from its home.
+  for (uint64_t p = old_count; p-- > 0;) {
+    Slot& at = slots_[p];
+    if (at.row == kMissingRow) continue;
+    if (at.row & kMovedBit) {
+      at.row &= ~kMovedBit;
+      continue;
+    }
+    Slot moving = at;
+    at = Slot{0, kMissingRow};
+    uint64_t s = Home(moving.key);
+    while (true) {
+      Slot& to = slots_[s];
+      const bool empty = to.row == kMissingRow;
+      if (empty || (s < p && !(to.row & kMovedBit))) {
+        const Slot displaced = to;
+        to = Slot{moving.key, s < p ? moving.row | kMovedBit : moving.row};
+        if (empty) break;
+        moving = displaced;
+        s = Home(moving.key);
+        continue;
+      }
+      if (++s == num_slots_) s = 0;
+    }
   }
   return Status::Ok();
 }
@@ -602,13 +655,15 @@ Status KeyIndex::ImportLocked(const int64_t* keys, const int64_t* rows, int64_t 
   ClearLocked();
   std::swap(slots_, fresh);
   num_slots_ = count;
-  int64_t max_row = -1;
-  for (int64_t i = 0; i < n; ++i) {
-    Slot& slot = slots_[Probe(keys[i])];
-    slot.key = keys[i];
-    slot.row = rows[i];
-    max_row = std::max(max_row, rows[i]);
+  // Keys are distinct (validated): each goes to the empty slot its probe
+  // reaches, pipelined as FindOrInsert, in chunks of kImportChunk keys.
+  int64_t homes[kImportChunk];
+  for (int64_t start = 0; start < n; start += kImportChunk) {
+    const int64_t* chunk = keys + start;
+    ProbePipelined(chunk, std::min(kImportChunk, n - start), homes,
+                   [&](int64_t i, uint64_t s) { slots_[s] = Slot{chunk[i], rows[start + i]}; });
   }
+  const int64_t max_row = n == 0 ? -1 : *std::max_element(rows, rows + n);
   size_ = n;
   next_row_ = max_row + 1;
   // Descending, so that TakeFreeRow pops the lowest hole first.
@@ -648,7 +703,7 @@ int64_t KeyIndex::MemoryBytes() const {
   // malloc serves from a 48-B chunk; plus one bucket pointer per bucket (an
   // empty map's single bucket is inline: nothing allocated).
   constexpr size_t kPendingNodeBytes = 48;
-  return static_cast<int64_t>(slots_.capacity() * sizeof(Slot) +
+  return static_cast<int64_t>(slots_.size() * sizeof(Slot) +
                               (free_rows_.capacity() + last_seen_.capacity()) * sizeof(int64_t) +
                               pending_.size() * kPendingNodeBytes +
                               (pending_.bucket_count() > 1 ? pending_.bucket_count() : 0) *
