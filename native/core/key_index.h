@@ -17,11 +17,14 @@
 // Slots are addressed by Lemire's multiply-shift range reduction of a 64-bit
 // mix of the key, so the slot count need not be a power of two. An array of
 // 2 MB or more is mapped on 2-MB (transparent huge) pages, so that random
-// probes rarely miss the TLB (huge_page_allocator.h). Batches are probed
-// software-pipelined: every key's home slot is computed first, then each probe
-// prefetches the home slot of the key 16 places ahead. Evict shrinks
-// the array back to load 0.75 when it falls below 2/3. Admission adds its own
-// per-key state on top (see MemoryBytes).
+// probes rarely miss the TLB, and grows in place: its pages move into the
+// larger block (mremap, HugePageArray in huge_page_allocator.h), only the
+// increment is fresh memory, and the keys are rehashed in place. Batches are
+// probed software-pipelined: every key's home slot is computed first, then each
+// probe prefetches 3 cache lines from the home slot of the key 16 places ahead
+// (insertion, lookup and Import alike). Evict shrinks the array back to load
+// 0.75 when it falls below 2/3. Admission adds its own per-key state on top
+// (see MemoryBytes).
 //
 // Growable mode (dynamic-expansion tables, see native/core/row_store.h): the
 // capacity is only the initial size. Insertion never fails for lack of rows.
