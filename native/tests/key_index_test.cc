@@ -88,6 +88,33 @@ TEST(DeduplicateTest, MatchesReferenceAroundThePrefetchDistanceAndThroughGrowth)
   }
 }
 
+TEST(DeduplicateTest, MatchesReferenceForStructuredKeysAndAnySizeHint) {
+  // The local table is addressed by the top bits of key * 2^64/phi and starts
+  // at `expected_unique`'s size: consecutive, strided (multiples of 2^32, ids
+  // in the high bits) and negative keys, with hints of 0, too small, exact and
+  // far too large, all equal the std::map reference.
+  std::mt19937_64 rng(9);
+  for (int pattern = 0; pattern < 3; ++pattern) {
+    std::vector<int64_t> keys(50000);
+    for (int64_t& key : keys) {
+      const int64_t id = static_cast<int64_t>(rng() % 20000);
+      key = pattern == 0 ? id : pattern == 1 ? id << 32 : -1 - id * 65536;
+    }
+    std::vector<int64_t> want_unique;
+    std::vector<int32_t> want_restore;
+    ReferenceDedup(keys, &want_unique, &want_restore);
+    for (int64_t hint : {int64_t{0}, int64_t{100}, static_cast<int64_t>(want_unique.size()),
+                         int64_t{1} << 40}) {
+      SCOPED_TRACE(testing::Message() << "pattern " << pattern << ", hint " << hint);
+      std::vector<int64_t> unique;
+      std::vector<int32_t> restore(keys.size());
+      Deduplicate(keys.data(), keys.size(), &unique, restore.data(), hint);
+      EXPECT_EQ(unique, want_unique);
+      EXPECT_EQ(restore, want_restore);
+    }
+  }
+}
+
 TEST(KeyIndexTest, PipelinedInsertMatchesModelThroughGrowthAndRepeatedDeferredKeys) {
   // FindOrInsert computes every home slot first, then probes with prefetching
   // 16 keys ahead; past the array's room (12 of 16 slots at first) the absent
