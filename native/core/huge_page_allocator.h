@@ -19,7 +19,10 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <new>
+#include <type_traits>
+#include <utility>
 
 namespace mxrec {
 
@@ -60,6 +63,38 @@ inline void* MapHugePages(size_t bytes) {
 // Unmaps a block of `bytes` from MapHugePages.
 inline void UnmapHugePages(void* block, size_t bytes) { munmap(block, RoundUpToBasePage(bytes)); }
 
+// Grows a block of `old_bytes` from MapHugePages to `new_bytes` (>= old_bytes)
+// without copying it: a fresh 2-MB aligned block is mapped and the old block's
+// 2-MB pages are moved to its start by mremap (page tables only: they stay
+// 2-MB pages, nothing is copied or zeroed again), its last part (< 2 MB) is
+// copied; the rest of the new block is fresh, zero pages. `old_bytes` >=
+// kHugePageBytes. Returns the new block (the old address is no longer
+// mapped), or nullptr, the old block unchanged, when either step fails or
+// mremap is not there (not Linux): the caller then copies.
+inline void* GrowHugePages(void* block, size_t old_bytes, size_t new_bytes) noexcept {
+#ifdef MREMAP_FIXED
+  void* grown;
+  try {
+    grown = MapHugePages(new_bytes);
+  } catch (const std::bad_alloc&) {
+    return nullptr;
+  }
+  // The old block's whole 2-MB pages move; its tail (< 2 MB, on 4-KB pages)
+  // is copied, so that the new block's 2-MB page there is a huge one too.
+  const size_t moved = old_bytes & ~(kHugePageBytes - 1);
+  if (mremap(block, moved, moved, MREMAP_MAYMOVE | MREMAP_FIXED, grown) != MAP_FAILED) {
+    char* tail = static_cast<char*>(block) + moved;
+    std::memcpy(static_cast<char*>(grown) + moved, tail, old_bytes - moved);
+    if (old_bytes > moved) munmap(tail, RoundUpToBasePage(old_bytes) - moved);
+    return grown;
+  }
+  UnmapHugePages(grown, new_bytes);
+#else
+  (void)block, (void)old_bytes, (void)new_bytes;
+#endif
+  return nullptr;
+}
+
 template <typename T>
 class HugePageAllocator {
  public:
@@ -93,6 +128,78 @@ class HugePageAllocator {
   bool operator!=(const HugePageAllocator<U>&) const noexcept {
     return false;
   }
+};
+
+// A fixed-size array of trivially copyable T (the key index's slots) on the
+// blocks of HugePageAllocator, which can grow in place: Grow keeps the first
+// size() elements where they are in memory when old and new blocks are both
+// 2 MB or more (GrowHugePages: no copy, no second zeroing), so a growing
+// array costs fresh memory only for what it adds. Move-only.
+template <typename T>
+class HugePageArray {
+  static_assert(std::is_trivially_copyable_v<T>, "HugePageArray moves T with memcpy/mremap");
+
+ public:
+  HugePageArray() noexcept = default;
+  // `n` copies of `value`. Throws std::bad_alloc.
+  HugePageArray(size_t n, const T& value) : data_(HugePageAllocator<T>().allocate(n)), size_(n) {
+    Fill(0, n, value);
+  }
+  HugePageArray(HugePageArray&& other) noexcept { swap(other); }
+  HugePageArray& operator=(HugePageArray&& other) noexcept {
+    HugePageArray(std::move(other)).swap(*this);
+    return *this;
+  }
+  HugePageArray(const HugePageArray&) = delete;
+  HugePageArray& operator=(const HugePageArray&) = delete;
+  ~HugePageArray() {
+    if (data_ != nullptr) HugePageAllocator<T>().deallocate(data_, size_);
+  }
+
+  void swap(HugePageArray& other) noexcept {
+    std::swap(data_, other.data_);
+    std::swap(size_, other.size_);
+  }
+
+  // Extends the array to `n` (>= size()) elements: the first size() keep their
+  // values, the new ones are `value`. In place (see the class comment) when
+  // both blocks are 2 MB or more, else (or when mremap fails) copied into a
+  // new block. Throws std::bad_alloc, leaving the array unchanged.
+  void Grow(size_t n, const T& value) {
+    if (n <= size_) return;
+    if (n > SIZE_MAX / sizeof(T)) throw std::bad_alloc();
+    T* grown = nullptr;
+    if (size_ * sizeof(T) >= kHugePageBytes) {
+      grown = static_cast<T*>(GrowHugePages(data_, size_ * sizeof(T), n * sizeof(T)));
+    }
+    if (grown == nullptr) {
+      grown = HugePageAllocator<T>().allocate(n);
+      if (size_ > 0) std::memcpy(static_cast<void*>(grown), data_, size_ * sizeof(T));
+      if (data_ != nullptr) HugePageAllocator<T>().deallocate(data_, size_);
+    }
+    data_ = grown;
+    const size_t old_size = size_;
+    size_ = n;
+    Fill(old_size, n, value);
+  }
+
+  size_t size() const { return size_; }
+  T* data() { return data_; }
+  const T* data() const { return data_; }
+  T& operator[](size_t i) { return data_[i]; }
+  const T& operator[](size_t i) const { return data_[i]; }
+  T* begin() { return data_; }
+  T* end() { return data_ + size_; }
+  const T* begin() const { return data_; }
+  const T* end() const { return data_ + size_; }
+
+ private:
+  void Fill(size_t from, size_t to, const T& value) {
+    for (size_t i = from; i < to; ++i) data_[i] = value;
+  }
+
+  T* data_ = nullptr;
+  size_t size_ = 0;
 };
 
 }  // namespace mxrec

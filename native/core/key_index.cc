@@ -19,6 +19,14 @@ inline uint64_t Mix(int64_t key) {
   return z ^ (z >> 31);
 }
 
+// Knuth's multiplicative ("Fibonacci") hash, TAOCP vol. 3, 6.4: the key times
+// 2^64 / golden ratio; its top bits address a power-of-two table. One multiply
+// (Mix: two, and shifts): Deduplicate's local table, probed once per raw key,
+// runs 7% faster with it. Arithmetic progressions of keys spread evenly.
+inline uint64_t FibonacciHash(int64_t key) {
+  return static_cast<uint64_t>(key) * 0x9E3779B97F4A7C15ULL;
+}
+
 // Smallest power of two >= max(2 * n, 16).
 uint64_t SlotCount(int64_t n) {
   uint64_t want = std::max<uint64_t>(16, 2 * static_cast<uint64_t>(n));
@@ -30,6 +38,16 @@ uint64_t SlotCount(int64_t n) {
 // Keys ahead whose slot is prefetched in the probing loops: hides the cache
 // miss of a random slot behind the work on the keys before it.
 constexpr int64_t kPrefetchDistance = 16;
+
+// Cache lines prefetched from a key's home slot on: 12 slots of 16 B, as a
+// probe for an absent key at load 0.8 passes 13 slots on average (Knuth's
+// (1 + 1/(1 - a)^2) / 2), 5 at load 2/3. One line only left the probe's next
+// lines to stall: the bench's insertion ran 12% slower.
+constexpr int kPrefetchLines = 3;
+constexpr int kCacheLineBytes = 64;
+
+// Keys ImportLocked probes per chunk (homes on the stack: 8 KB).
+constexpr int64_t kImportChunk = 1024;
 
 // Slots Deduplicate starts with (64 KB): its table doubles as distinct keys come.
 constexpr uint64_t kDedupInitialSlots = 1 << 14;
@@ -64,15 +82,18 @@ int64_t CountDistinctMisses(const int64_t* keys, const int64_t* rows, int64_t n)
 
 }  // namespace
 
-void Deduplicate(const int64_t* keys, int64_t n, std::vector<int64_t>* unique,
-                 int32_t* restore) {
+void Deduplicate(const int64_t* keys, int64_t n, std::vector<int64_t>* unique, int32_t* restore,
+                 int64_t expected_unique) {
   unique->clear();
   if (n == 0) return;
-  // The table is sized by the distinct keys found so far, not by n, and kept at
-  // load <= 1/2 by doubling: a batch of repeated (Zipf) keys probes a table that
-  // stays in cache (2 MB for 200k distinct keys of 1M, not the 8 MB of 2n slots).
+  // The table is sized by the distinct keys expected or found so far, not by n,
+  // and kept at load <= 1/2 by doubling: a batch of repeated (Zipf) keys probes
+  // a table that stays in cache (2 MB for 200k distinct keys of 1M, not the
+  // 8 MB of 2n slots).
   const uint64_t max_slots = SlotCount(n);
-  uint64_t mask = std::min(max_slots, kDedupInitialSlots) - 1;
+  const uint64_t initial = std::max(kDedupInitialSlots, SlotCount(std::min(expected_unique, n)));
+  uint64_t mask = std::min(max_slots, initial) - 1;
+  int shift = 64 - __builtin_ctzll(mask + 1);  // Slot = the hash's top log2(slots) bits.
   // Each slot holds a position in `unique`, or -1 when empty.
   std::vector<int32_t> slots(mask + 1, -1);
   unique->reserve(static_cast<size_t>(std::min<int64_t>(n, 1 << 20)));
@@ -80,16 +101,16 @@ void Deduplicate(const int64_t* keys, int64_t n, std::vector<int64_t>* unique,
   // (once), kept in a ring and its slot prefetched while keys[i] is probed.
   uint64_t hashes[kPrefetchDistance];
   for (int64_t i = 0; i < std::min(n, kPrefetchDistance); ++i) {
-    hashes[i] = Mix(keys[i]);
-    __builtin_prefetch(&slots[hashes[i] & mask]);
+    hashes[i] = FibonacciHash(keys[i]);
+    __builtin_prefetch(&slots[hashes[i] >> shift]);
   }
   for (int64_t i = 0; i < n; ++i) {
     const int64_t key = keys[i];
-    uint64_t s = hashes[i % kPrefetchDistance] & mask;
+    uint64_t s = hashes[i % kPrefetchDistance] >> shift;
     if (i + kPrefetchDistance < n) {
-      const uint64_t ahead = Mix(keys[i + kPrefetchDistance]);
+      const uint64_t ahead = FibonacciHash(keys[i + kPrefetchDistance]);
       hashes[i % kPrefetchDistance] = ahead;
-      __builtin_prefetch(&slots[ahead & mask]);
+      __builtin_prefetch(&slots[ahead >> shift]);
     }
     while (true) {
       const int32_t pos = slots[s];
@@ -100,9 +121,10 @@ void Deduplicate(const int64_t* keys, int64_t n, std::vector<int64_t>* unique,
         unique->push_back(key);
         if (2 * unique->size() > mask + 1 && mask + 1 < max_slots) {
           mask = 2 * mask + 1;
+          --shift;
           std::vector<int32_t>(mask + 1, -1).swap(slots);
           for (int32_t p = 0; p <= added; ++p) {
-            uint64_t t = Mix((*unique)[p]) & mask;
+            uint64_t t = FibonacciHash((*unique)[p]) >> shift;
             while (slots[t] >= 0) t = (t + 1) & mask;
             slots[t] = p;
           }
@@ -136,12 +158,17 @@ uint64_t KeyIndex::Home(int64_t key) const { return Reduce(Mix(key), num_slots_)
 template <typename Visit>
 void KeyIndex::ProbePipelined(const int64_t* keys, int64_t n, int64_t* homes,
                               Visit&& visit) const {
-  // Up to kPrefetchDistance cache misses in flight. The prefetch stays in this
+  // Up to kPrefetchDistance probes in flight. The prefetch stays in this
   // loop, of the homes computed beforehand: GCC 12 drops a __builtin_prefetch
   // kept in a helper of its own once inlined (no instruction in the object code).
   for (int64_t i = 0; i < n; ++i) homes[i] = static_cast<int64_t>(Home(keys[i]));
   for (int64_t i = 0; i < n; ++i) {
-    if (i + kPrefetchDistance < n) __builtin_prefetch(&slots_[homes[i + kPrefetchDistance]]);
+    if (i + kPrefetchDistance < n) {
+      const char* ahead = reinterpret_cast<const char*>(&slots_[homes[i + kPrefetchDistance]]);
+      for (int line = 0; line < kPrefetchLines; ++line) {
+        __builtin_prefetch(ahead + line * kCacheLineBytes);
+      }
+    }
     visit(i, ProbeFrom(static_cast<uint64_t>(homes[i]), keys[i]));
   }
 }
@@ -160,19 +187,24 @@ bool KeyIndex::FitsLocked(int64_t keys) const {
   return 5 * static_cast<uint64_t>(keys) <= 4 * num_slots_;
 }
 
+Status KeyIndex::AllocationError(uint64_t count, int64_t keys) const {
+  std::ostringstream msg;
+  msg << "table '" << name_ << "': cannot grow the key index to " << keys << " keys ("
+      << count * sizeof(Slot) << " bytes of host memory)";
+  return Status::ResourceExhausted(msg.str());
+}
+
 Status KeyIndex::AllocateSlots(uint64_t count, int64_t keys, SlotArray* slots) const {
   try {
-    slots->assign(count, Slot{0, kMissingRow});
+    *slots = SlotArray(count, Slot{0, kMissingRow});
   } catch (const std::bad_alloc&) {
-    std::ostringstream msg;
-    msg << "table '" << name_ << "': cannot grow the key index to " << keys << " keys ("
-        << count * sizeof(Slot) << " bytes of host memory)";
-    return Status::ResourceExhausted(msg.str());
+    return AllocationError(count, keys);
   }
   return Status::Ok();
 }
 
 Status KeyIndex::RehashLocked(uint64_t count, int64_t keys) {
+  if (count > num_slots_) return GrowLocked(count, keys);
   SlotArray old;
   Status allocated = AllocateSlots(count, keys, &old);
   if (!allocated.ok()) return allocated;
@@ -188,6 +220,49 @@ Status KeyIndex::RehashLocked(uint64_t count, int64_t keys) {
       if (++s == num_slots_) s = 0;
     }
     slots_[s] = slot;
+  }
+  return Status::Ok();
+}
+
+Status KeyIndex::GrowLocked(uint64_t count, int64_t keys) {
+  const uint64_t old_count = num_slots_;
+  try {
+    slots_.Grow(count, Slot{0, kMissingRow});  // The old slots stay in place.
+  } catch (const std::bad_alloc&) {
+    return AllocationError(count, keys);
+  }
+  num_slots_ = count;
+  // Rehash in place, old slots from the last down: a key's home in the larger
+  // array is at or after its old home (Reduce grows with the slot count), so
+  // it mostly lands above the scan, where every old key has been moved out
+  // already: two descending sweeps. A key whose probe meets an old key below
+  // the scan takes that slot and the old key is placed next (displaced); keys
+  // placed below the scan carry kMovedBit in their row until the scan passes
+  // them. A key's probe passes only slots of keys already placed, which stay,
+  // so every key stays findable from its home.
+  for (uint64_t p = old_count; p-- > 0;) {
+    Slot& at = slots_[p];
+    if (at.row == kMissingRow) continue;
+    if (at.row & kMovedBit) {
+      at.row &= ~kMovedBit;
+      continue;
+    }
+    Slot moving = at;
+    at = Slot{0, kMissingRow};
+    uint64_t s = Home(moving.key);
+    while (true) {
+      Slot& to = slots_[s];
+      const bool empty = to.row == kMissingRow;
+      if (empty || (s < p && !(to.row & kMovedBit))) {
+        const Slot displaced = to;
+        to = Slot{moving.key, s < p ? moving.row | kMovedBit : moving.row};
+        if (empty) break;
+        moving = displaced;
+        s = Home(moving.key);
+        continue;
+      }
+      if (++s == num_slots_) s = 0;
+    }
   }
   return Status::Ok();
 }
@@ -321,7 +396,11 @@ Status KeyIndex::FindOrInsert(const int64_t* keys, int64_t n, int64_t* rows) {
   const int64_t count = static_cast<int64_t>(deferred_at.size());
   for (int64_t j = 0; j < count; ++j) {
     if (j + kPrefetchDistance < count) {
-      __builtin_prefetch(&slots_[-2 - rows[deferred_at[j + kPrefetchDistance]]]);
+      const char* ahead =
+          reinterpret_cast<const char*>(&slots_[-2 - rows[deferred_at[j + kPrefetchDistance]]]);
+      for (int line = 0; line < kPrefetchLines; ++line) {
+        __builtin_prefetch(ahead + line * kCacheLineBytes);
+      }
     }
     const int64_t i = deferred_at[j];
     Slot& slot = slots_[ProbeFrom(static_cast<uint64_t>(-2 - rows[i]), keys[i])];
@@ -602,13 +681,15 @@ Status KeyIndex::ImportLocked(const int64_t* keys, const int64_t* rows, int64_t 
   ClearLocked();
   std::swap(slots_, fresh);
   num_slots_ = count;
-  int64_t max_row = -1;
-  for (int64_t i = 0; i < n; ++i) {
-    Slot& slot = slots_[Probe(keys[i])];
-    slot.key = keys[i];
-    slot.row = rows[i];
-    max_row = std::max(max_row, rows[i]);
+  // Keys are distinct (validated): each goes to the empty slot its probe
+  // reaches, pipelined as FindOrInsert, in chunks of kImportChunk keys.
+  int64_t homes[kImportChunk];
+  for (int64_t start = 0; start < n; start += kImportChunk) {
+    const int64_t* chunk = keys + start;
+    ProbePipelined(chunk, std::min(kImportChunk, n - start), homes,
+                   [&](int64_t i, uint64_t s) { slots_[s] = Slot{chunk[i], rows[start + i]}; });
   }
+  const int64_t max_row = n == 0 ? -1 : *std::max_element(rows, rows + n);
   size_ = n;
   next_row_ = max_row + 1;
   // Descending, so that TakeFreeRow pops the lowest hole first.
@@ -648,7 +729,7 @@ int64_t KeyIndex::MemoryBytes() const {
   // malloc serves from a 48-B chunk; plus one bucket pointer per bucket (an
   // empty map's single bucket is inline: nothing allocated).
   constexpr size_t kPendingNodeBytes = 48;
-  return static_cast<int64_t>(slots_.capacity() * sizeof(Slot) +
+  return static_cast<int64_t>(slots_.size() * sizeof(Slot) +
                               (free_rows_.capacity() + last_seen_.capacity()) * sizeof(int64_t) +
                               pending_.size() * kPendingNodeBytes +
                               (pending_.bucket_count() > 1 ? pending_.bucket_count() : 0) *

@@ -17,11 +17,14 @@
 // Slots are addressed by Lemire's multiply-shift range reduction of a 64-bit
 // mix of the key, so the slot count need not be a power of two. An array of
 // 2 MB or more is mapped on 2-MB (transparent huge) pages, so that random
-// probes rarely miss the TLB (huge_page_allocator.h). Batches are probed
-// software-pipelined: every key's home slot is computed first, then each probe
-// prefetches the home slot of the key 16 places ahead. Evict shrinks
-// the array back to load 0.75 when it falls below 2/3. Admission adds its own
-// per-key state on top (see MemoryBytes).
+// probes rarely miss the TLB, and grows in place: its pages move into the
+// larger block (mremap, HugePageArray in huge_page_allocator.h), only the
+// increment is fresh memory, and the keys are rehashed in place. Batches are
+// probed software-pipelined: every key's home slot is computed first, then each
+// probe prefetches 3 cache lines from the home slot of the key 16 places ahead
+// (insertion, lookup and Import alike). Evict shrinks the array back to load
+// 0.75 when it falls below 2/3. Admission adds its own per-key state on top
+// (see MemoryBytes).
 //
 // Growable mode (dynamic-expansion tables, see native/core/row_store.h): the
 // capacity is only the initial size. Insertion never fails for lack of rows.
@@ -56,11 +59,16 @@ inline constexpr int64_t kMissingRow = -1;
 // Deduplicates `keys` (n) in first-occurrence order.
 // On return `unique` holds the distinct keys and restore[i] is the position of
 // keys[i] in `unique`, so keys[i] == unique[restore[i]].
+// `expected_unique`: how many distinct keys the caller expects (e.g. the
+// previous batch's count; 0: no guess): the local hash set starts at that
+// size, instead of doubling up to it from 16k slots (which rehashes, for 200k
+// distinct keys, 250k keys on the way). Only speed depends on it.
 // Stateless and thread-safe. Runs in O(n) expected time with a local hash set.
 void Deduplicate(const int64_t* keys,  // (n)
                  int64_t n,
                  std::vector<int64_t>* unique,  // out: (u)
-                 int32_t* restore);             // out: (n)
+                 int32_t* restore,              // out: (n)
+                 int64_t expected_unique = 0);
 
 class KeyIndex {
  public:
@@ -179,8 +187,11 @@ class KeyIndex {
     int64_t key;
     int64_t row;  // kMissingRow marks an empty slot.
   };
-  // The slot array: 2-MB pages once it is 2 MB or more (huge_page_allocator.h).
-  using SlotArray = std::vector<Slot, HugePageAllocator<Slot>>;
+  // The slot array: 2-MB pages once it is 2 MB or more, grown in place
+  // (huge_page_allocator.h).
+  using SlotArray = HugePageArray<Slot>;
+  // Marks, in Slot::row, a key GrowLocked has placed below its scan.
+  static constexpr int64_t kMovedBit = int64_t{1} << 62;
 
   // Checks Import's input without the lock; fills the rows in use (bitmap over
   // the row bound) and the keys in ascending order.
@@ -218,10 +229,16 @@ class KeyIndex {
   // A fresh array of `count` empty slots in `slots`, or ResourceExhausted when
   // the host cannot allocate it (`keys`: the keys it is for, in the message).
   Status AllocateSlots(uint64_t count, int64_t keys, SlotArray* slots) const;
-  // Moves every key into a fresh array of `count` slots, made for `keys` keys
-  // (named in the error). Caller holds mu_ exclusively. Fails (changing
-  // nothing) when the host cannot allocate it.
+  // The ResourceExhausted of an array of `count` slots for `keys` keys.
+  Status AllocationError(uint64_t count, int64_t keys) const;
+  // Rehashes every key into `count` slots, made for `keys` keys (named in the
+  // error): GrowLocked when the array grows, else into a fresh array. Caller
+  // holds mu_ exclusively. Fails (changing nothing) when the host cannot
+  // allocate it.
   Status RehashLocked(uint64_t count, int64_t keys);
+  // Grows the array to `count` (> num_slots_) slots in place
+  // (HugePageArray::Grow: no copy of the old slots) and rehashes it in place.
+  Status GrowLocked(uint64_t count, int64_t keys);
   // Next row to hand out; caller holds mu_ exclusively and has checked room.
   int64_t TakeFreeRow();
   // Stores `key` with the next row in the empty `slot`; returns the row. Caller

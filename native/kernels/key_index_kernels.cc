@@ -1,5 +1,6 @@
 // CPU kernels of the key-index ops: a thin layer over mxrec::KeyIndex. Errors of
 // the core cross into TensorFlow here, once, as OP_REQUIRES statuses.
+#include <atomic>
 #include <limits>
 #include <new>
 #include <string>
@@ -38,6 +39,11 @@ class KeyIndexResource : public ::tensorflow::ResourceBase {
   KeyIndex& index() { return index_; }
   const KeyIndex& index() const { return index_; }
 
+  // Distinct keys of the last insertion batch: Deduplicate's expected_unique
+  // for the next one (batches of a stream hold about as many). Speed only.
+  int64_t unique_hint() const { return unique_hint_.load(std::memory_order_relaxed); }
+  void set_unique_hint(int64_t unique) { unique_hint_.store(unique, std::memory_order_relaxed); }
+
   std::string DebugString() const override {
     return "KeyIndex(table=" + index_.name() + ", size=" + std::to_string(index_.size()) +
            ", capacity=" + std::to_string(index_.capacity()) +
@@ -47,6 +53,7 @@ class KeyIndexResource : public ::tensorflow::ResourceBase {
 
  private:
   KeyIndex index_;
+  std::atomic<int64_t> unique_hint_{0};
 };
 
 namespace {
@@ -111,18 +118,23 @@ struct IndexAttrs {
 
 // The insertion ops' common start: checks that `keys` has at most 2^31-1
 // elements, allocates output 1, restore (keys' shape) int32, and fills it and
-// *unique with the distinct keys in first-occurrence order.
-::tensorflow::Status DedupKeys(OpKernelContext* ctx, const KeyIndex& index, const Tensor& keys,
+// *unique with the distinct keys in first-occurrence order (sized by the
+// resource's hint, which it then updates).
+::tensorflow::Status DedupKeys(OpKernelContext* ctx, KeyIndexResource& resource, const Tensor& keys,
                                std::vector<int64_t>* unique, Tensor** restore) {
+  const KeyIndex& index = resource.index();
   const int64_t n = keys.NumElements();
   if (n > std::numeric_limits<int32_t>::max()) {
     return errors::InvalidArgument("table '", index.name(), "': ", n,
                                    " keys in one insertion; at most 2^31-1 are supported");
   }
   TF_RETURN_IF_ERROR(ctx->allocate_output(1, keys.shape(), restore));
-  return GuardAllocation(index.name(), "the distinct keys (host memory)", [&] {
-    Deduplicate(keys.flat<int64_t>().data(), n, unique, (*restore)->flat<int32_t>().data());
-  });
+  TF_RETURN_IF_ERROR(GuardAllocation(index.name(), "the distinct keys (host memory)", [&] {
+    Deduplicate(keys.flat<int64_t>().data(), n, unique, (*restore)->flat<int32_t>().data(),
+                resource.unique_hint());
+  }));
+  resource.set_unique_hint(static_cast<int64_t>(unique->size()));
+  return ::tensorflow::OkStatus();
 }
 
 class KeyIndexCreateOp : public OpKernel {
@@ -149,7 +161,7 @@ class KeyIndexInsertOp : public ExistingResourceOp<KeyIndexResource> {
     KeyIndex& index = resource.index();
     std::vector<int64_t> unique;
     Tensor* restore;
-    OP_REQUIRES_OK(ctx, DedupKeys(ctx, index, ctx->input(1), &unique, &restore));
+    OP_REQUIRES_OK(ctx, DedupKeys(ctx, resource, ctx->input(1), &unique, &restore));
 
     const int64_t num_unique = static_cast<int64_t>(unique.size());
     Tensor* rows;
@@ -240,7 +252,7 @@ class KeyIndexInsertAdmitOp : public ExistingResourceOp<KeyIndexResource> {
                                         threshold.shape().DebugString()));
     std::vector<int64_t> unique;
     Tensor* restore;
-    OP_REQUIRES_OK(ctx, DedupKeys(ctx, index, keys, &unique, &restore));
+    OP_REQUIRES_OK(ctx, DedupKeys(ctx, resource, keys, &unique, &restore));
     const auto restore_flat = restore->flat<int32_t>();
     const int64_t num_unique = static_cast<int64_t>(unique.size());
     // Sums each distinct key's counts over its occurrences.

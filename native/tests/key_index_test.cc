@@ -88,6 +88,33 @@ TEST(DeduplicateTest, MatchesReferenceAroundThePrefetchDistanceAndThroughGrowth)
   }
 }
 
+TEST(DeduplicateTest, MatchesReferenceForStructuredKeysAndAnySizeHint) {
+  // The local table is addressed by the top bits of key * 2^64/phi and starts
+  // at `expected_unique`'s size: consecutive, strided (multiples of 2^32, ids
+  // in the high bits) and negative keys, with hints of 0, too small, exact and
+  // far too large, all equal the std::map reference.
+  std::mt19937_64 rng(9);
+  for (int pattern = 0; pattern < 3; ++pattern) {
+    std::vector<int64_t> keys(50000);
+    for (int64_t& key : keys) {
+      const int64_t id = static_cast<int64_t>(rng() % 20000);
+      key = pattern == 0 ? id : pattern == 1 ? id << 32 : -1 - id * 65536;
+    }
+    std::vector<int64_t> want_unique;
+    std::vector<int32_t> want_restore;
+    ReferenceDedup(keys, &want_unique, &want_restore);
+    for (int64_t hint : {int64_t{0}, int64_t{100}, static_cast<int64_t>(want_unique.size()),
+                         int64_t{1} << 40}) {
+      SCOPED_TRACE(testing::Message() << "pattern " << pattern << ", hint " << hint);
+      std::vector<int64_t> unique;
+      std::vector<int32_t> restore(keys.size());
+      Deduplicate(keys.data(), keys.size(), &unique, restore.data(), hint);
+      EXPECT_EQ(unique, want_unique);
+      EXPECT_EQ(restore, want_restore);
+    }
+  }
+}
+
 TEST(KeyIndexTest, PipelinedInsertMatchesModelThroughGrowthAndRepeatedDeferredKeys) {
   // FindOrInsert computes every home slot first, then probes with prefetching
   // 16 keys ahead; past the array's room (12 of 16 slots at first) the absent
@@ -202,6 +229,175 @@ TEST(HugePageAllocatorTest, LargeBlocksAreAlignedAndSmallOnesPlain) {
   EXPECT_EQ(large[100], 9);
   EXPECT_EQ(large.back(), 9);
   EXPECT_THROW((void)HugePageAllocator<int64_t>().allocate(SIZE_MAX / 4), std::bad_alloc);
+}
+
+TEST(HugePageArrayTest, GrowKeepsContentInPlaceAcrossTheThreshold) {
+  // Grow keeps the first size() elements and sets the new ones; past 2 MB the
+  // block is 2-MB aligned, and a 2-MB block grows by moving its pages (mremap)
+  // with its last part (< 2 MB) copied: every old value must survive each step.
+  constexpr size_t kPerHugePage = kHugePageBytes / sizeof(int64_t);
+  HugePageArray<int64_t> array(100, 3);
+  array.Grow(50, 0);  // Not larger: nothing changes.
+  ASSERT_EQ(array.size(), 100u);
+  std::iota(array.begin(), array.end(), int64_t{0});
+  int64_t expected_size = 100;
+  for (size_t size : {size_t{1000}, kPerHugePage + 777, 2 * kPerHugePage + 5, 5 * kPerHugePage}) {
+    SCOPED_TRACE(size);
+    array.Grow(size, -4);
+    ASSERT_EQ(array.size(), size);
+    if (size * sizeof(int64_t) >= kHugePageBytes) {
+      EXPECT_EQ(reinterpret_cast<uintptr_t>(array.data()) % kHugePageBytes, 0u);
+    }
+    for (int64_t i = 0; i < expected_size; ++i) ASSERT_EQ(array[i], i) << i;
+    for (size_t i = expected_size; i < size; ++i) ASSERT_EQ(array[i], -4) << i;
+    std::iota(array.begin() + expected_size, array.end(), expected_size);
+    expected_size = static_cast<int64_t>(size);
+  }
+  HugePageArray<int64_t> moved(std::move(array));
+  EXPECT_EQ(array.size(), 0u);
+  EXPECT_EQ(moved[expected_size - 1], expected_size - 1);
+  // A size the host cannot map (or that overflows) throws; the array is as it was.
+  EXPECT_THROW(moved.Grow(size_t{1} << 44, 0), std::bad_alloc);
+  EXPECT_THROW(moved.Grow(SIZE_MAX / 4, 0), std::bad_alloc);
+  ASSERT_EQ(moved.size(), static_cast<size_t>(expected_size));
+  for (int64_t i = 0; i < expected_size; ++i) ASSERT_EQ(moved[i], i) << i;
+}
+
+// The index's hash of a key: splitmix64's finalizer (Mix in key_index.cc). Only
+// used to pick keys whose home slots lie at the end of any array.
+uint64_t IndexHash(int64_t key) {
+  uint64_t z = static_cast<uint64_t>(key) + 0x9E3779B97F4A7C15ULL;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+  return z ^ (z >> 31);
+}
+
+// `count` random keys whose hash is in the top 1/1024 of its range: their home
+// slots are the array's last 0.1%, so their probe runs wrap around to slot 0.
+std::vector<int64_t> KeysHomedAtTheEnd(std::mt19937_64& rng, int64_t count) {
+  std::vector<int64_t> keys;
+  while (static_cast<int64_t>(keys.size()) < count) {
+    const int64_t key = static_cast<int64_t>(rng());
+    if (IndexHash(key) >> 54 == 1023) keys.push_back(key);
+  }
+  return keys;
+}
+
+TEST(KeyIndexTest, InPlaceGrowthMatchesModelWithWrappedAndDisplacedKeys) {
+  // The array grows in place (2-MB blocks by mremap) and is rehashed in place
+  // from its last slot down; keys whose runs wrap around to slot 0 are placed
+  // last and displace old keys below the scan. Batches of new, present,
+  // repeated and end-homed keys take the array from 16 slots past 2 MB (150k
+  // keys): every row must equal a std::unordered_map model's, every key stay
+  // findable, and a batch that does not fit changes nothing.
+  for (bool growable : {false, true}) {
+    SCOPED_TRACE(growable);
+    constexpr int64_t kCapacity = 150000;
+    KeyIndex index(kCapacity, "t", growable);
+    std::unordered_map<int64_t, int64_t> model;
+    std::vector<int64_t> known;
+    std::mt19937_64 rng(23);
+    std::vector<int64_t> wrapped = KeysHomedAtTheEnd(rng, 1500);
+    size_t next_wrapped = 0;
+    int64_t batches = 0;
+    while (static_cast<int64_t>(model.size()) < kCapacity - 10000) {
+      const int64_t size = 1 + static_cast<int64_t>(rng() % 12000);
+      std::vector<int64_t> keys;
+      for (int64_t i = 0; i < size; ++i) {
+        const uint64_t pick = rng() % 8;
+        if (pick == 0 && !known.empty()) {
+          keys.push_back(known[rng() % known.size()]);
+        } else if (pick == 1 && !keys.empty()) {
+          keys.push_back(keys[rng() % keys.size()]);
+        } else if (pick == 2 && next_wrapped < wrapped.size()) {
+          keys.push_back(wrapped[next_wrapped++]);
+        } else {
+          keys.push_back(static_cast<int64_t>(rng()));
+        }
+      }
+      std::vector<int64_t> want(keys.size());
+      int64_t next_row = static_cast<int64_t>(model.size());
+      for (size_t i = 0; i < keys.size(); ++i) {
+        auto [it, added] = model.try_emplace(keys[i], next_row);
+        if (added) {
+          ++next_row;
+          known.push_back(keys[i]);
+        }
+        want[i] = it->second;
+      }
+      std::vector<int64_t> rows(keys.size());
+      ASSERT_TRUE(index.FindOrInsert(keys.data(), keys.size(), rows.data()).ok());
+      ASSERT_EQ(rows, want) << "batch " << batches;
+      ++batches;
+    }
+    EXPECT_EQ(next_wrapped, wrapped.size());
+    EXPECT_LE(index.MemoryBytes(), 24 * static_cast<int64_t>(model.size()));
+    std::vector<int64_t> rows(known.size());
+    index.Find(known.data(), known.size(), rows.data());
+    for (size_t i = 0; i < known.size(); ++i) ASSERT_EQ(rows[i], model[known[i]]) << i;
+    const auto before = SortedPairs(index);
+    std::vector<std::pair<int64_t, int64_t>> want(model.begin(), model.end());
+    std::sort(want.begin(), want.end());
+    ASSERT_EQ(before, want);
+    if (!growable) {
+      // 20,000 new keys do not fit the 10,000 rows left: nothing changes.
+      std::vector<int64_t> keys(20000), out(20000);
+      for (int64_t& key : keys) key = static_cast<int64_t>(rng());
+      const int64_t memory = index.MemoryBytes();
+      EXPECT_EQ(index.FindOrInsert(keys.data(), keys.size(), out.data()).code(),
+                Status::Code::kResourceExhausted);
+      EXPECT_EQ(SortedPairs(index), before);
+      EXPECT_EQ(index.MemoryBytes(), memory);
+    }
+  }
+}
+
+TEST(KeyIndexTest, ImportOfManyKeysMatchesModelAndReusesHolesLowestFirst) {
+  // Import probes in pipelined chunks of 1,024 keys. 200,000 keys (end-homed
+  // ones among them) with rows drawn from [0, 250,000): every key must be
+  // found with its row, absent keys missed, and new keys take the holes
+  // lowest first, then the rows past the highest.
+  constexpr int64_t kCapacity = 250000;
+  constexpr int64_t kKeys = 200000;
+  std::mt19937_64 rng(31);
+  std::vector<int64_t> keys = KeysHomedAtTheEnd(rng, 3000);
+  std::unordered_map<int64_t, int64_t> model;
+  for (int64_t key : keys) model[key] = 0;
+  while (static_cast<int64_t>(keys.size()) < kKeys) {
+    const int64_t key = static_cast<int64_t>(rng());
+    if (model.try_emplace(key, 0).second) keys.push_back(key);
+  }
+  std::shuffle(keys.begin(), keys.end(), rng);
+  std::vector<int64_t> all_rows(kCapacity);
+  std::iota(all_rows.begin(), all_rows.end(), 0);
+  std::shuffle(all_rows.begin(), all_rows.end(), rng);
+  std::vector<int64_t> rows(all_rows.begin(), all_rows.begin() + kKeys);
+  for (int64_t i = 0; i < kKeys; ++i) model[keys[i]] = rows[i];
+  KeyIndex index(kCapacity, "t");
+  ASSERT_TRUE(index.Import(keys.data(), rows.data(), kKeys).ok());
+  EXPECT_EQ(index.size(), kKeys);
+  // Slots at load 2/3, plus the free list of the 50,000 holes (8 B each, as
+  // std::vector grows it).
+  EXPECT_GE(index.MemoryBytes(), 16 * (kKeys + kKeys / 2) + 8 * (kCapacity - kKeys));
+  EXPECT_LE(index.MemoryBytes(), 16 * (kKeys + kKeys / 2) + 16 * (kCapacity - kKeys));
+  std::vector<int64_t> found(kKeys);
+  index.Find(keys.data(), kKeys, found.data());
+  EXPECT_EQ(found, rows);
+  std::vector<int64_t> fresh(kCapacity - kKeys);
+  for (int64_t& key : fresh) {
+    do {
+      key = static_cast<int64_t>(rng());
+    } while (model.count(key));
+    model[key] = -1;
+  }
+  std::vector<int64_t> got(fresh.size());
+  index.Find(fresh.data(), fresh.size(), got.data());
+  EXPECT_EQ(got, std::vector<int64_t>(fresh.size(), kMissingRow));
+  // The rows not imported, ascending: the new keys' rows, in order.
+  std::vector<int64_t> unused(all_rows.begin() + kKeys, all_rows.end());
+  std::sort(unused.begin(), unused.end());
+  ASSERT_TRUE(index.FindOrInsert(fresh.data(), fresh.size(), got.data()).ok());
+  EXPECT_EQ(got, unused);
 }
 
 TEST(KeyIndexTest, InsertKeepsRowsAndHandsOutLowestFirst) {

@@ -40,6 +40,42 @@ def test_insert_outputs_and_lowest_free_rows_first():
   assert table.key_index.memory_bytes().numpy() >= 16 * 2 * 6
 
 
+def _reference_insert(known: dict, keys: np.ndarray):
+  """NumPy/dict reference of one training insert: (rows, restore, unique keys)."""
+  unique, first, restore = np.unique(keys, return_index=True, return_inverse=True)
+  order = np.argsort(first, kind="stable")  # First-occurrence order.
+  position = np.empty_like(order)
+  position[order] = np.arange(order.size)
+  unique = unique[order]
+  for key in unique:
+    known.setdefault(int(key), len(known))
+  rows = np.array([known[int(key)] for key in unique], np.int64)
+  return rows, position[restore.reshape(-1)], unique
+
+
+def test_insert_matches_reference_across_batches_of_very_different_sizes():
+  # The op sizes its deduplication by the previous batch's distinct count
+  # (a hint only): a batch with far more, then far fewer, then many repeated
+  # keys than the one before, and batches past the index's 2-MB (in-place
+  # growth) size, all match a dict reference.
+  table = lib.make_table(capacity=400_000)
+  rng = np.random.default_rng(3)
+  known = {}
+  for size, space in ((10, 10), (200_000, 2**62), (5, 3), (50_000, 1000), (120_000, 2**62)):
+    keys = rng.integers(-space, space, size=size, dtype=np.int64)
+    rows, restore, unique_keys = table.key_index.insert(tf.constant(keys), training=True)
+    want_rows, want_restore, want_unique = _reference_insert(known, keys)
+    np.testing.assert_array_equal(unique_keys, want_unique)
+    np.testing.assert_array_equal(restore, want_restore)
+    np.testing.assert_array_equal(rows, want_rows)
+  assert table.key_index.size().numpy() == len(known)
+  assert table.key_index.memory_bytes().numpy() <= 24 * len(known)
+  keys, rows = lib.sorted_export(*table.key_index.export())
+  want_keys = np.array(sorted(known), np.int64)
+  np.testing.assert_array_equal(keys, want_keys)
+  np.testing.assert_array_equal(rows, [known[int(k)] for k in want_keys])
+
+
 def test_import_replaces_content_and_holes_are_reused_lowest_first():
   table = lib.make_table(capacity=6)
   table.key_index.insert(tf.constant([1, 2, 3], tf.int64), training=True)
