@@ -43,6 +43,7 @@ Usage:
 from __future__ import annotations
 
 import argparse
+import collections
 import dataclasses
 import json
 import math
@@ -59,6 +60,7 @@ CONFIG = ROOT / "configs" / "movielens_listwise.yaml"
 
 NDCG_GOAL = 0.01  # |mean NDCG@10 ours - dense|, at most.
 THROUGHPUT_GOAL = 1.0  # ours / dense examples/s at MovieLens scale, at least (issue #16).
+PROFILE_TOP_OPS = 15  # Largest ops printed per variant with --profile.
 
 ZIPF_A = 1.1
 KEY_SALT = 0x2545F4914F6CDD1D  # Fixed: the id space is the same in every run.
@@ -534,6 +536,15 @@ def _report_profile(runs: list[dict]) -> None:
   for label, get in rows:
     cells = [statistics.mean(get(p) for p in by_variant[v]) for v in ("sparse", "dense")]
     print(f"{label:<22}" + "".join(f"{c:>10.2f}" for c in cells))
+  for v, name in (("sparse", "ours"), ("dense", "dense")):
+    # An op missing from a trial's top list counts 0 there.
+    totals = collections.Counter()
+    for p in by_variant[v]:
+      for stage, op, ms in p["top_ops"]:
+        totals[(stage, op)] += ms / len(by_variant[v])
+    print(f"\nlargest ops of {name} (ms per step, mean over its trials):")
+    for (stage, op), ms in totals.most_common(PROFILE_TOP_OPS):
+      print(f"  {ms:>7.2f}  {stage:<18} {op}")
 
 
 def _report_zipf(rows: list[dict]) -> None:
