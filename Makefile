@@ -18,6 +18,7 @@ DEVICE_CACHE_TEST := native/build/device_cache_test
 ROW_INIT_TEST := native/build/row_init_test
 KEY_INDEX_PROPERTY_TEST := native/build/key_index_property_test
 ROW_OPTIMIZERS_TEST := native/build/row_optimizers_test
+SEGMENT_COMBINE_TEST := native/build/segment_combine_test
 SANITIZE  := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all
 
 .PHONY: all system-deps venv native native-test test test-fast pytest lint format demo bench clean
@@ -92,6 +93,13 @@ $(ROW_INIT_TEST): native/core/row_init.cc native/core/row_init.h native/tests/ro
 	  native/core/row_init.cc native/tests/row_init_test.cc \
 	  -lgtest -lgtest_main -pthread -o $@
 
+$(SEGMENT_COMBINE_TEST): native/core/segment_combine.cc native/core/segment_combine.h \
+    native/tests/segment_combine_test.cc | system-deps
+	mkdir -p native/build
+	g++ -std=c++20 -O1 -g -Wall -Wextra -Werror $(SANITIZE) \
+	  native/core/segment_combine.cc native/tests/segment_combine_test.cc \
+	  -lgtest -lgtest_main -pthread -o $@
+
 # GoogleTest unit tests of the TF-free core, under ASan and UBSan.
 $(KEY_INDEX_PROPERTY_TEST): native/core/key_index.cc native/core/key_index.h native/core/status.h \
     native/core/huge_page_allocator.h \
@@ -102,8 +110,9 @@ $(KEY_INDEX_PROPERTY_TEST): native/core/key_index.cc native/core/key_index.h nat
 	  -lgtest -lgtest_main -pthread -o $@
 
 native-test: $(GTEST_BIN) $(ROW_STORE_TEST) $(TIER_STORE_TEST) $(DEVICE_CACHE_TEST) $(ROW_INIT_TEST) \
-    $(KEY_INDEX_PROPERTY_TEST) $(ROW_OPTIMIZERS_TEST)
+    $(KEY_INDEX_PROPERTY_TEST) $(ROW_OPTIMIZERS_TEST) $(SEGMENT_COMBINE_TEST)
 	$(ROW_OPTIMIZERS_TEST)
+	$(SEGMENT_COMBINE_TEST)
 	$(GTEST_BIN)
 	$(KEY_INDEX_PROPERTY_TEST)
 	$(ROW_STORE_TEST)

@@ -42,6 +42,7 @@ STAGES = ("input: parsing", "input: ids", "input: other", "forward: lookups", "f
 _PARSING_OPS = ("ParseExample", "ParseSequenceExample", "DecodeProto", "ParseSingleExample")
 _ID_OPS = ("MxKeyIndex", "MxDeviceCache", "StringToHashBucket", "LookupTableFind",
            "LookupTableSize")
+TOP_OPS = 25  # (stage, op type, layer) entries summarize returns, largest first.
 _WAIT_EVENTS = ("IteratorGetNextAsOptionalOp::DoCompute", "IteratorGetNextOp::DoCompute")
 
 
@@ -150,7 +151,8 @@ def summarize(logdir: str, step_seconds: list[float], model_scope: str, dense_op
 
   Returns:
     {"steps", "wall_ms" (median), "input_wait_ms" (mean), "op_ms" (sum of
-    the stages), "stages": {stage: ms per step}}.
+    the stages), "stages": {stage: ms per step}, "top_ops": the TOP_OPS
+    largest [stage, "OpType in layer", ms per step], largest first}.
 
   Raises:
     FileNotFoundError: no trace under logdir.
@@ -163,6 +165,7 @@ def summarize(logdir: str, step_seconds: list[float], model_scope: str, dense_op
   with open(paths[-1], "rb") as f:
     space.ParseFromString(f.read())
   stages = collections.Counter({stage: 0 for stage in STAGES})
+  by_op = collections.Counter()  # (stage, op type, scope of the lookup or layer) -> ps
   wait_ps = 0
   for plane in space.planes:
     if plane.name != "/host:CPU":
@@ -177,11 +180,26 @@ def summarize(logdir: str, step_seconds: list[float], model_scope: str, dense_op
         if name in _WAIT_EVENTS:
           wait_ps += event.duration_ps
         elif ":" in name and "::" not in name and not name.startswith("RemoteCall"):
-          stages[stage_of(line.name, name, model_scope, dense_optimizer,
-                          sparse_optimizer)] += event.duration_ps
+          stage = stage_of(line.name, name, model_scope, dense_optimizer, sparse_optimizer)
+          stages[stage] += event.duration_ps
+          by_op[(stage, _op_key(name))] += event.duration_ps
   steps = len(step_seconds)
   per_step = {stage: ps / 1e9 / steps for stage, ps in stages.items()}
+  top = [[stage, op, ps / 1e9 / steps] for (stage, op), ps in by_op.most_common(TOP_OPS)]
   return {
       "steps": steps, "wall_ms": 1000 * statistics.median(step_seconds),
-      "input_wait_ms": wait_ps / 1e9 / steps, "op_ms": sum(per_step.values()), "stages": per_step
+      "input_wait_ms": wait_ps / 1e9 / steps, "op_ms": sum(per_step.values()), "stages": per_step,
+      "top_ops": top
   }
+
+
+def _op_key(op_name: str) -> str:
+  """"Type in layer" of an op event "scope/.../name:Type": its type and first model layer.
+
+  The layer is the scope part after the model's (or the gradient tape's) own
+  scope, so the ops of one layer's lookup or combiner add up across steps.
+  """
+  scope, op_type = op_name.rsplit(":", 1)
+  parts = scope.split("/")
+  layer = parts[1] if len(parts) > 2 else parts[0]
+  return f"{op_type} in {layer}"

@@ -10,11 +10,19 @@ tf.nn.embedding_lookup_sparse and TPUEmbedding define them:
   sqrtn: sum_i w_i e_i / sqrt(sum_i w_i^2)
 
 Positions without ids (and positions whose weights sum to zero) give zeros.
+
+`combine` is made of TF ops only (the reference, and what a SavedModel
+serves); `fused_combine` reduces a ragged input without weights in one native
+op, forward and backward (MxSegmentCombine, native/core/segment_combine.cc),
+as TPUEmbedding fuses its combiners into the lookup: the sparse core's Keras
+lookups use it in training and evaluation.
 """
 
 from __future__ import annotations
 
 import tensorflow as tf
+
+from mxrec_pipeline import ops
 
 COMBINERS = ("sum", "mean", "sqrtn")
 
@@ -99,3 +107,52 @@ def combine(per_id, combiner: str | None, weights=None, segment_ids: tf.Tensor |
     return total
   norm = reduce(w) if combiner == "mean" else tf.sqrt(reduce(tf.square(w)))
   return tf.math.divide_no_nan(total, norm)
+
+
+def fused_combine(per_id, combiner: str | None):
+  """`combine(per_id, combiner)`, a ragged input's reduction in one native op.
+
+  A tf.RaggedTensor per_id of float32 [..., (num_ids), dim] (its innermost
+  ragged dimension holds each position's ids, its flat values are
+  [n, dim]) is reduced by MxSegmentCombine over the innermost row_splits, and
+  its gradient is MxSegmentCombineGrad: one op each way instead of TF's
+  segment ids, two segment sums, a division and their gradients. Any other
+  input (dense, other dtypes, combiner None) goes to `combine`. No weights:
+  weighted ids go through `combine`.
+
+  Args:
+    per_id: Float embeddings of every id, as for `combine`'s dense and ragged
+      forms.
+    combiner: "sum", "mean", "sqrtn", or None (per_id returned unchanged).
+
+  Returns:
+    As `combine`: [..., dim] of per_id's dtype, a ragged outer dimension
+    padded with zero rows. Equal to `combine`'s result up to float32
+    rounding (the same sums, in the same order of ids).
+
+  Raises:
+    ValueError: an unknown combiner.
+    tf.errors.InvalidArgumentError: malformed row_splits (not from 0 to the
+      number of ids, or decreasing), naming MxSegmentCombine.
+  """
+  if (combiner is None or not isinstance(per_id, tf.RaggedTensor) or per_id.dtype != tf.float32 or
+      per_id.flat_values.shape.rank != 2):
+    return combine(per_id, combiner)
+  check_combiner(combiner, "fused_combine")
+
+  def reduce_innermost(ragged):
+    if isinstance(ragged.values, tf.RaggedTensor):
+      return ragged.with_values(reduce_innermost(ragged.values))
+    return ops.load().mx_segment_combine(ragged.values, ragged.row_splits, combiner=combiner)
+
+  total = reduce_innermost(per_id)
+  return total.to_tensor() if isinstance(total, tf.RaggedTensor) else total
+
+
+@tf.RegisterGradient("MxSegmentCombine")
+def _segment_combine_grad(op, grad):
+  """Every id's gradient: its position's gradient / the position's norm (no row_splits')."""
+  return [
+      ops.load().mx_segment_combine_grad(grad, op.inputs[1],
+                                         combiner=op.get_attr("combiner").decode()), None
+  ]

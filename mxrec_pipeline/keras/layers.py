@@ -218,6 +218,9 @@ class SparseLookup(tf.keras.layers.Layer):
                                  unique_rows, restore, training=training,
                                  plan_token=plan[0] if plan else None, admitting=training and
                                  config is not None and config.admits)
+      # Ragged ids reduce in one native op (combiner.fused_combine); the
+      # exported SavedModel (serving_rows) keeps TF's ops: it needs no custom op.
+      return combiner_lib.fused_combine(emb, self.feature.combiner)
     return combine(emb, self.feature.combiner)
 
   def get_config(self):

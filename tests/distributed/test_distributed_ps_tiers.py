@@ -109,16 +109,16 @@ def test_pinned_rows_of_unfinished_steps_are_never_evicted():
 
 def test_tiered_checkpoint_restores_every_tier_onto_tiered_and_flat_tables(tmp_path):
   optimizer = lazy_adam.create_hash_optimizer(0.05)
-  tiered = _table("ps_ckpt", _tiers(host=30), optimizer=optimizer)
+  tiered = _table("tiers_ckpt", _tiers(host=30), optimizer=optimizer)
   _train(tiered, _batches(10))
   saved = tiered.export_shard(0)
   assert saved["keys"].size > DEVICE_ROWS  # keys in the host tier too
   ps_checkpoint.save(str(tmp_path), tiered)
   # Into a fresh tiered table (rows now in other tiers) and into an all-on-device one.
-  again = _table("ps_ckpt2", _tiers(host=30))
-  flat = _table("ps_ckpt3", rows=64)
-  for table, name in ((again, "ps_ckpt2"), (flat, "ps_ckpt3")):
-    (tmp_path / name).symlink_to(tmp_path / "ps_ckpt")
+  again = _table("tiers_ckpt2", _tiers(host=30))
+  flat = _table("tiers_ckpt3", rows=64)
+  for table, name in ((again, "tiers_ckpt2"), (flat, "tiers_ckpt3")):
+    (tmp_path / name).symlink_to(tmp_path / "tiers_ckpt")
     assert ps_checkpoint.restore(str(tmp_path), table) == [saved["keys"].size]
     _assert_same_rows(table.export_shard(0), saved)
     assert int(table.step) == 10
@@ -127,9 +127,9 @@ def test_tiered_checkpoint_restores_every_tier_onto_tiered_and_flat_tables(tmp_p
   np.testing.assert_allclose(_train(again, more), _train(flat, more), rtol=1e-5)
   _assert_same_rows(again.export_shard(0), flat.export_shard(0))
   # A shard too small for the checkpoint's keys is refused, naming the table.
-  small = _table("ps_ckpt4", tiers_lib.TierConfig(DEVICE_ROWS, 2))
-  (tmp_path / "ps_ckpt4").symlink_to(tmp_path / "ps_ckpt")
-  with pytest.raises(ValueError, match="ps_ckpt4.*more than its 10 rows"):
+  small = _table("tiers_ckpt4", tiers_lib.TierConfig(DEVICE_ROWS, 2))
+  (tmp_path / "tiers_ckpt4").symlink_to(tmp_path / "tiers_ckpt")
+  with pytest.raises(ValueError, match="tiers_ckpt4.*more than its 10 rows"):
     checkpoint.restore_shard(str(tmp_path), ps_table.ShardView(small, 0),
                              [ps_table.ShardOptimizerView(small, 0)])
 
