@@ -22,8 +22,8 @@ What differs from one process, and why:
   * Admission and eviction are the table's (ps_table's access_threshold,
     eviction_threshold_s at create_table), not sparse_lookup's
     access_and_evict_config, which a scheduled step cannot register.
-  * No tiers (host/SSD vocabularies: PSShardedTable(tiers=) has them) and no dynamic
-    expansion.
+  * Tiers (host_vocabulary_size, ssd_vocabulary_size: mxRec's DDR/SSD modes)
+    are per shard, on its ps (distributed/ps_tiers.py); no dynamic expansion.
 
 Example (the chief is the coordinator; docs/distributed.md "Parameter servers"):
   >>> init()
@@ -48,6 +48,7 @@ from typing import Callable, Sequence
 
 import tensorflow as tf
 
+from mxrec_pipeline.core import tiers as tiers_lib
 from mxrec_pipeline.core.asc import feature_spec as fs
 from mxrec_pipeline.distributed import ps_table
 from mxrec_pipeline.optimizers.base import HashOptimizer
@@ -57,9 +58,10 @@ from mxrec_pipeline.util import initialize
 def create_table(strategy: tf.distribute.Strategy | None, key_dtype: tf.DType,
                  dim: int | tf.TensorShape, name: str, emb_initializer: Callable,
                  device_vocabulary_size: int = 1, host_vocabulary_size: int = 0,
-                 ssd_vocabulary_size: int = 0, optimizer_list=None, init_param: float = 1.0,
-                 value_dtype: tf.DType = tf.float32, access_threshold: int | None = None,
-                 eviction_threshold_s: int | None = None) -> ps_table.PSShardedTable:
+                 ssd_vocabulary_size: int = 0, ssd_data_path=(), optimizer_list=None,
+                 init_param: float = 1.0, value_dtype: tf.DType = tf.float32,
+                 access_threshold: int | None = None, eviction_threshold_s: int | None = None,
+                 cache_policy: str = "lru") -> ps_table.PSShardedTable:
   """core/embedding.create_table (mx_rec's), sharded by key over the ps tasks.
 
   Call it on the coordinator after init(), outside `strategy.scope()`.
@@ -75,9 +77,16 @@ def create_table(strategy: tf.distribute.Strategy | None, key_dtype: tf.DType,
       dim], dtype=value_dtype)` once per shard: a random one draws other
       initial rows than one process would (a constant one gives the same).
     device_vocabulary_size: Rows of each shard: the most distinct keys one ps
-      owns (a full shard fails naming the table).
-    host_vocabulary_size, ssd_vocabulary_size: Must be 0: tiers are not
-      sharded over ps tasks (docs/scaling.md, "What PS tables support").
+      owns (a full shard fails naming the table); with tiers, each shard's
+      device cache.
+    host_vocabulary_size, ssd_vocabulary_size: Host-memory and SSD rows of
+      each shard (mxRec's DDR/SSD modes, core/tiers.py): > 0 host rows make
+      the table tiered, each shard keeping its three tiers on its ps
+      (distributed/ps_tiers.py). The cache must hold the distinct ids of the
+      steps in flight on a shard (about one batch's per worker).
+    ssd_data_path: Directories of the SSD files (each shard's under
+      `<path>/shard_<i>`); empty: the current directory. They must exist
+      and be writable.
     optimizer_list: [the hash optimizer] that trains the table (exactly one,
       of mxrec_pipeline.optimizers: lazy Adam, Adagrad, SGD, FTRL); its slots
       are created beside each shard.
@@ -86,6 +95,7 @@ def create_table(strategy: tf.distribute.Strategy | None, key_dtype: tf.DType,
     access_threshold, eviction_threshold_s: Admission and eviction on the
       owner ps (ps_table.PSShardedTable's; mxRec's access_threshold and
       eviction_threshold); None: off.
+    cache_policy: Tiered tables: "lru" or "lfu" (core/embedding.create_table's).
 
   Returns:
     The PSShardedTable, also registered under `name` in the run
@@ -94,8 +104,10 @@ def create_table(strategy: tf.distribute.Strategy | None, key_dtype: tf.DType,
 
   Raises:
     RuntimeError: init() was not called.
-    ValueError: naming the table: a name of a table of this run, tiers,
-      init(use_dynamic_expansion=True), an optimizer_list that is not one hash
+    ValueError: naming the table: a name of a table of this run, bad tier
+      arguments (core/tiers.check_tier_args: e.g. an SSD tier without host
+      rows, a missing SSD directory), init(use_dynamic_expansion=True), an
+      optimizer_list that is not one hash
       optimizer, or what PSShardedTable refuses (inside strategy.scope(), a
       strategy that is not a ParameterServerStrategy, bad sizes or dtypes).
   """
@@ -103,11 +115,9 @@ def create_table(strategy: tf.distribute.Strategy | None, key_dtype: tf.DType,
   where = f"ps_mxrec.create_table('{name}')"
   if name in run.tables or name in run.ps_tables:
     raise ValueError(f"{where}: a table named '{name}' already exists in this run")
-  if host_vocabulary_size or ssd_vocabulary_size:
-    raise ValueError(f"{where}: host_vocabulary_size and ssd_vocabulary_size must be 0: the "
-                     "mx_rec-style PS API has no tiers; a tiered table on ps tasks is a "
-                     "PSShardedTable(..., tiers=TierConfig(...)) or a Keras pipeline TableSpec "
-                     "(docs/tiers.md, \"On parameter servers\"); or raise device_vocabulary_size")
+  tier_config = tiers_lib.check_tier_args(name, device_vocabulary_size, host_vocabulary_size,
+                                          ssd_vocabulary_size, ssd_data_path, cache_policy,
+                                          tf.as_dtype(value_dtype))
   if run.config.use_dynamic_expansion:
     raise ValueError(f"{where}: init(use_dynamic_expansion=True) tables are not sharded over ps "
                      "tasks; size the shards with device_vocabulary_size")
@@ -133,7 +143,7 @@ def create_table(strategy: tf.distribute.Strategy | None, key_dtype: tf.DType,
                                     emb_initializer=initializer, key_dtype=key_dtype,
                                     value_dtype=tf.as_dtype(value_dtype),
                                     access_threshold=access_threshold,
-                                    eviction_threshold_s=eviction_threshold_s)
+                                    eviction_threshold_s=eviction_threshold_s, tiers=tier_config)
   except TypeError as e:  # tf.as_dtype of a bad dtype.
     raise ValueError(f"{where}: {e}") from None
   # Two tables of one name would share (and the second would empty) the key index on each ps.

@@ -17,6 +17,7 @@ import ps_coordinator
 import ps_api_coordinator
 import ps_testlib
 from mxrec_pipeline.core import embedding
+from mxrec_pipeline.core import initializers
 from mxrec_pipeline.core.asc.feature_spec import FeatureSpec
 from mxrec_pipeline.distributed import ps_mxrec
 from mxrec_pipeline.optimizers import lazy_adam
@@ -157,10 +158,9 @@ def test_send_count_bounds_distinct_ids_and_is_grad_false_stops_gradients(run):
 def test_create_table_refusals_name_the_table(run):
   with pytest.raises(ValueError, match=r"create_table\('t'\): `optimizer_list` must be \[one hash"):
     _ps_table("t", optimizer_list=None)
-  with pytest.raises(
-      ValueError, match=r"create_table\('t'\): host_vocabulary_size and "
-      "ssd_vocabulary_size must be 0"):
-    _ps_table("t", host_vocabulary_size=16)
+  with pytest.raises(ValueError, match=r"create_table\('t'\): an SSD tier .* needs "
+                     "host_vocabulary_size > 0"):
+    _ps_table("t", ssd_vocabulary_size=16)
   with pytest.raises(ValueError, match=r"PSShardedTable\('t'\): `dim` must be a positive int"):
     _ps_table("t", dim=0)
   embedding.create_table(key_dtype=tf.int64, dim=2, name="taken", emb_initializer=tf.zeros,
@@ -176,6 +176,42 @@ def test_create_table_refusals_name_the_table(run):
     ps_mxrec.create_table(tf.distribute.MirroredStrategy(["/CPU:0"]), key_dtype=tf.int64, dim=2,
                           name="t", emb_initializer=tf.zeros,
                           optimizer_list=[lazy_adam.create_hash_optimizer()])
+
+
+def test_tiered_table_trains_as_an_all_on_device_table(run, tmp_path):
+  """mx_rec's DDR/SSD table on a local shard: 6 device rows for 30 keys keep swapping."""
+  init = initializers.RowInitializer("truncated_normal", stddev=0.1, seed=3)
+  rng = np.random.default_rng(2)
+  batches = [
+      (rng.integers(0, 30, size=[3, 2]), rng.normal(size=[3]).astype(np.float32)) for _ in range(12)
+  ]
+  w = tf.constant([0.5, -1.0])
+  results = {}
+  for name, tiers in (("mx_flat", {}), ("mx_tiered",
+                                        dict(host_vocabulary_size=4, ssd_vocabulary_size=40,
+                                             ssd_data_path=[str(tmp_path)], cache_policy="lfu"))):
+    table, optimizer = _ps_table(name, emb_initializer=init,
+                                 device_vocabulary_size=6 if tiers else 64, **tiers)
+
+    @tf.function
+    def step(ids, labels, table=table, optimizer=optimizer):
+      with tf.GradientTape() as tape:
+        emb = ps_mxrec.sparse_lookup(table, ids, send_count=6)
+        loss = tf.reduce_mean((tf.reduce_sum(emb * w, axis=[1, 2]) - labels)**2)
+      ps_mxrec.apply_gradients(optimizer, [(tape.gradient(loss, table.shard_variables), table)])
+      return loss
+
+    losses = [float(step(tf.constant(i, tf.int64), tf.constant(y))) for i, y in batches]
+    results[name] = (losses, table.export_shard(0), table)
+  np.testing.assert_allclose(results["mx_tiered"][0], results["mx_flat"][0], rtol=1e-5)
+  got, want = results["mx_tiered"][1], results["mx_flat"][1]
+  order_got, order_want = np.argsort(got["keys"]), np.argsort(want["keys"])
+  np.testing.assert_array_equal(got["keys"][order_got], want["keys"][order_want])
+  for part in ("values", "m", "v"):
+    np.testing.assert_allclose(got[part][order_got], want[part][order_want], atol=1e-5)
+  stats = results["mx_tiered"][2].tiered_shards[0].storage.stats()
+  assert int(stats["swap_outs"]) > 10 and int(stats["ssd_rows_used"]) > 0
+  assert (tmp_path / "shard_0").is_dir()
 
 
 def test_init_param_scales_the_initial_rows(run):
