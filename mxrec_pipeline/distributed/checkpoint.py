@@ -84,6 +84,9 @@ def save_shard(directory: str, table, optimizers=()) -> str:
   order = tf.argsort(state["keys"])
   keys, rows = tf.gather(state["keys"], order), tf.gather(state["rows"], order)
   tiers = shard.tiers if shard.is_tiered else None
+  for optimizer in optimizers:
+    # Before reading a tiered table's rows: building attaches its slots to the tiers.
+    optimizer.build([shard.variable])
   # A tiered table's rows are global rows: read each tier's, [n, dim * (1 + slots)].
   whole = None if tiers is None else tiers.read_rows(shard.variable, rows)
 
@@ -100,7 +103,6 @@ def save_shard(directory: str, table, optimizers=()) -> str:
   }
   tensors.update({name: state[name] for name in _PENDING})
   for optimizer in optimizers:
-    optimizer.build([shard.variable])
     for slot_name in optimizer.slot_initial_values:
       slot = optimizer.get_slot(shard.table_name, slot_name)
       tensors[f"slot/{optimizer.optimizer_name}/{slot_name}"] = gather(
@@ -285,10 +287,12 @@ def _restore_tiers(shard, tiers, saved, keep, order, rows: np.ndarray, optimizer
   Slots of optimizers not given keep their initial values.
   """
   dim = shard.dim
+  for optimizer in optimizers:
+    # Before fresh_rows: building attaches the optimizer's slots to the tiers.
+    optimizer.build([shard.variable])
   whole = tiers.fresh_rows(tf.constant(rows, tf.int64)).numpy()
   whole[:, :dim] = saved["values"][keep][order]
   for optimizer in optimizers:
-    optimizer.build([shard.variable])
     for slot_name in optimizer.slot_initial_values:
       block = tiers.slot_block(optimizer.get_slot(shard.table_name, slot_name))
       whole[:, block * dim:(block + 1) *

@@ -12,8 +12,10 @@ import tensorflow as tf
 
 import distributed_testlib as lib
 from mxrec_pipeline.core import embedding
+from mxrec_pipeline.core import initializers
 from mxrec_pipeline.distributed import checkpoint
 from mxrec_pipeline.distributed import sharding
+from mxrec_pipeline.optimizers import lazy_adam
 from mxrec_pipeline.util import initialize
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
@@ -108,3 +110,39 @@ def test_save_is_atomic_per_shard(tmp_path):
   (tmp_path / "item" / "shard-1-of-2_temp_99.data-00000-of-00001").write_bytes(b"partial")
   assert checkpoint.saved_shards(str(tmp_path), lib.TABLE) == [prefix]
   assert checkpoint.restore_shard(str(tmp_path), table) == 2
+
+
+def test_tiered_table_restores_before_its_optimizer_is_attached(tmp_path):
+  """A fresh process's tiered table (no optimizer_list) restores rows and slots of every tier."""
+  init = initializers.RowInitializer("truncated_normal", stddev=0.1, seed=5)
+  batches = [tf.constant(b) for b in np.random.default_rng(4).integers(0, 40, size=[10, 6])]
+
+  def tiered(optimizer_list=None):
+    return embedding.create_table(key_dtype=tf.int64, dim=lib.DIM, name="tiered_restore",
+                                  emb_initializer=init, device_vocabulary_size=8,
+                                  host_vocabulary_size=40, optimizer_list=optimizer_list)
+
+  def train(table, optimizer, ids_list):
+    for ids in ids_list:
+      with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(tf.square(embedding.sparse_lookup(table, ids) - 1.0))
+      optimizer.apply_gradients([(tape.gradient(loss, table.variable), table.variable)])
+    return embedding.sparse_lookup(table, tf.range(40, dtype=tf.int64), is_train=False).numpy()
+
+  initialize.init()
+  try:
+    optimizer = lazy_adam.create_hash_optimizer(0.05)
+    table = tiered([optimizer])
+    train(table, optimizer, batches[:5])
+    checkpoint.save_shard(str(tmp_path), table, [optimizer])
+    want = train(table, optimizer, batches[5:])
+  finally:
+    initialize.terminate_config_initializer()
+  initialize.init()
+  try:
+    optimizer = lazy_adam.create_hash_optimizer(0.05)
+    table = tiered()  # Its slots attach when the optimizer builds, inside restore_shard.
+    assert checkpoint.restore_shard(str(tmp_path), table, [optimizer]) > 8
+    np.testing.assert_allclose(train(table, optimizer, batches[5:]), want, rtol=1e-5, atol=1e-6)
+  finally:
+    initialize.terminate_config_initializer()
