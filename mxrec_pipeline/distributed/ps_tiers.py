@@ -29,7 +29,8 @@ plan never evicts a row a step still reads or updates, whatever order the
 steps end in. A plan without room waits (in the section) for steps to finish,
 up to TierConfig.wait_seconds, then fails naming the table; a step unfinished
 2 x wait_seconds after its plan counts as lost (its worker died mid-step) and
-stops pinning. Plans are made
+stops pinning; should that step finish after all, its finish op fails naming
+the table (its rows may have gone to other keys meanwhile). Plans are made
 in the step (the ids reach the ps only then), so there is no prefetch of
 plans as in one process.
 
@@ -125,9 +126,11 @@ class TieredShard:
         return tf.identity(slots), tf.identity(token)
 
     slots, token = self.critical_section.execute(plan_and_move, exclusive_resource_access=False)
-    self._tokens.setdefault(_graph_key(), []).append(token)
-    return lookup_lib.gather_rows(self.variable, slots, training=True, default_value=default_value,
+    rows = lookup_lib.gather_rows(self.variable, slots, training=True, default_value=default_value,
                                   admitting=admitting)
+    # The token is finished after the read too (a shard without gradient).
+    self._tokens.setdefault(_graph_key(), []).append((token, rows))
+    return rows
 
   def finish(self, after) -> list:
     """Finishes the tokens of this step's training lookups once `after` ran.
@@ -137,10 +140,16 @@ class TieredShard:
 
     Returns:
       The finish ops (eagerly: [] once done).
+
+    Raises:
+      tf.errors.FailedPreconditionError (at run time): a plan of this step
+        had been taken as lost (unfinished for 2 x wait_seconds): its rows
+        may have gone to other keys meanwhile (native DeviceCache::Finish).
     """
     tokens = self._tokens.pop(_graph_key(), [])
-    with tf.control_dependencies([a for a in after if a is not None]):
-      done = [self.storage.finish_token(t) for t in tokens]
+    reads = [rows for _, rows in tokens]
+    with tf.control_dependencies([a for a in after if a is not None] + reads):
+      done = [self.storage.finish_token(token) for token, _ in tokens]
     return [] if tf.executing_eagerly() else done
 
   # What distributed/checkpoint.py and core/admission.evict read of a table's

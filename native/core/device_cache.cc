@@ -195,6 +195,7 @@ bool DeviceCache::DropLostPlansLocked() {
   bool dropped = false;
   for (auto it = in_flight_.begin(); it != in_flight_.end();) {
     if (it->second < lost_before) {
+      lost_.insert(it->first);
       it = in_flight_.erase(it);
       dropped = true;
     } else {
@@ -256,6 +257,7 @@ void DeviceCache::ResetLocked() {
   pending_.clear();
   pending_drops_.clear();
   in_flight_.clear();
+  lost_.clear();
 }
 
 Status DeviceCache::CoverGlobalLocked(int64_t max_global) {
@@ -604,14 +606,26 @@ Status DeviceCache::Apply(int64_t token, Moves* moves) {
   return Status::Ok();
 }
 
-void DeviceCache::Finish(int64_t token) {
+Status DeviceCache::Finish(int64_t token) {
+  bool was_lost = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (token < 0 || (token >> kSeqBits) != generation_) return;
+    if (token < 0 || (token >> kSeqBits) != generation_) return Status::Ok();
     finished_seq_ = std::max(finished_seq_, std::min(token & kSeqMask, applied_seq_));
     in_flight_.erase(token & kSeqMask);
+    was_lost = lost_.erase(token & kSeqMask) > 0;
   }
   applied_cv_.notify_all();
+  if (was_lost) {
+    std::ostringstream msg;
+    msg << "table '" << name_ << "': this training step's device-cache plan was unfinished for more "
+        << "than 2 x wait_seconds = " << 2 * wait_seconds_ << " s and was taken as lost (its "
+        << "worker presumed dead), so its rows may have gone to other keys while the step read "
+        << "and updated them; restart the job from its last checkpoint (and give each shard's "
+        << "device cache more rows, or run fewer workers)";
+    return Status::FailedPrecondition(msg.str());
+  }
+  return Status::Ok();
 }
 
 // ---------------------------------------------------------------------------

@@ -50,7 +50,8 @@
 // oldest plan in flight is pinned: a slot a step reads or updates is never a
 // victim of another step's plan, whatever order the steps finish in. A plan
 // still in flight 2 x wait_seconds after it was made is taken as lost (its
-// worker died mid-step) and stops pinning once a plan needs its room; a
+// worker died mid-step) and stops pinning once a plan needs its room (a
+// step that was only slow then fails at its Finish, not silently); a
 // plan waiting for room gives up after wait_seconds, so a step holding rows
 // for less than that (e.g. an earlier lookup of the same step) makes it fail
 // rather than lose its rows.
@@ -70,6 +71,7 @@
 #include <functional>
 #include <map>
 #include <mutex>
+#include <set>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -143,8 +145,11 @@ class DeviceCache {
   // Apply stays pinned until the next one. Tokens of another generation are
   // ignored; seqs past the applied one count as the applied one.
   // pin_until_finish: the plan `token` leaves the plans in flight (a token
-  // finished twice, or never planned, changes nothing).
-  void Finish(int64_t token);
+  // finished twice, or never planned, changes nothing); FailedPrecondition,
+  // naming the table, when the plan had been taken as lost (unfinished for
+  // 2 x wait_seconds): its slots may have gone to other keys while its step
+  // read and updated them, so the step must fail rather than pass silently.
+  Status Finish(int64_t token);
 
   // The key index freed these globals: each cached one leaves the planned
   // mapping (its slot becomes free, no swap out) and every one gets a drop event
@@ -303,6 +308,8 @@ class DeviceCache {
   int64_t finished_seq_ = 0;  // latest plan whose step finished (Finish)
   // pin_until_finish: seq -> when it was planned, of the plans not finished.
   std::map<int64_t, std::chrono::steady_clock::time_point> in_flight_;
+  // pin_until_finish: seqs of plans taken as lost, until their Finish comes.
+  std::set<int64_t> lost_;
 
   std::deque<Record> pending_;                          // guarded by mu_, seq ascending
   std::unordered_map<int64_t, int64_t> pending_drops_;  // guarded by mu_: global -> count

@@ -207,7 +207,7 @@ class DeviceCacheFinishOp : public ExistingResourceOp<DeviceCacheResource> {
   void ComputeWith(OpKernelContext* ctx, DeviceCacheResource& resource) override {
     int64_t token = 0;
     OP_REQUIRES_OK(ctx, TokenInput(ctx, resource.cache(), &token));
-    resource.cache().Finish(token);
+    OP_REQUIRES_OK(ctx, ToTf(resource.cache().Finish(token)));
   }
 };
 

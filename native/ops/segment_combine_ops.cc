@@ -35,8 +35,10 @@ REGISTER_OP("MxSegmentCombine")
     .Attr("combiner: {'sum', 'mean', 'sqrtn'}")
     .Attr("Tsplits: {int32, int64}")
     .SetShapeFn([](InferenceContext* c) -> Status {
+      ShapeHandle row_splits;  // rank checked before its length is read
+      TF_RETURN_IF_ERROR(VectorInput(c, 1, &row_splits));
       DimensionHandle segments;
-      TF_RETURN_IF_ERROR(c->Subtract(c->Dim(c->input(1), 0), 1, &segments));
+      TF_RETURN_IF_ERROR(c->Subtract(c->Dim(row_splits, 0), 1, &segments));
       return SegmentsShape(c, 0, 1, segments);
     })
     .Doc(R"doc(

@@ -974,6 +974,14 @@ TEST(DeviceCacheTest, PinUntilFinishDropsAPlanUnfinishedForTwiceWaitSeconds) {
   Planned next = PlanOk(cache, {2});
   EXPECT_EQ(next.slots, (V{0}));
   EXPECT_EQ(cache.stats().in_flight, 1);
+  // The lost plan's step was alive after all: its Finish fails, naming the table.
+  Status late = cache.Finish(lost.token);
+  EXPECT_EQ(late.code(), Status::Code::kFailedPrecondition);
+  EXPECT_NE(late.message().find("table 'ps_t'"), std::string::npos) << late.message();
+  EXPECT_NE(late.message().find("taken as lost"), std::string::npos) << late.message();
+  EXPECT_TRUE(cache.Finish(lost.token).ok());  // reported once
+  EXPECT_TRUE(cache.Finish(next.token).ok());
+  EXPECT_EQ(cache.stats().in_flight, 0);
 }
 
 TEST(DeviceCacheTest, PinUntilFinishImportClearsThePlansInFlight) {

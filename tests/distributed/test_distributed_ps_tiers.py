@@ -93,7 +93,7 @@ def test_tiered_shard_trains_as_an_all_on_device_shard(tmp_path):
 
 def test_pinned_rows_of_unfinished_steps_are_never_evicted():
   # Plans in flight count as lost after 2 x wait_seconds: far more than this test takes.
-  table = _table("ps_pinned", _tiers(host=40, wait_seconds=1.0))
+  table = _table("ps_pinned", _tiers(host=40, wait_seconds=3.0))
   first = table.lookup(tf.constant([1, 2, 3, 4], tf.int64))  # a step in flight
   table.lookup(tf.constant([5, 6, 7, 8], tf.int64))  # another: the 8 rows are all pinned
   with pytest.raises(tf.errors.ResourceExhaustedError, match="ps_pinned.*training steps in flight"):
