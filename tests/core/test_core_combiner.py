@@ -181,10 +181,10 @@ def test_segment_combine_op_names_bad_row_splits(splits, message):
 
 
 def test_segment_combine_refuses_row_splits_of_rank_0_at_graph_construction():
+
   @tf.function
   def combine_scalar_splits():
-    return ops.load().mx_segment_combine(tf.zeros([2, 3]), tf.constant(0, tf.int64),
-                                         combiner="sum")
+    return ops.load().mx_segment_combine(tf.zeros([2, 3]), tf.constant(0, tf.int64), combiner="sum")
 
   with pytest.raises(ValueError, match="must be rank 1"):
     combine_scalar_splits.get_concrete_function()
