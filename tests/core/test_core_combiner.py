@@ -4,7 +4,6 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from mxrec_pipeline import ops
 from mxrec_pipeline.core import combiner
 
 # Two positions of ids (one empty), their embeddings [n, 2] and weights.
@@ -178,13 +177,3 @@ def test_segment_combine_op_names_bad_row_splits(splits, message):
   with pytest.raises(tf.errors.InvalidArgumentError, match=f"MxSegmentCombineGrad: {message}"):
     ops.load().mx_segment_combine_grad(tf.ones([max(len(splits) - 1, 0), 3]),
                                        tf.constant(splits, tf.int32), combiner="sum")
-
-
-def test_segment_combine_refuses_row_splits_of_rank_0_at_graph_construction():
-
-  @tf.function
-  def combine_scalar_splits():
-    return ops.load().mx_segment_combine(tf.zeros([2, 3]), tf.constant(0, tf.int64), combiner="sum")
-
-  with pytest.raises(ValueError, match="must be rank 1"):
-    combine_scalar_splits.get_concrete_function()

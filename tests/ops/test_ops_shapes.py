@@ -110,6 +110,11 @@ CASES = (
          bad=((1, [3, 1], RANK), (2, [4, 4], DIMS), (4, [1], RANK))),
     Case("MxSumByRestore", ((F32, [6, 4]), (tf.int32, [6]), (tf.int32, [])), ([None, 4],),
          ([None, None],), bad=((0, [6], RANK), (1, [6, 1], RANK), (1, [5], DIMS), (2, [1], RANK))),
+    # Ragged combiner: native/ops/segment_combine_ops.cc.
+    Case("MxSegmentCombine", ((F32, [5, 4]), (I64, [4])), ([3, 4],), ([None, None],),
+         {"combiner": "mean"}, bad=((0, [5], RANK), (1, [], RANK), (1, [4, 1], RANK))),
+    Case("MxSegmentCombineGrad", ((F32, [3, 4]), (I64, [4])), ([None, 4],), ([None, None],),
+         {"combiner": "sqrtn"}, bad=((0, [3], RANK), (1, [4, 1], RANK))),
     # Row store: native/ops/row_store_ops.cc.
     _handle_op("MxRowStoreHandle"),
     _handle_only("MxRowStoreCreate", (), {**DIM, **TABLE}),
