@@ -23,6 +23,7 @@ import contextlib
 import dataclasses
 import math
 import os
+import re
 from typing import Sequence
 
 import tensorflow as tf
@@ -822,8 +823,13 @@ def _restore_every_variable(checkpoint: tf.train.Checkpoint, path: str) -> None:
   try:
     status.assert_existing_objects_matched()
   except AssertionError as e:
+    # TF's message lists each unbound object with its values: keep the names.
+    names = re.findall(r"<tf\.Variable '([^']+)'", str(e))
+    found = re.search(r"Found (\d+) Python objects", str(e))
+    detail = (f"{found.group(1) if found else len(names)} unbound, e.g. {', '.join(names)}"
+              if names else str(e))
     raise ValueError(f"{path}: the model built from this config has variables the checkpoint "
-                     f"lacks (is it the config the run trained with?): {e}") from None
+                     f"lacks (is it the config the run trained with?): {detail}") from None
 
 
 def _ranking_results(results: dict) -> dict[str, float]:
