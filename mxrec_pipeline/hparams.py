@@ -53,7 +53,7 @@ class PipelineHparams:
     num_train_steps: Total training steps over all epochs: epochs of
       ceil(num_train_steps / num_epochs) steps, the last one shorter, so that
       exactly num_train_steps steps run (fewer epochs than `num_epochs` when
-      num_train_steps < num_epochs; see keras.pipeline.epoch_steps). None
+      num_train_steps < num_epochs; see keras.epochs.epoch_steps). None
       trains each epoch on one pass over the training data.
     num_valid_steps: Validation steps per epoch; None validates on the whole
       validation data.

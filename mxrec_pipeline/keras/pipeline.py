@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import math
 import os
 import re
 from typing import Sequence
@@ -36,6 +35,9 @@ from mxrec_pipeline.core.asc import replicas
 from mxrec_pipeline.hparams import (  # pylint: disable=unused-import
     MULTI_WORKER_MIRRORED, PARAMETER_SERVER, RANKING_METRICS, STRATEGIES, PipelineHparams)
 from mxrec_pipeline.keras import callbacks as callbacks_lib
+# Re-exported: epoch_seed and epoch_steps were defined here.
+from mxrec_pipeline.keras.epochs import (  # pylint: disable=unused-import
+    EpochGate, epoch_groups, epoch_seed, epoch_steps)
 from mxrec_pipeline.keras import export as export_lib
 from mxrec_pipeline.keras import model as model_lib
 from mxrec_pipeline.keras import ps
@@ -80,28 +82,6 @@ def _generator_rng(enabled: bool):
   finally:
     if not before:
       tf.keras.backend.experimental.disable_tf_random_generator()
-
-
-def epoch_seed(seed: int | None, epoch: int) -> int | None:
-  """The shuffle seed of epoch `epoch` of a run seeded `seed` (None: None).
-
-  (seed * 1_000_003 + epoch) mod 2**31: distinct for the epochs of a run and
-  independent of when the run started or resumed.
-  """
-  return None if seed is None else (seed * 1_000_003 + epoch) % 2**31
-
-
-def epoch_steps(num_epochs: int, num_train_steps: int | None) -> list[int | None]:
-  """Training steps of each epoch: None (one pass each) or exactly num_train_steps in all.
-
-  Epochs get ceil(num_train_steps / num_epochs) steps, the last one the rest;
-  epochs that would get none are dropped: (2, 8) -> [4, 4], (3, 8) -> [3, 3, 2],
-  (20, 1) -> [1], (3, None) -> [None, None, None].
-  """
-  if num_train_steps is None:
-    return [None] * num_epochs
-  per_epoch = math.ceil(num_train_steps / num_epochs)
-  return [min(per_epoch, num_train_steps - start) for start in range(0, num_train_steps, per_epoch)]
 
 
 def lists_with_relevant(features: dict, labels: tf.Tensor, *weights: tf.Tensor):
@@ -161,15 +141,37 @@ class BaseDatasetBuilder(tfr.keras.pipeline.BaseDatasetBuilder):
         raise ValueError(f"sparse feature '{feature.name}' is not in the context or example "
                          f"feature spec {sorted(known)}")
 
-  def _insert(self, dataset: tf.data.Dataset, is_training: bool) -> tf.data.Dataset:
-    if self.sparse_features and not self.keep_raw_ids:
+  def _inserts(self) -> bool:
+    """Whether the batches get their ids inserted in tf.data (not when the model takes raw ids)."""
+    return bool(self.sparse_features) and not self.keep_raw_ids
+
+  def _insert(self, dataset: tf.data.Dataset, is_training: bool,
+              gate: EpochGate | None = None) -> tf.data.Dataset:
+    """`dataset` with its ids inserted (one sequential map), then prefetched.
+
+    With `gate`, `dataset` holds (epoch, index in the epoch, batch) and the
+    map first holds each epoch's first batch until the gate releases it
+    (`EpochGate.hold`), in the same function as the insertion.
+    """
+    inserts = self._inserts()
+    if inserts:
       specs = [fs.FeatureSpec(f.name, table_name=f.table) for f in self.sparse_features]
-      dataset = dataset.map(helper.get_asc_insert_func(specs, is_training=is_training))
+      insert_ids = helper.get_asc_insert_func(specs, is_training=is_training)
       raw_ids = {f.name for f in self.sparse_features}
+
+    def insert(features, *rest):
+      if not inserts:
+        return (features, *rest)
+      inserted = insert_ids(features, *rest)
+      features = inserted[0] if rest else inserted
       # The model reads the insertion results, not the raw ids.
-      dataset = dataset.map(lambda features, *rest:
-                            ({k: v for k, v in features.items() if k not in raw_ids}, *rest))
-    # `build_train_epoch` wraps `_build_dataset` in flat_map, whose options
+      return ({k: v for k, v in features.items() if k not in raw_ids}, *rest)
+
+    if gate is not None:
+      dataset = dataset.map(lambda epoch, index, batch: insert(*gate.hold(epoch, index, batch)))
+    elif inserts:
+      dataset = dataset.map(insert)
+    # `build_train_epochs` wraps `_build_dataset` in flat_map, whose options
     # do not reach the outer dataset: set DATA sharding again (see there).
     return _data_sharded(dataset.prefetch(tf.data.AUTOTUNE))
 
@@ -206,7 +208,7 @@ class BaseDatasetBuilder(tfr.keras.pipeline.BaseDatasetBuilder):
   def build_train_dataset(self, num_epochs: int | None = None) -> tf.data.Dataset:
     """See `AbstractDatasetBuilder`. Shuffled; new ids get rows.
 
-    The pipeline trains on `build_train_epoch` instead, which bounds what
+    The pipeline trains on `build_train_epochs` instead, which bounds what
     insertion runs ahead to the epoch being trained.
 
     Args:
@@ -221,34 +223,76 @@ class BaseDatasetBuilder(tfr.keras.pipeline.BaseDatasetBuilder):
                         seed: int | None = None) -> tf.data.Dataset:
     """The finite training data of epoch `epoch` (0-based), with insertion.
 
-    Without `num_steps`: one pass over the training files. With it: the first
-    `num_steps` batches of an endless stream of passes (tfr's repeat-then-
-    shuffle; every batch full). Either way the epoch's shuffles are seeded by
-    `epoch_seed(seed, epoch)`, so with a seed epoch `epoch` holds the same
-    batches in the same order in every run, whether or not the run resumed
-    from a checkpoint; and the dataset ends with the epoch, so insertion,
-    which runs ahead with prefetch, inserts only keys of batches the epoch
-    trains.
+    `build_train_epochs([epoch], num_steps, seed)`: one pass over the training
+    files (or the first `num_steps` batches of a stream of passes), shuffled
+    by `epoch_seed(seed, epoch)`; the dataset ends with the epoch, so
+    insertion, which runs ahead with prefetch, inserts only keys of batches
+    the epoch trains.
+    """
+    return self.build_train_epochs([epoch], num_steps, seed)
+
+  def build_train_epochs(self, epochs: Sequence[int], num_steps: int | None = None,
+                         seed: int | None = None, gate: EpochGate | None = None) -> tf.data.Dataset:
+    """The training data of `epochs` (0-based) in order, on one iterator, with insertion.
+
+    Epoch `e` is one pass over the training files without `num_steps`, or
+    with it the first `num_steps` batches of an endless stream of passes
+    (tfr's repeat-then-shuffle; every batch full). Its shuffles are seeded by
+    `epoch_seed(seed, e)`, so with a seed epoch `e` holds the same batches in
+    the same order in every run, whichever epochs share its dataset and
+    whether or not the run resumed from a checkpoint.
+
+    One dataset for several epochs is built, traced and started once (about a
+    second of CPU per epoch on the MovieLens job when each epoch had its own).
+    With `gate`, the stream holds each epoch's first batch before its
+    insertion until the gate releases that epoch (`EpochGate.on_epoch_begin`),
+    so insertion, which runs ahead with prefetch, never inserts keys of an
+    epoch before the previous one has been trained, validated and
+    checkpointed. Without a gate, give one epoch (or accept that insertion
+    runs ahead across epochs).
 
     Args:
-      epoch: The epoch number, >= 0.
-      num_steps: Batches in the epoch, > 0, or None for one pass.
+      epochs: Epoch numbers, >= 0, usually consecutive.
+      num_steps: Batches per epoch, > 0, or None for one pass.
       seed: The run's seed, or None for unseeded shuffles.
+      gate: The run's EpochGate, or None.
 
     Returns:
-      A dataset of (features, labels) batches as `build_train_dataset`'s.
+      A dataset of (features, labels) batches as `build_train_dataset`'s: the
+      batches of `epochs[0]`, then of `epochs[1]`, ...
+
+    Raises:
+      ValueError: `epochs` is empty.
     """
-    # Built inside the dataset, once per iterator, so that every iterator reads
-    # the same batches: tfr's seeded shuffles reshuffle on each new iterator of
-    # one dataset object, and Keras 2.15's DataHandler makes the first epoch's
-    # iterator twice for a tf.data.Dataset (once for a distributed one).
-    dataset = tf.data.Dataset.range(1).flat_map(lambda _: self._build_dataset(
-        file_pattern=self._hparams.train_input_pattern, batch_size=self._hparams.train_batch_size,
-        list_size=self._hparams.list_size, num_epochs=1
-        if num_steps is None else None, shuffle_seed=epoch_seed(seed, epoch)))
-    if num_steps is not None:
-      dataset = dataset.take(num_steps)
-    return self._insert(dataset, is_training=True)
+    epochs = [int(e) for e in epochs]
+    if not epochs:
+      raise ValueError("build_train_epochs: no epochs given")
+    hparams = self._hparams
+
+    # The epoch's dataset is built inside the stream (flat_map), once per
+    # epoch and iterator, so that every iterator reads the same batches:
+    # tfr's seeded shuffles reshuffle on each new iterator of one dataset
+    # object, and Keras 2.15's DataHandler makes an iterator twice when it
+    # recreates them per epoch.
+    def epoch_batches(epoch, shuffle_seed):
+      dataset = self._build_dataset(file_pattern=hparams.train_input_pattern,
+                                    batch_size=hparams.train_batch_size,
+                                    list_size=hparams.list_size,
+                                    num_epochs=1 if num_steps is None else None,
+                                    shuffle_seed=None if seed is None else shuffle_seed)
+      if num_steps is not None:
+        dataset = dataset.take(num_steps)
+      if gate is not None:  # (epoch, index, batch) for the gate.
+        dataset = tf.data.Dataset.zip((tf.data.Dataset.from_tensors(epoch).repeat(),
+                                       tf.data.Dataset.range(tf.int64.max), dataset))
+      return dataset
+
+    if not self._inserts():
+      gate = None  # Nothing to hold: the model inserts (or takes raw ids) itself.
+    seeds = [epoch_seed(seed, e) or 0 for e in epochs]
+    dataset = tf.data.Dataset.from_tensor_slices(
+        (tf.constant(epochs, tf.int64), tf.constant(seeds, tf.int64)))
+    return self._insert(dataset.flat_map(epoch_batches), is_training=True, gate=gate)
 
   def build_valid_dataset(self, num_epochs: int | None = None) -> tf.data.Dataset:
     """See `AbstractDatasetBuilder`. Unseen ids take no rows.
@@ -562,11 +606,13 @@ class ModelFitPipeline(AbstractPipeline):
     tiers, the epoch) and trains the remaining epochs, printing where it
     resumed; see docs/restarts.md.
 
-    Each epoch is one model.fit over that epoch's finite dataset
-    (`build_train_epoch`), so by the epoch's checkpoint every batch whose keys
-    were inserted has been trained: checkpoints and the export hold only keys
-    that were trained, and a resumed run continues exactly where the
-    checkpoint left off. Callbacks see one run (`RunCallbacks`).
+    Consecutive epochs with the same steps are one model.fit on one iterator
+    (`build_train_epochs`: one dataset built and started for all of them);
+    an `EpochGate` holds each epoch's insertion until Keras begins that
+    epoch, so by an epoch's checkpoint every batch whose keys were inserted
+    has been trained: checkpoints and the export hold only keys that were
+    trained, and a resumed run continues exactly where the checkpoint left
+    off. Callbacks see one run (`RunCallbacks`).
 
     Under a strategy of N > 1 replicas (one host), each global batch is
     inserted once and split into N per-replica batches with their own unique
@@ -629,8 +675,14 @@ class ModelFitPipeline(AbstractPipeline):
     start_epoch = self._restore(self.checkpoint, len(plan))
     if on_ps:
       return self._train_on_ps(model, plan, start_epoch, callbacks, verbose)
+    # One iterator per run of epochs with the same steps (Keras keeps a
+    # dataset's iterator across the epochs of a fit when told its steps), the
+    # gate releasing each epoch's insertion at its on_epoch_begin.
+    streams = isinstance(self._dataset_builder, BaseDatasetBuilder)
+    gate = EpochGate(len(plan)) if streams else None
     run_callbacks = callbacks_lib.RunCallbacks(
-        self.build_callbacks(model) + list(callbacks), model, verbose, epochs=len(plan))
+        ([gate] if gate else []) + self.build_callbacks(model) + list(callbacks), model, verbose,
+        epochs=len(plan))
     valid = self._distribute(
         strategy,
         self._dataset_builder.build_valid_dataset(
@@ -639,17 +691,25 @@ class ModelFitPipeline(AbstractPipeline):
     # Keras needs the steps of a distributed dataset.
     valid_steps = hparams.num_valid_steps or (self._dataset_builder.count_batches(False)
                                               if split else None)
-    one_pass = (self._dataset_builder.count_batches(True)
-                if split and None in plan[start_epoch:] else None)
+    # ... and of a dataset whose iterator it keeps over several epochs.
+    one_pass = (self._dataset_builder.count_batches(True) if
+                (split or streams) and None in plan[start_epoch:] else None)
+    groups = (epoch_groups(plan, start_epoch)
+              if streams else [(e, e + 1) for e in range(start_epoch, len(plan))])
     run_callbacks.begin_run()
-    for epoch in range(start_epoch, len(plan)):
-      run_callbacks.set_epoch_steps(plan[epoch])
-      model.fit(self._distribute(strategy, self._train_epoch(epoch,
-                                                             plan[epoch])), initial_epoch=epoch,
-                epochs=epoch + 1, steps_per_epoch=plan[epoch] or one_pass, validation_data=valid,
-                validation_steps=valid_steps, callbacks=run_callbacks, verbose=verbose)
-      if model.stop_training:  # e.g. EarlyStopping.
-        break
+    try:
+      for first, end in groups:
+        run_callbacks.set_epoch_steps(plan[first] or one_pass)
+        model.fit(
+            self._distribute(strategy, self._train_epochs(range(first, end), plan[first],
+                                                          gate)), initial_epoch=first, epochs=end,
+            steps_per_epoch=plan[first] or one_pass, validation_data=valid,
+            validation_steps=valid_steps, callbacks=run_callbacks, verbose=verbose)
+        if model.stop_training:  # e.g. EarlyStopping.
+          break
+    finally:
+      if gate:
+        gate.close()
     run_callbacks.end_run()
     self.history = run_callbacks.history
     self.export_saved_model(model, os.path.join(hparams.model_dir, "export", "latest_model"))
@@ -677,7 +737,7 @@ class ModelFitPipeline(AbstractPipeline):
     run_callbacks.begin_run()
     for epoch in range(start_epoch, len(plan)):
       run_callbacks.set_epoch_steps(plan[epoch] or one_pass)
-      dataset = ps.per_worker_dataset(lambda epoch=epoch: self._train_epoch(epoch, plan[epoch]))
+      dataset = ps.per_worker_dataset(lambda epoch=epoch: self._train_epochs([epoch], plan[epoch]))
       model.fit(dataset, initial_epoch=epoch, epochs=epoch + 1, steps_per_epoch=plan[epoch] or
                 one_pass, callbacks=run_callbacks, verbose=verbose)
       if model.stop_training:
@@ -799,11 +859,15 @@ class ModelFitPipeline(AbstractPipeline):
     return (not self._shards_tables(strategy) and strategy.num_replicas_in_sync > 1 and
             bool(getattr(self._dataset_builder, "sparse_features", None)))
 
-  def _train_epoch(self, epoch: int, num_steps: int | None) -> tf.data.Dataset:
+  def _train_epochs(self, epochs: Sequence[int], num_steps: int | None,
+                    gate: EpochGate | None = None) -> tf.data.Dataset:
+    """The training batches of `epochs` (consecutive) on one iterator; see `build_train_epochs`."""
     builder = self._dataset_builder
     if isinstance(builder, BaseDatasetBuilder):
-      return builder.build_train_epoch(epoch, num_steps, self._hparams.seed)
-    # Another AbstractDatasetBuilder: its data, bounded to the epoch.
+      return builder.build_train_epochs(epochs, num_steps, self._hparams.seed, gate)
+    # Another AbstractDatasetBuilder (one epoch at a time): its data, bounded to the epoch.
+    if len(epochs) != 1:
+      raise ValueError(f"{type(builder).__name__} builds one epoch per dataset, got {list(epochs)}")
     dataset = builder.build_train_dataset(num_epochs=1 if num_steps is None else None)
     return dataset if num_steps is None else dataset.take(num_steps)
 
