@@ -149,28 +149,26 @@ class BaseDatasetBuilder(tfr.keras.pipeline.BaseDatasetBuilder):
               gate: EpochGate | None = None) -> tf.data.Dataset:
     """`dataset` with its ids inserted (one sequential map), then prefetched.
 
-    With `gate`, `dataset` holds (epoch, index in the epoch, batch) and the
-    map first holds each epoch's first batch until the gate releases it
-    (`EpochGate.hold`), in the same function as the insertion.
+    With `gate` (only when inserting), `dataset` holds (epoch, index in the
+    epoch, batch) and the map first holds each epoch's first batch until the
+    gate releases it (`EpochGate.hold`), in the same function as the
+    insertion.
     """
-    inserts = self._inserts()
-    if inserts:
+    if self._inserts():
       specs = [fs.FeatureSpec(f.name, table_name=f.table) for f in self.sparse_features]
       insert_ids = helper.get_asc_insert_func(specs, is_training=is_training)
       raw_ids = {f.name for f in self.sparse_features}
 
-    def insert(features, *rest):
-      if not inserts:
-        return (features, *rest)
-      inserted = insert_ids(features, *rest)
-      features = inserted[0] if rest else inserted
-      # The model reads the insertion results, not the raw ids.
-      return ({k: v for k, v in features.items() if k not in raw_ids}, *rest)
+      def insert(features, *rest):
+        inserted = insert_ids(features, *rest)
+        features = inserted[0] if rest else inserted
+        # The model reads the insertion results, not the raw ids.
+        return ({k: v for k, v in features.items() if k not in raw_ids}, *rest)
 
-    if gate is not None:
-      dataset = dataset.map(lambda epoch, index, batch: insert(*gate.hold(epoch, index, batch)))
-    elif inserts:
-      dataset = dataset.map(insert)
+      if gate is None:
+        dataset = dataset.map(insert)
+      else:
+        dataset = dataset.map(lambda epoch, index, batch: insert(*gate.hold(epoch, index, batch)))
     # `build_train_epochs` wraps `_build_dataset` in flat_map, whose options
     # do not reach the outer dataset: set DATA sharding again (see there).
     return _data_sharded(dataset.prefetch(tf.data.AUTOTUNE))
