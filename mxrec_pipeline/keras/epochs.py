@@ -125,8 +125,8 @@ class EpochGate(tf.keras.callbacks.Callback):
     Raises (when the batch runs):
       InvalidArgumentError: the released epoch is not `epoch` (the stream and
         the training loop disagree on which epoch is next), or the gate is
-        closed (the run stopped before this epoch).
-      OutOfRangeError: the gate closed while the batch waited.
+        closed (the run stopped before this epoch), or it closed while the
+        batch waited (tf.data reports the queue's OutOfRange this way).
     """
 
     def close():
