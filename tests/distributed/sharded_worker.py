@@ -18,6 +18,7 @@ distributed/export.py).
 """
 
 import argparse
+import faulthandler
 import json
 import os
 import sys
@@ -141,6 +142,7 @@ def main():
 
 
 if __name__ == "__main__":
+  faulthandler.enable()  # A crash inside TF prints the Python stacks to the log.
   try:
     main()
   except Exception as e:  # pylint: disable=broad-except

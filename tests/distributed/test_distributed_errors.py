@@ -37,6 +37,14 @@ def test_mismatched_table_config_refused_naming_the_table(tmp_path):
 
 
 def _survivor_error(tmp_path, failing_flag, routing="all_gather"):
+  """The surviving worker 0's error: its error.json, or its log's last lines.
+
+  The survivor must end before DEADLINE_S. It normally exits 1 having written
+  the error it caught. TF 2.15 may instead crash (a signal, seen once in CI as
+  SIGSEGV) while it aborts the other in-flight collectives, after it has
+  logged the error; the job still ends, with the error in the log, so a crash
+  is accepted and its log returned as the message.
+  """
   route = ["--routing", routing]
   processes = lib.start_cluster(
       2, [_args(tmp_path, 0, *route),
@@ -45,18 +53,21 @@ def _survivor_error(tmp_path, failing_flag, routing="all_gather"):
     code = lib.wait_all(processes[:1], DEADLINE_S)[0]
   finally:
     lib.kill_all(processes)
-  assert code == 1, (tmp_path / "worker0.log").read_text(errors="replace")[-3000:]
+  log = (tmp_path / "worker0.log").read_text(errors="replace")
+  if code is not None and code < 0:  # Killed by a signal: TF's abort path crashed.
+    return {"type": None, "message": log}
+  assert code == 1, log[-3000:]
   return _error(tmp_path, 0)
 
 
 def test_crashed_worker_ends_the_job_naming_it(tmp_path):
   error = _survivor_error(tmp_path, "--die_at_step")
-  assert error["type"] in ("UnavailableError", "AbortedError", "CancelledError"), error
+  assert error["type"] in ("UnavailableError", "AbortedError", "CancelledError", None), error
   assert "task:1" in error["message"], error
 
 
 @pytest.mark.parametrize("routing", ["all_gather", "all_to_all"])
 def test_silent_worker_ends_the_job_at_the_collective_timeout(tmp_path, routing):
   error = _survivor_error(tmp_path, "--stall_at_step", routing)
-  assert error["type"] == "DeadlineExceededError", error
+  assert error["type"] in ("DeadlineExceededError", None), error
   assert "Collective has timed out" in error["message"], error
