@@ -108,6 +108,23 @@ def _data_sharded(dataset: tf.data.Dataset) -> tf.data.Dataset:
   return dataset.with_options(options)
 
 
+def _allow_tensor_op_seeds() -> None:
+  """Lets the graph being built take tensor op seeds under a global seed of 0.
+
+  TF 2.15's `random_seed.get_seed` compares (graph seed, op seed) with (0, 0)
+  in Python, so an op seed that is a graph tensor (a stream's per-epoch
+  shuffle seed) raises OperatorNotAllowedInGraphError when the graph-level
+  seed truncates to 0 (`tf.keras.utils.set_random_seed(0)`, e.g. from
+  `hparams.seed=0`). Called inside the stream's own function graph, this
+  clears that graph's seed in that case only: its ops then pair their seeds
+  with TF's default graph seed, as without a global seed. Other seeds and
+  other graphs are untouched.
+  """
+  graph = tf.compat.v1.get_default_graph()
+  if graph.seed is not None and graph.seed % (2**31 - 1) == 0:
+    graph.seed = None
+
+
 class BaseDatasetBuilder(tfr.keras.pipeline.BaseDatasetBuilder):
   """tfr's BaseDatasetBuilder plus insertion of the sparse id features.
 
@@ -273,6 +290,7 @@ class BaseDatasetBuilder(tfr.keras.pipeline.BaseDatasetBuilder):
     # object, and Keras 2.15's DataHandler makes an iterator twice when it
     # recreates them per epoch.
     def epoch_batches(epoch, shuffle_seed):
+      _allow_tensor_op_seeds()
       dataset = self._build_dataset(file_pattern=hparams.train_input_pattern,
                                     batch_size=hparams.train_batch_size,
                                     list_size=hparams.list_size,
