@@ -237,10 +237,9 @@ def per_id(unique_emb: tf.Tensor, restore, *, training: bool = False):
     unique_emb: [num_unique, dim] from `unique_embeddings` or `gather_rows`.
     restore: [*ids_shape] int32 positions into unique_emb, or a
       tf.RaggedTensor of them.
-    training: Read with `restore_sum.gather_by_restore` (float32: the
-      native MxGatherByRestore), whose gradient (a dense [num_unique, dim])
-      the native MxSumByRestore sums by restore; else TF's gather (no native
-      op in the graph, e.g. for serving).
+    training: Read with `restore_sum.gather_by_restore`, whose gradient (a
+      dense [num_unique, dim]) the native MxSumByRestore sums by restore;
+      else TF's gather (no native op in the graph, e.g. for serving).
 
   Returns:
     [*ids_shape, dim]; a tf.RaggedTensor [..., (num_ids), dim] for ragged

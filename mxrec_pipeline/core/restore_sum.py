@@ -3,8 +3,7 @@
 Insertion gives a batch's distinct rows and, per id, `restore`: the position of
 its row among them. A training lookup reads the distinct rows' embeddings
 `unique_emb` [num_unique, dim] once, then every id's with `gather_by_restore`,
-the values of `tf.gather(unique_emb, restore)` (float32: copied by the native
-`MxGatherByRestore` on the intra-op threads). Its gradient is not TF's
+the values of `tf.gather(unique_emb, restore)`. Its gradient is not TF's
 (IndexedSlices on restore, densified by an `UnsortedSegmentSum` that hashes
 nothing but runs on one thread) but `sum_by_restore`: the native
 `MxSumByRestore` adds each id's gradient to its distinct row's by restore
@@ -63,16 +62,10 @@ def gather_by_restore(unique_emb: tf.Tensor, restore: tf.Tensor) -> tf.Tensor:
     restore: [*ids_shape] int32 positions into unique_emb.
 
   Returns:
-    [*ids_shape, dim] of unique_emb's dtype: float32 read by the native
-    MxGatherByRestore (native/core/row_optimizers.h, GatherByRestore), other
-    dtypes by `tf.gather`. The gradient with respect to unique_emb is a dense
-    [num_unique, dim] tensor (TF's gather gives IndexedSlices on restore,
-    which the gather of unique_emb's own rows then densifies with an
-    UnsortedSegmentSum).
-
-  Raises:
-    tf.errors.InvalidArgumentError: a restore value outside [0, num_unique)
-      (naming its position and value).
+    [*ids_shape, dim] of unique_emb's dtype. The gradient with respect to
+    unique_emb is a dense [num_unique, dim] tensor (TF's gather gives
+    IndexedSlices on restore, which the gather of unique_emb's own rows then
+    densifies with an UnsortedSegmentSum).
   """
 
   @tf.custom_gradient
@@ -81,10 +74,6 @@ def gather_by_restore(unique_emb: tf.Tensor, restore: tf.Tensor) -> tf.Tensor:
     def grad(dy):
       return sum_by_restore(tf.convert_to_tensor(dy), restore, tf.shape(emb)[0])
 
-    if emb.dtype != tf.float32:
-      return tf.gather(emb, restore), grad
-    out = ops.load().mx_gather_by_restore(emb, tf.cast(restore, tf.int32))
-    out.set_shape(restore.shape.concatenate(emb.shape[-1:]))
-    return out, grad
+    return tf.gather(emb, restore), grad
 
   return gather(unique_emb)

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 
 #include "key_index.h"
 
@@ -75,14 +74,6 @@ void SumByRestore(const float* grad, const int32_t* restore, int64_t n, int64_t 
     float* __restrict out = summed + u * dim;
     const float* __restrict g = grad + i * dim;
     for (int64_t j = 0; j < dim; ++j) out[j] += g[j];
-  }
-}
-
-void GatherByRestore(const float* unique_emb, const int32_t* restore, int64_t dim,
-                     int64_t begin, int64_t end, float* out) {
-  const size_t row_bytes = static_cast<size_t>(dim) * sizeof(float);
-  for (int64_t i = begin; i < end; ++i) {
-    std::memcpy(out + i * dim, unique_emb + static_cast<int64_t>(restore[i]) * dim, row_bytes);
   }
 }
 

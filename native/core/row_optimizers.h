@@ -54,14 +54,6 @@ void SumByRestore(const float* grad,  // (n, dim)
                   const int32_t* restore, int64_t n, int64_t dim, int64_t begin, int64_t end,
                   float* summed);  // out: (num_unique, dim), rows [begin, end) written
 
-// out[i] = unique_emb[restore[i]] for i in [begin, end): rows [begin, end)
-// of tf.gather(unique_emb, restore), a training lookup's per-id read of a
-// batch's distinct rows (the forward pass whose gradient SumByRestore sums).
-// restore holds positions in [0, num_unique), checked by FindBadRestore.
-void GatherByRestore(const float* unique_emb,  // (num_unique, dim)
-                     const int32_t* restore, int64_t dim, int64_t begin, int64_t end,
-                     float* out);  // out: (n, dim), rows [begin, end) written
-
 // Lazy Adam (tf.keras / mxRec lazy Adam, Kingma & Ba 2015 with the bias
 // correction folded into lr_t = lr * sqrt(1 - beta2^t) / (1 - beta1^t)):
 //   m = beta1 * m + (1 - beta1) * g

@@ -3,9 +3,9 @@
 // EnsureSparseVariableAccess, as its ResourceScatter* and sparse apply ops do),
 // lock their mutexes exclusively in address order, check the rows and shapes,
 // sum the gradients of repeated rows, and run native/core/row_optimizers.cc
-// over shards of the distinct rows on TF's intra-op threads; and the kernels
-// of a training lookup's per-id read of the distinct rows (MxGatherByRestore)
-// and of its gradient summed per distinct row (MxSumByRestore). CPU only: the tables live on the host here. (GPU-ready
+// over shards of the distinct rows on TF's intra-op threads; and the kernel of
+// MxSumByRestore, the gradient of a lookup's per-id gather summed per
+// distinct row. CPU only: the tables live on the host here. (GPU-ready
 // structure: the per-row math is TF-free and takes [begin, end) ranges.)
 #define EIGEN_USE_THREADS
 
@@ -304,42 +304,10 @@ class SumByRestoreOp : public OpKernel {
   static constexpr int64_t kHugeShardCost = int64_t{1} << 30;
 };
 
-// A training lookup's per-id read of the batch's distinct rows:
-// GatherByRestore over ranges of the ids on the intra-op threads.
-class GatherByRestoreOp : public OpKernel {
- public:
-  explicit GatherByRestoreOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
-
-  void Compute(OpKernelContext* ctx) override {
-    const Tensor& unique_emb = ctx->input(0);
-    const Tensor& restore = ctx->input(1);
-    OP_REQUIRES(ctx, unique_emb.dims() == 2,
-                errors::InvalidArgument("MxGatherByRestore: unique_emb must be [num_unique, dim], "
-                                        "got ", unique_emb.shape().DebugString()));
-    const int64_t num_unique = unique_emb.dim_size(0), dim = unique_emb.dim_size(1);
-    const int64_t n = restore.NumElements();
-    const int32_t* r = restore.flat<int32_t>().data();
-    const int64_t bad = FindBadRestore(r, n, num_unique);
-    OP_REQUIRES(ctx, bad < 0,
-                errors::InvalidArgument("MxGatherByRestore: restore[", bad, "] = ", r[bad],
-                                        " is outside [0, num_unique = ", num_unique, ")"));
-    ::tensorflow::TensorShape shape = restore.shape();
-    shape.AddDim(dim);
-    Tensor* out = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, shape, &out));
-    const float* emb = unique_emb.flat<float>().data();
-    float* o = out->flat<float>().data();
-    // A row copy costs about a cycle per element.
-    ctx->device()->tensorflow_cpu_worker_threads()->workers->ParallelFor(
-        n, dim, [=](int64_t begin, int64_t end) { GatherByRestore(emb, r, dim, begin, end, o); });
-  }
-};
-
 MXREC_REGISTER_CPU("MxLazyAdamRows", LazyAdamRowsOp);
 MXREC_REGISTER_CPU("MxAdagradRows", AdagradRowsOp);
 MXREC_REGISTER_CPU("MxFtrlRows", FtrlRowsOp);
 MXREC_REGISTER_CPU("MxSgdRows", SgdRowsOp);
 MXREC_REGISTER_CPU("MxSumByRestore", SumByRestoreOp);
-MXREC_REGISTER_CPU("MxGatherByRestore", GatherByRestoreOp);
 
 }  // namespace mxrec

@@ -75,19 +75,6 @@ TEST(SumByRestoreTest, SumsEachValuesRowsAndZerosValuesWithoutRows) {
   EXPECT_EQ(summed, (std::vector<float>{0, 0, 0, 0, 4.5f, 6.25f}));
 }
 
-// unique_emb [3, 2]; restore {2, 0, 2, 1}: each id reads its distinct row.
-TEST(GatherByRestoreTest, CopiesEachIdsRowAndOnlyTheRangeGiven) {
-  const std::vector<float> unique_emb = {1, 2, 3, 4, 5, 6};
-  const std::vector<int32_t> restore = {2, 0, 2, 1};
-  std::vector<float> out(8, -1.0f);
-  // Two ranges, as two threads would copy them.
-  GatherByRestore(unique_emb.data(), restore.data(), 2, 1, 3, out.data());
-  EXPECT_EQ(out, (std::vector<float>{-1, -1, 1, 2, 5, 6, -1, -1}));
-  GatherByRestore(unique_emb.data(), restore.data(), 2, 0, 1, out.data());
-  GatherByRestore(unique_emb.data(), restore.data(), 2, 3, 4, out.data());
-  EXPECT_EQ(out, (std::vector<float>{5, 6, 1, 2, 5, 6, 3, 4}));
-}
-
 // A [4, 2] table: rows 3 and 1 are updated, rows 0 and 2 must not change.
 TEST(RowOptimizersTest, LazyAdamUpdatesOnlyTheGivenRows) {
   std::vector<float> var = {0, 0, 1, -1, 5, 5, 2, 3};

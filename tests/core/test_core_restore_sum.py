@@ -78,39 +78,3 @@ def test_gather_by_restore_reads_as_tf_gather_and_sums_the_gradient_per_row():
                              tf.convert_to_tensor(tape.gradient(want_loss, unique_emb)).numpy(),
                              rtol=1e-6, atol=1e-6)
   np.testing.assert_array_equal(got_grad.numpy()[2], 0)
-
-
-@pytest.mark.parametrize("dtype", [np.float32, np.float64])
-@pytest.mark.parametrize("shape", [[0], [7], [3, 5], [2, 0, 4]])
-def test_gather_by_restore_equals_tf_gather_for_every_shape(dtype, shape):
-  # float32 reads through the native MxGatherByRestore, float64 through tf.gather.
-  rng = np.random.RandomState(11)
-  unique_emb = rng.normal(size=[6, 4]).astype(dtype)
-  restore = rng.randint(0, 6, size=shape).astype(np.int32)
-  got = restore_sum.gather_by_restore(tf.constant(unique_emb), tf.constant(restore))
-  assert got.shape == (*shape, 4) and got.dtype == dtype
-  np.testing.assert_array_equal(got.numpy(), unique_emb[restore])
-
-
-def test_gather_by_restore_in_a_graph_function_with_unknown_shapes():
-
-  @tf.function(
-      input_signature=[tf.TensorSpec([None, 2], tf.float32),
-                       tf.TensorSpec(None, tf.int32)])
-  def gathered(unique_emb, restore):
-    out = restore_sum.gather_by_restore(unique_emb, restore)
-    assert out.shape.rank is None
-    return out
-
-  emb = np.arange(6, dtype=np.float32).reshape(3, 2)
-  np.testing.assert_array_equal(
-      gathered(emb, np.array([[2], [0]], np.int32)).numpy(), [[[4, 5]], [[0, 1]]])
-
-
-@pytest.mark.parametrize("bad", [3, -1])
-def test_gather_by_restore_names_a_restore_value_out_of_range(bad):
-  with pytest.raises(
-      tf.errors.InvalidArgumentError,
-      match=rf"MxGatherByRestore: restore\[2\] = {bad} is outside \[0, "
-      r"num_unique = 3\)"):
-    restore_sum.gather_by_restore(tf.ones([3, 2]), tf.constant([[0, 1], [bad, 2]]))

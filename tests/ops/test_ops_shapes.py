@@ -110,8 +110,6 @@ CASES = (
          bad=((1, [3, 1], RANK), (2, [4, 4], DIMS), (4, [1], RANK))),
     Case("MxSumByRestore", ((F32, [6, 4]), (tf.int32, [6]), (tf.int32, [])), ([None, 4],),
          ([None, None],), bad=((0, [6], RANK), (1, [6, 1], RANK), (1, [5], DIMS), (2, [1], RANK))),
-    Case("MxGatherByRestore", ((F32, [6, 4]), (tf.int32, [2, 3])), ([2, 3, 4],), (UNKNOWN_RANK,),
-         bad=((0, [6], RANK), (0, [6, 4, 1], RANK))),
     # Ragged combiner: native/ops/segment_combine_ops.cc.
     Case("MxSegmentCombine", ((F32, [5, 4]), (I64, [4])), ([3, 4],), ([None, None],),
          {"combiner": "mean"}, bad=((0, [5], RANK), (1, [], RANK), (1, [4, 1], RANK))),
