@@ -36,6 +36,13 @@ def _batches(dataset) -> list[tuple]:
   return [(f["user_id"].numpy(), f["item_id"].numpy(), labels.numpy()) for f, labels in dataset]
 
 
+def _assert_same_batches(got: list[tuple], want: list[tuple]) -> None:
+  """Batches from `_batches`, equal one by one (the caller checks the counts)."""
+  for got_batch, want_batch in zip(got, want):
+    for a, b in zip(got_batch, want_batch):
+      np.testing.assert_array_equal(a, b)
+
+
 @pytest.mark.parametrize("num_steps", [None, 4])
 def test_each_epoch_of_a_stream_holds_the_batches_of_its_own_seeded_dataset(tmp_path, num_steps):
   train, valid = lib.write_task(tmp_path)
@@ -54,9 +61,7 @@ def test_each_epoch_of_a_stream_holds_the_batches_of_its_own_seeded_dataset(tmp_
     per_epoch.append(_batches(dataset if num_steps is None else dataset.take(num_steps)))
   expected = [batch for batches in per_epoch for batch in batches]
   assert len(stream) == len(expected) == 3 * (num_steps or 6)
-  for got, want in zip(stream, expected):
-    for a, b in zip(got, want):
-      np.testing.assert_array_equal(a, b)
+  _assert_same_batches(stream, expected)
   # The epochs are shuffled differently (else the comparison above proves little).
   assert not np.array_equal(per_epoch[0][0][0], per_epoch[1][0][0])
 
@@ -186,17 +191,15 @@ def global_seed_zero():
   tf.random.set_seed(None)  # Later tests run without a global seed again.
 
 
-def test_a_stream_builds_and_trains_under_a_global_seed_of_zero(tmp_path, global_seed_zero):
+@pytest.mark.usefixtures("global_seed_zero")
+def test_a_stream_builds_and_trains_under_a_global_seed_of_zero(tmp_path):
   # TF compares (graph seed, op seed) with (0, 0) in Python: a tensor shuffle
   # seed under set_random_seed(0) (hparams.seed=0) failed to build the stream.
-  del global_seed_zero
   builder = lib.dataset_builder(*lib.write_task(tmp_path))
   builder.keep_raw_ids = True
   first, second = (_batches(builder.build_train_epochs([1, 2], None, seed=0)) for _ in range(2))
-  assert len(first) == 12
-  for got, want in zip(first, second):  # Seeded: the same batches each time.
-    for a, b in zip(got, want):
-      np.testing.assert_array_equal(a, b)
+  assert len(first) == len(second) == 12
+  _assert_same_batches(first, second)  # Seeded: the same batches each time.
   assert not np.array_equal(first[0][0], first[6][0])  # The two epochs differ.
   (tmp_path / "run").mkdir()
   result = lib.train_task(tmp_path / "run", num_epochs=2, learning_rate=0.05, seed=0)
