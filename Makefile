@@ -120,8 +120,10 @@ native-test: $(GTEST_BIN) $(ROW_STORE_TEST) $(TIER_STORE_TEST) $(DEVICE_CACHE_TE
 	$(DEVICE_CACHE_TEST)
 	$(ROW_INIT_TEST)
 
+# --durations: the 40 slowest tests in every run's log, to keep an eye on the
+# suite's time (the README's 90-minute budget for `make test`).
 pytest: native
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q --durations=40 tests
 
 # The style check: ruff's lint rules and yapf's formatting (Google style, 2-space
 # indents, 100 columns; both configured in pyproject.toml). `make format` applies yapf.
