@@ -42,7 +42,7 @@ from (Linux carries it over `execve`), so the driver stays small; the children
 also report /proc/self/status VmHWM as a cross-check.
 
 Usage:
-  python benchmarks/bench_sparse_core.py            # full, ~1-2 minutes on 2 cores
+  python benchmarks/bench_sparse_core.py            # full, ~4-5 minutes on 2 cores
   python benchmarks/bench_sparse_core.py --quick    # smoke run, < 1 minute
   python benchmarks/bench_sparse_core.py --json out.json   # also save figures
   python benchmarks/bench_sparse_core.py --rounds 5   # 5 alternating rounds of the #16 step pair
@@ -425,7 +425,9 @@ def child_step_ab(sizes: Sizes, path: str) -> dict:
   to back, the order swapped every step, so that whatever else the machine
   does at that moment (other processes, the kernel's page reclaim) costs
   both alike. Returns each variant's step times in seconds (`sparse`,
-  `sparse_tfops`).
+  `sparse_tfops`) and its last loss (`last_loss`: variant -> loss; both
+  tables start from the same seeded rows, so the two agree to float
+  rounding). Raises RuntimeError on a non-finite loss.
   """
   import numpy as np  # pylint: disable=import-outside-toplevel
   import tensorflow as tf  # pylint: disable=import-outside-toplevel
@@ -440,14 +442,16 @@ def child_step_ab(sizes: Sizes, path: str) -> dict:
   }
   warmup, count = sizes.sparse_warmup_steps, sizes.sparse_steps
   ids = [tf.constant(all_ids[i]) for i in range(warmup + count)]
-  seconds = {v: [] for v in steps}
+  seconds, losses = {v: [] for v in steps}, {}
   for i in range(warmup + count):
     for variant in (("sparse", "sparse_tfops") if i % 2 == 0 else ("sparse_tfops", "sparse")):
       start = time.perf_counter()
-      steps[variant](ids[i]).numpy()
+      losses[variant] = float(steps[variant](ids[i]).numpy())
       if i >= warmup:
         seconds[variant].append(time.perf_counter() - start)
-  return seconds
+  if not all(np.isfinite(list(losses.values()))):
+    raise RuntimeError(f"non-finite loss {losses}")
+  return {**seconds, "last_loss": losses}
 
 
 def loadavg() -> float:
@@ -622,7 +626,8 @@ def main(argv=None) -> int:
         f"  one process, alternating steps: sparse {ab_ms['sparse']['mean']:.2f} ms/step "
         f"(median {ab_ms['sparse']['median']:.2f}, p90 {ab_ms['sparse']['p90']:.2f}), today's "
         f"{ab_ms['sparse_tfops']['mean']:.2f} (median {ab_ms['sparse_tfops']['median']:.2f}, p90 "
-        f"{ab_ms['sparse_tfops']['p90']:.2f});  {_load(ab)}", flush=True)
+        f"{ab_ms['sparse_tfops']['p90']:.2f}); last losses {ab['last_loss']['sparse']:.6g} / "
+        f"{ab['last_loss']['sparse_tfops']:.6g};  {_load(ab)}", flush=True)
     dense = run_child(["--child", "dense", "--ids", ids_path], sizes_name)
     print(
         f"  dense:  {dense['ms_per_step']:.2f} ms/step (median {dense['median_ms']:.2f}, "
