@@ -284,6 +284,30 @@ def _step_stats(seconds) -> dict:
   }
 
 
+def _growth_split(ab: dict) -> dict:
+  """child_step_ab's steps that grew the key index against the other steps.
+
+  Returns per variant `steps` (how many grew), `grew_ms` and `other_ms` (mean
+  step times of the two kinds, ms; NaN for none), `share` (the growth steps'
+  part of the variant's total time), and `other_ratio`: today's / sparse by
+  mean over the steps where neither index grew.
+  """
+  split = {}
+  neither = [not (a or b) for a, b in zip(ab["grew"]["sparse"], ab["grew"]["sparse_tfops"])]
+  for variant in ("sparse", "sparse_tfops"):
+    times, grew = ab[variant], ab["grew"][variant]
+    grown = [t for t, g in zip(times, grew) if g]
+    other = [t for t, keep in zip(times, neither) if keep]
+    split[variant] = {
+        "steps": len(grown),
+        "grew_ms": 1000 * sum(grown) / len(grown) if grown else float("nan"),
+        "other_ms": 1000 * sum(other) / len(other) if other else float("nan"),
+        "share": sum(grown) / sum(times),
+    }
+  split["other_ratio"] = split["sparse_tfops"]["other_ms"] / split["sparse"]["other_ms"]
+  return split
+
+
 def _median(values):
   ordered = sorted(values)
   mid = len(ordered) // 2
@@ -425,9 +449,12 @@ def child_step_ab(sizes: Sizes, path: str) -> dict:
   to back, the order swapped every step, so that whatever else the machine
   does at that moment (other processes, the kernel's page reclaim) costs
   both alike. Returns each variant's step times in seconds (`sparse`,
-  `sparse_tfops`) and its last loss (`last_loss`: variant -> loss; both
-  tables start from the same seeded rows, so the two agree to float
-  rounding). Raises RuntimeError on a non-finite loss.
+  `sparse_tfops`), whether each timed step grew its key index (`grew`:
+  variant -> [bool]; the slot array's growth rehashes every key, the same
+  work in both variants, which see the same keys) and its last loss
+  (`last_loss`: variant -> loss; both tables start from the same seeded
+  rows, so the two agree to float rounding). Raises RuntimeError on a
+  non-finite loss.
   """
   import numpy as np  # pylint: disable=import-outside-toplevel
   import tensorflow as tf  # pylint: disable=import-outside-toplevel
@@ -436,22 +463,23 @@ def child_step_ab(sizes: Sizes, path: str) -> dict:
   all_ids = np.load(path)
   initializer = tf.keras.initializers.RandomUniform(-0.05, 0.05, seed=SEED)
   run = initialize.init()
-  steps = {
-      v: _sparse_step(sizes, run, f"bench_{v}", v, initializer)[1]
-      for v in ("sparse", "sparse_tfops")
-  }
+  tables, steps = {}, {}
+  for v in ("sparse", "sparse_tfops"):
+    tables[v], steps[v] = _sparse_step(sizes, run, f"bench_{v}", v, initializer)
   warmup, count = sizes.sparse_warmup_steps, sizes.sparse_steps
   ids = [tf.constant(all_ids[i]) for i in range(warmup + count)]
-  seconds, losses = {v: [] for v in steps}, {}
+  seconds, grew, losses = {v: [] for v in steps}, {v: [] for v in steps}, {}
   for i in range(warmup + count):
     for variant in (("sparse", "sparse_tfops") if i % 2 == 0 else ("sparse_tfops", "sparse")):
+      index_bytes = int(tables[variant].key_index.memory_bytes())
       start = time.perf_counter()
       losses[variant] = float(steps[variant](ids[i]).numpy())
       if i >= warmup:
         seconds[variant].append(time.perf_counter() - start)
+        grew[variant].append(int(tables[variant].key_index.memory_bytes()) != index_bytes)
   if not all(np.isfinite(list(losses.values()))):
     raise RuntimeError(f"non-finite loss {losses}")
-  return {**seconds, "last_loss": losses}
+  return {**seconds, "grew": grew, "last_loss": losses}
 
 
 def loadavg() -> float:
@@ -622,12 +650,21 @@ def main(argv=None) -> int:
     paired = _median([t / s for s, t in zip(ab["sparse"], ab["sparse_tfops"])])
     ab_ratio = ab_ms["sparse_tfops"]["mean"] / ab_ms["sparse"]["mean"]
     ab_median_ratio = ab_ms["sparse_tfops"]["median"] / ab_ms["sparse"]["median"]
+    growth = _growth_split(ab)
     print(
         f"  one process, alternating steps: sparse {ab_ms['sparse']['mean']:.2f} ms/step "
         f"(median {ab_ms['sparse']['median']:.2f}, p90 {ab_ms['sparse']['p90']:.2f}), today's "
         f"{ab_ms['sparse_tfops']['mean']:.2f} (median {ab_ms['sparse_tfops']['median']:.2f}, p90 "
         f"{ab_ms['sparse_tfops']['p90']:.2f}); last losses {ab['last_loss']['sparse']:.6g} / "
         f"{ab['last_loss']['sparse_tfops']:.6g};  {_load(ab)}", flush=True)
+    print(
+        f"  of which {growth['sparse']['steps']} steps grew the key index (sparse "
+        f"{growth['sparse']['grew_ms']:.1f} ms/step on them, today's "
+        f"{growth['sparse_tfops']['grew_ms']:.1f}): {growth['sparse']['share']:.0%} and "
+        f"{growth['sparse_tfops']['share']:.0%} of the two variants' time; the other steps: "
+        f"sparse {growth['sparse']['other_ms']:.2f}, today's "
+        f"{growth['sparse_tfops']['other_ms']:.2f} ms/step, {growth['other_ratio']:.2f}x by mean",
+        flush=True)
     dense = run_child(["--child", "dense", "--ids", ids_path], sizes_name)
     print(
         f"  dense:  {dense['ms_per_step']:.2f} ms/step (median {dense['median_ms']:.2f}, "
@@ -693,6 +730,7 @@ def main(argv=None) -> int:
       ("step: today's / sparse, one process (mean)", f"{ab_ratio:.2f}x", f">= {FUSED_GOAL:g}x",
        _verdict(ab_ratio >= FUSED_GOAL)),
       ("step: the same by median step time", f"{ab_median_ratio:.2f}x", "", ""),
+      ("step: the same without key-index growth steps", f"{growth['other_ratio']:.2f}x", "", ""),
       ("step: today's / sparse, own processes", f"{fused_ratio:.2f}x", "", ""),
       ("step: today's / sparse by CPU time", f"{cpu_fused_ratio:.2f}x", "", ""),
       ("step: dense Keras Embedding + Adam", f"{dense['ms_per_step']:.1f} ms", "", ""),
@@ -722,7 +760,8 @@ def main(argv=None) -> int:
           {
               "machine": info, "sizes": dataclasses.asdict(sizes), "insert": ins, "gen_ids": gen,
               "sparse": sparse, "sparse_dedup": dedup, "sparse_tfops": tfops, "dense": dense,
-              "step_ab": ab, "step_rounds": [{"sparse": s, "sparse_tfops": t} for s, t in rounds]
+              "step_ab": ab, "step_ab_growth": growth, "step_rounds":
+                  [{"sparse": s, "sparse_tfops": t} for s, t in rounds]
           }, f, indent=1)
   return 0
 
