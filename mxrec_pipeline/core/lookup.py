@@ -17,7 +17,8 @@ which reads by the table's `kind` (see `TableKind`) and `training`:
     per_id(unique_embeddings(table, unique_rows), restore)
 
 Training reads the distinct rows once, then every id's from those
-(core/restore_sum.py's `gather_by_restore`), whose gradient the native
+(core/restore_sum.py's `gather_by_restore`: the native MxGatherByRestore for
+float32, into an output buffer kept from step to step), whose gradient the native
 MxSumByRestore sums per distinct row by restore index (in order of id, no
 hashing): the table's gradient is IndexedSlices on the batch's distinct rows,
 each once, which every optimizer takes as it is. Reads outside training are

@@ -3,7 +3,15 @@
 Insertion gives a batch's distinct rows and, per id, `restore`: the position of
 its row among them. A training lookup reads the distinct rows' embeddings
 `unique_emb` [num_unique, dim] once, then every id's with `gather_by_restore`,
-the values of `tf.gather(unique_emb, restore)`. Its gradient is not TF's
+the values of `tf.gather(unique_emb, restore)`. For float32 that read is the
+native `MxGatherByRestore`, which copies the rows on the intra-op threads into
+an output buffer it keeps from step to step while no one else holds it: a
+batch's per-id read is large (4096 x 16 ids of dim 64: 16 MB) and freed every
+step, and glibc malloc hands such blocks back to the kernel now and then, so
+that the next step maps them afresh, one page fault per 4 KB (measured in
+benchmarks/bench_sparse_core.py: the slow steps took ~5,000 minor faults
+against ~300). The cost: each such read keeps one batch's output between
+steps (what the step holds at its peak anyway). Its gradient is not TF's
 (IndexedSlices on restore, densified by an `UnsortedSegmentSum` that hashes
 nothing but runs on one thread) but `sum_by_restore`: the native
 `MxSumByRestore` adds each id's gradient to its distinct row's by restore
@@ -62,10 +70,16 @@ def gather_by_restore(unique_emb: tf.Tensor, restore: tf.Tensor) -> tf.Tensor:
     restore: [*ids_shape] int32 positions into unique_emb.
 
   Returns:
-    [*ids_shape, dim] of unique_emb's dtype. The gradient with respect to
-    unique_emb is a dense [num_unique, dim] tensor (TF's gather gives
-    IndexedSlices on restore, which the gather of unique_emb's own rows then
-    densifies with an UnsortedSegmentSum).
+    [*ids_shape, dim] of unique_emb's dtype: float32 from the native
+    MxGatherByRestore (native/kernels/row_optimizer_kernels.cc), other dtypes
+    from `tf.gather`. The gradient with respect to unique_emb is a dense
+    [num_unique, dim] tensor (TF's gather gives IndexedSlices on restore, which
+    the gather of unique_emb's own rows then densifies with an
+    UnsortedSegmentSum).
+
+  Raises:
+    tf.errors.InvalidArgumentError: float32, a restore value outside
+      [0, num_unique), naming its (flat) position and value.
   """
 
   @tf.custom_gradient
@@ -74,6 +88,8 @@ def gather_by_restore(unique_emb: tf.Tensor, restore: tf.Tensor) -> tf.Tensor:
     def grad(dy):
       return sum_by_restore(tf.convert_to_tensor(dy), restore, tf.shape(emb)[0])
 
-    return tf.gather(emb, restore), grad
+    if emb.dtype != tf.float32:
+      return tf.gather(emb, restore), grad
+    return ops.load().mx_gather_by_restore(emb, tf.cast(restore, tf.int32)), grad
 
   return gather(unique_emb)

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "key_index.h"
 
@@ -74,6 +75,13 @@ void SumByRestore(const float* grad, const int32_t* restore, int64_t n, int64_t 
     float* __restrict out = summed + u * dim;
     const float* __restrict g = grad + i * dim;
     for (int64_t j = 0; j < dim; ++j) out[j] += g[j];
+  }
+}
+
+void GatherByRestore(const float* unique, const int32_t* restore, int64_t dim, int64_t begin,
+                     int64_t end, float* out) {
+  for (int64_t i = begin; i < end; ++i) {
+    std::memcpy(out + i * dim, unique + restore[i] * dim, dim * sizeof(float));
   }
 }
 

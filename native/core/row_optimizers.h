@@ -54,6 +54,13 @@ void SumByRestore(const float* grad,  // (n, dim)
                   const int32_t* restore, int64_t n, int64_t dim, int64_t begin, int64_t end,
                   float* summed);  // out: (num_unique, dim), rows [begin, end) written
 
+// out[i] = unique[restore[i]] for the ids i in [begin, end): rows [begin, end)
+// of tf.gather(unique, restore), the forward half of SumByRestore's pair. unique
+// is [num_unique, dim]; restore values are in [0, num_unique) (checked by
+// FindBadRestore); out is [n, dim]. Ranges of ids may go to different threads.
+void GatherByRestore(const float* unique, const int32_t* restore, int64_t dim, int64_t begin,
+                     int64_t end, float* out);
+
 // Lazy Adam (tf.keras / mxRec lazy Adam, Kingma & Ba 2015 with the bias
 // correction folded into lr_t = lr * sqrt(1 - beta2^t) / (1 - beta1^t)):
 //   m = beta1 * m + (1 - beta1) * g

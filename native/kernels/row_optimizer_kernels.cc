@@ -3,10 +3,11 @@
 // EnsureSparseVariableAccess, as its ResourceScatter* and sparse apply ops do),
 // lock their mutexes exclusively in address order, check the rows and shapes,
 // sum the gradients of repeated rows, and run native/core/row_optimizers.cc
-// over shards of the distinct rows on TF's intra-op threads; and the kernel of
-// MxSumByRestore, the gradient of a lookup's per-id gather summed per
-// distinct row. CPU only: the tables live on the host here. (GPU-ready
-// structure: the per-row math is TF-free and takes [begin, end) ranges.)
+// over shards of the distinct rows on TF's intra-op threads; and the kernels
+// of a lookup's per-id read (MxGatherByRestore) and of its gradient summed
+// per distinct row (MxSumByRestore). CPU only: the tables live on the host
+// here. (GPU-ready structure: the per-row math is TF-free and takes
+// [begin, end) ranges.)
 #define EIGEN_USE_THREADS
 
 #include <algorithm>
@@ -21,6 +22,7 @@
 #include "tensorflow/core/framework/resource_mgr.h"
 #include "tensorflow/core/framework/resource_var.h"
 #include "tensorflow/core/framework/tensor.h"
+#include "tensorflow/core/framework/tensor_shape.h"
 #include "tensorflow/core/kernels/training_op_helpers.h"
 #include "tensorflow/core/platform/errors.h"
 #include "tensorflow/core/platform/mutex.h"
@@ -151,6 +153,16 @@ void ForRows(OpKernelContext* ctx, int64_t n, int64_t dim, Fn fn) {
       n, dim * kCyclesPerElement, fn);
 }
 
+// InvalidArgument naming `op` and the first restore value outside
+// [0, num_unique), with its position.
+::tensorflow::Status CheckRestore(const char* op, const int32_t* restore, int64_t n,
+                                  int64_t num_unique) {
+  const int64_t bad = FindBadRestore(restore, n, num_unique);
+  if (bad < 0) return ::tensorflow::OkStatus();
+  return errors::InvalidArgument(op, ": restore[", bad, "] = ", restore[bad],
+                                 " is outside [0, num_unique = ", num_unique, ")");
+}
+
 }  // namespace
 
 class LazyAdamRowsOp : public OpKernel {
@@ -277,10 +289,7 @@ class SumByRestoreOp : public OpKernel {
                 errors::InvalidArgument("MxSumByRestore: num_unique must be >= 0, got ",
                                         num_unique));
     const int32_t* r = restore.flat<int32_t>().data();
-    const int64_t bad = FindBadRestore(r, n, num_unique);
-    OP_REQUIRES(ctx, bad < 0,
-                errors::InvalidArgument("MxSumByRestore: restore[", bad, "] = ", r[bad],
-                                        " is outside [0, num_unique = ", num_unique, ")"));
+    OP_REQUIRES_OK(ctx, CheckRestore("MxSumByRestore", r, n, num_unique));
     Tensor* summed = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, {num_unique, dim}, &summed));
     const float* g = grad.flat<float>().data();
@@ -304,10 +313,61 @@ class SumByRestoreOp : public OpKernel {
   static constexpr int64_t kHugeShardCost = int64_t{1} << 30;
 };
 
+// A lookup's per-id read of its distinct rows, the forward half of
+// MxSumByRestore's pair: each id's embedding copied from its row's, over
+// shards of the ids, into an output buffer the kernel keeps from one call to
+// the next. The read's output is large (a 4096 x 16 x 64 batch: 16 MB) and
+// freed every step; glibc malloc hands such blocks back to the kernel now and
+// then, and the next step then takes a page fault per 4 KB to map them afresh
+// (benchmarks/bench_sparse_core.py: ~5,000 minor faults in such a step, ~300 in
+// the others). The kept buffer is reused only while no one else holds it
+// (Tensor::RefCountIsOne): a consumer that still holds the last output, e.g. a
+// caller of the function that returned it, gets a fresh buffer instead.
+class GatherByRestoreOp : public OpKernel {
+ public:
+  explicit GatherByRestoreOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
+
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& unique_emb = ctx->input(0);
+    const Tensor& restore = ctx->input(1);
+    OP_REQUIRES(ctx, unique_emb.dims() == 2,
+                errors::InvalidArgument("MxGatherByRestore: unique_emb must be [num_unique, dim], "
+                                        "got ", unique_emb.shape().DebugString()));
+    const int64_t num_unique = unique_emb.dim_size(0), dim = unique_emb.dim_size(1);
+    const int64_t n = restore.NumElements();
+    const int32_t* r = restore.flat<int32_t>().data();
+    OP_REQUIRES_OK(ctx, CheckRestore("MxGatherByRestore", r, n, num_unique));
+    ::tensorflow::TensorShape shape = restore.shape();
+    OP_REQUIRES_OK(ctx, shape.AddDimWithStatus(dim));
+    Tensor out;
+    {
+      ::tensorflow::mutex_lock lock(mu_);
+      if (!kept_.IsInitialized() || kept_.shape() != shape || !kept_.RefCountIsOne()) {
+        OP_REQUIRES_OK(ctx, ctx->allocate_temp(::tensorflow::DT_FLOAT, shape, &kept_));
+      }
+      out = kept_;
+    }
+    const float* src = unique_emb.flat<float>().data();
+    float* dst = out.flat<float>().data();
+    ctx->device()->tensorflow_cpu_worker_threads()->workers->ParallelFor(
+        n, dim * kCyclesPerElement,
+        [=](int64_t begin, int64_t end) { GatherByRestore(src, r, dim, begin, end, dst); });
+    ctx->set_output(0, out);
+  }
+
+ private:
+  // TF's shard cost of one element: a copy, from a row read at random.
+  static constexpr int64_t kCyclesPerElement = 2;
+
+  ::tensorflow::mutex mu_;
+  Tensor kept_ TF_GUARDED_BY(mu_);  // The last output, reused once no one holds it.
+};
+
 MXREC_REGISTER_CPU("MxLazyAdamRows", LazyAdamRowsOp);
 MXREC_REGISTER_CPU("MxAdagradRows", AdagradRowsOp);
 MXREC_REGISTER_CPU("MxFtrlRows", FtrlRowsOp);
 MXREC_REGISTER_CPU("MxSgdRows", SgdRowsOp);
 MXREC_REGISTER_CPU("MxSumByRestore", SumByRestoreOp);
+MXREC_REGISTER_CPU("MxGatherByRestore", GatherByRestoreOp);
 
 }  // namespace mxrec

@@ -4,8 +4,9 @@
 // table variable and of its slot variables in one pass. Kernels in
 // native/kernels/row_optimizer_kernels.cc; the math in
 // native/core/row_optimizers.cc (no TF there). Used by the hash optimizers'
-// `_update_rows` (mxrec_pipeline/optimizers). MxSumByRestore: the gradient of
-// a lookup's per-id read, summed per distinct row (core/lookup.py).
+// `_update_rows` (mxrec_pipeline/optimizers). MxGatherByRestore: a lookup's
+// per-id read of its distinct rows; MxSumByRestore: its gradient, summed per
+// distinct row (core/restore_sum.py).
 #include "common.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/shape_inference.h"
@@ -125,6 +126,29 @@ restore: [n] int32 in [0, num_unique): each id's position among the distinct
   rows (key index insertion's restore indices); InvalidArgument otherwise.
 num_unique: int32 scalar, the number of distinct rows.
 summed: [num_unique, dim] float32 (zeros for a row without ids).
+)doc");
+
+REGISTER_OP("MxGatherByRestore")
+    .Input("unique_emb: float")
+    .Input("restore: int32")
+    .Output("emb: float")
+    .SetShapeFn([](InferenceContext* c) {
+      ShapeHandle unique_emb, emb;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 2, &unique_emb));
+      TF_RETURN_IF_ERROR(c->Concatenate(c->input(1), c->Vector(c->Dim(unique_emb, 1)), &emb));
+      c->set_output(0, emb);
+      return ::tensorflow::OkStatus();
+    })
+    .Doc(R"doc(
+Each id's embedding: emb[i] = unique_emb[restore[i]] (the values of
+tf.gather(unique_emb, restore)), copied over ranges of the ids on the intra-op
+threads into an output buffer the kernel reuses from step to step while no one
+else holds it, so that a large per-id read does not map fresh pages each step.
+
+unique_emb: [num_unique, dim] float32, the embeddings of a batch's distinct rows.
+restore: [*ids_shape] int32 in [0, num_unique): each id's position among the
+  distinct rows (key index insertion's restore indices); InvalidArgument otherwise.
+emb: [*ids_shape, dim] float32.
 )doc");
 
 }  // namespace mxrec

@@ -75,6 +75,18 @@ TEST(SumByRestoreTest, SumsEachValuesRowsAndZerosValuesWithoutRows) {
   EXPECT_EQ(summed, (std::vector<float>{0, 0, 0, 0, 4.5f, 6.25f}));
 }
 
+// unique [3, 2]; restore {2, 0, 2, 1}: each id's row copied, in two ranges of
+// ids as two threads would copy them; nothing outside the range written.
+TEST(GatherByRestoreTest, CopiesEachIdsRowWithinItsRange) {
+  const std::vector<float> unique = {1, 2, 3, 4, 5, 6};
+  const std::vector<int32_t> restore = {2, 0, 2, 1};
+  std::vector<float> out(8, 99.0f);
+  GatherByRestore(unique.data(), restore.data(), 2, 0, 1, out.data());
+  EXPECT_EQ(out, (std::vector<float>{5, 6, 99, 99, 99, 99, 99, 99}));
+  GatherByRestore(unique.data(), restore.data(), 2, 1, 4, out.data());
+  EXPECT_EQ(out, (std::vector<float>{5, 6, 1, 2, 5, 6, 3, 4}));
+}
+
 // A [4, 2] table: rows 3 and 1 are updated, rows 0 and 2 must not change.
 TEST(RowOptimizersTest, LazyAdamUpdatesOnlyTheGivenRows) {
   std::vector<float> var = {0, 0, 1, -1, 5, 5, 2, 3};

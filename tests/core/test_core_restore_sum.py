@@ -2,7 +2,9 @@
 
 `sum_by_restore` (the native MxSumByRestore for float32) is compared with
 `tf.math.unsorted_segment_sum` and a NumPy loop; `gather_by_restore`'s values
-and gradient with TF's gather and its densified gradient.
+and gradient with TF's gather and its densified gradient. Its float32 read is
+the native MxGatherByRestore, which reuses its output buffer from call to call:
+an output still held must keep its values when the op runs again.
 """
 
 import numpy as np
@@ -78,3 +80,64 @@ def test_gather_by_restore_reads_as_tf_gather_and_sums_the_gradient_per_row():
                              tf.convert_to_tensor(tape.gradient(want_loss, unique_emb)).numpy(),
                              rtol=1e-6, atol=1e-6)
   np.testing.assert_array_equal(got_grad.numpy()[2], 0)
+
+
+def _graph_op_types(fn, *args):
+  return {op.type for op in fn.get_concrete_function(*args).graph.get_operations()}
+
+
+@pytest.mark.parametrize("ids_shape", [[7], [2, 3], [0], [2, 0], [3, 1, 2]])
+def test_gather_by_restore_float32_is_native_and_reads_as_tf_gather(ids_shape):
+  rng = np.random.RandomState(6)
+  unique_emb = tf.constant(rng.normal(size=[5, 4]).astype(np.float32))
+  restore = tf.constant(rng.randint(0, 5, size=ids_shape).astype(np.int32))
+  read = tf.function(restore_sum.gather_by_restore)
+  assert "MxGatherByRestore" in _graph_op_types(read, unique_emb, restore)
+  got = read(unique_emb, restore)
+  assert got.shape == (*ids_shape, 4) and got.dtype == tf.float32
+  np.testing.assert_array_equal(got.numpy(), tf.gather(unique_emb, restore).numpy())
+  # Eager, the same.
+  np.testing.assert_array_equal(
+      restore_sum.gather_by_restore(unique_emb, restore).numpy(), got.numpy())
+
+
+def test_gather_by_restore_other_dtypes_use_tf_gather():
+  unique_emb = tf.constant([[1.0, 2.0], [3.0, 4.0]], tf.float64)
+  restore = tf.constant([1, 1, 0], tf.int32)
+  read = tf.function(restore_sum.gather_by_restore)
+  assert "MxGatherByRestore" not in _graph_op_types(read, unique_emb, restore)
+  np.testing.assert_array_equal(read(unique_emb, restore).numpy(), [[3, 4], [3, 4], [1, 2]])
+
+
+def test_gather_by_restore_keeps_an_output_still_held_when_it_runs_again():
+  """The kept buffer is reused only once no one holds the last output."""
+  restore = tf.constant([[1, 0], [1, 1]], tf.int32)
+  read = tf.function(restore_sum.gather_by_restore)
+  first = read(tf.constant([[1.0, 2.0], [3.0, 4.0]]), restore)
+  first_values = first.numpy().copy()
+  second = read(tf.constant([[-1.0, -2.0], [-3.0, -4.0]]), restore)
+  np.testing.assert_array_equal(first.numpy(), first_values)
+  np.testing.assert_array_equal(second.numpy(), -first_values)
+  # Held in a NumPy view only (zero-copy on the CPU): still kept.
+  view = second.numpy()
+  del first, second
+  third = read(tf.constant([[5.0, 6.0], [7.0, 8.0]]), restore)
+  np.testing.assert_array_equal(view, -first_values)
+  np.testing.assert_array_equal(third.numpy(), [[[7, 8], [5, 6]], [[7, 8], [7, 8]]])
+  # A consumer in the same graph that reads the output after the op ran again.
+  @tf.function
+  def twice(a, b):
+    x = restore_sum.gather_by_restore(a, restore)
+    y = restore_sum.gather_by_restore(b, restore)
+    return x + 0.0, y
+
+  x, y = twice(tf.ones([2, 2]), tf.zeros([2, 2]))
+  np.testing.assert_array_equal(x.numpy(), np.ones([2, 2, 2]))
+  np.testing.assert_array_equal(y.numpy(), np.zeros([2, 2, 2]))
+
+
+@pytest.mark.parametrize("bad", [4, -1])
+def test_gather_by_restore_names_a_restore_value_out_of_range(bad):
+  with pytest.raises(tf.errors.InvalidArgumentError,
+                     match=rf"restore\[1\] = {bad} is outside \[0, num_unique = 4\)"):
+    restore_sum.gather_by_restore(tf.ones([4, 2]), tf.constant([0, bad, 1], tf.int32))

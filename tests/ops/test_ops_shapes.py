@@ -108,6 +108,8 @@ CASES = (
          bad=((2, [2], RANK), (4, [3, 5, 1], RANK), (9, [1], RANK))),
     Case("MxSgdRows", (HANDLE, (I64, [3]), (F32, [3, 4]), (F32, []), (F32, [])), (), (),
          bad=((1, [3, 1], RANK), (2, [4, 4], DIMS), (4, [1], RANK))),
+    Case("MxGatherByRestore", ((F32, [5, 4]), (tf.int32, [2, 3])), ([2, 3, 4],), (UNKNOWN_RANK,),
+         bad=((0, [5], RANK), (0, [5, 4, 1], RANK))),
     Case("MxSumByRestore", ((F32, [6, 4]), (tf.int32, [6]), (tf.int32, [])), ([None, 4],),
          ([None, None],), bad=((0, [6], RANK), (1, [6, 1], RANK), (1, [5], DIMS), (2, [1], RANK))),
     # Ragged combiner: native/ops/segment_combine_ops.cc.
