@@ -20,8 +20,9 @@ Three measurements, one run, ratios printed next to their goals:
    gather/scatter ops); "dedup lookup + fused" keeps that read (TF's gather
    gradient: UnsortedSegmentSum over restore) with the fused MxLazyAdamRows
    op. The sparse step (`lookup.id_embeddings`) reads the same way but its
-   per-id gather's gradient is summed by restore index natively
-   (core/restore_sum.py). Each variant runs in its own process so that its
+   per-id read is the native MxGatherByRestore (into an output buffer kept
+   across steps) and that read's gradient is summed by restore index
+   natively (core/restore_sum.py). Each variant runs in its own process so that its
    peak RSS (`ru_maxrss`) is its own; the #16 pair (today's step / the sparse
    step) does so `--rounds` times, alternating, for CPU times and RSS. The
    #16 verdict comes from one more child that holds both variants, each with
@@ -33,7 +34,10 @@ Three measurements, one run, ratios printed next to their goals:
    training job's wall time sums); the ratio of medians, tf.test.Benchmark's
    `wall_time` statistic, is printed beside it, and so are the steps that grew
    the key index (about 12 of 100 here: each rehashes every key, in both
-   variants) and the ratio of means over the other steps.
+   variants), the ratio of means over the other steps, and the slow steps
+   (over 1.5x the variant's median) with their minor page faults: the slow
+   steps are the ones where the kernel maps fresh pages under the step's
+   16-MB outputs (thousands of faults, against hundreds in the others).
 3. Bytes of memory per stored key: index (KeyIndex.memory_bytes() / size), row
    (dim * 4) and lazy Adam slots (2 * dim * 4).
 
@@ -57,6 +61,7 @@ import dataclasses
 import json
 import os
 import pathlib
+import resource
 import subprocess
 import sys
 import tempfile
@@ -152,7 +157,6 @@ def zipf_keys(rng, num_keys: int, key_space: int):
 
 def peak_rss_bytes() -> dict:
   """Peak RSS of this process: ru_maxrss and VmHWM, in bytes."""
-  import resource  # pylint: disable=import-outside-toplevel
   maxrss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux.
   hwm = None
   with open("/proc/self/status") as f:
@@ -310,6 +314,38 @@ def _growth_split(ab: dict) -> dict:
   return split
 
 
+def _mean_of(pairs, k: int) -> float:
+  """Mean of item k of `pairs`; NaN for none."""
+  return sum(p[k] for p in pairs) / len(pairs) if pairs else float("nan")
+
+
+def _tail_split(ab: dict, slow: float = 1.5) -> dict:
+  """child_step_ab's slow steps (over `slow` x the variant's median) and the rest.
+
+  Returns per variant `steps` (how many were slow), `slow_ms`, `slow_faults`
+  (their mean step time, ms, and mean minor page faults; NaN for none),
+  `other_ms`, `other_faults` (the same over the other steps) and `share` (the
+  slow steps' part of the variant's total time).
+  """
+  split = {}
+  for variant in ("sparse", "sparse_tfops"):
+    times, faults = ab[variant], ab["faults"][variant]
+    cut = slow * _median(times)
+    kinds = {
+        kind: [(t, f) for t, f in zip(times, faults) if (t > cut) == (kind == "slow")]
+        for kind in ("slow", "other")
+    }
+    split[variant] = {
+        "steps": len(kinds["slow"]),
+        "slow_ms": 1000 * _mean_of(kinds["slow"], 0),
+        "slow_faults": _mean_of(kinds["slow"], 1),
+        "other_ms": 1000 * _mean_of(kinds["other"], 0),
+        "other_faults": _mean_of(kinds["other"], 1),
+        "share": sum(t for t, _ in kinds["slow"]) / sum(times),
+    }
+  return split
+
+
 def _median(values):
   ordered = sorted(values)
   mid = len(ordered) // 2
@@ -453,7 +489,11 @@ def child_step_ab(sizes: Sizes, path: str) -> dict:
   both alike. Returns each variant's step times in seconds (`sparse`,
   `sparse_tfops`), whether each timed step grew its key index (`grew`:
   variant -> [bool]; the slot array's growth rehashes every key, the same
-  work in both variants, which see the same keys) and its last loss
+  work in both variants, which see the same keys), the process's minor page
+  faults during each timed step (`faults`: variant -> [int], from
+  getrusage; the steps run one at a time, so a step's count is its own,
+  mostly the kernel mapping fresh pages under the step's large outputs) and
+  its last loss
   (`last_loss`: variant -> loss; both tables start from the same seeded
   rows, so the two agree to float rounding). Raises RuntimeError on a
   non-finite loss.
@@ -470,18 +510,21 @@ def child_step_ab(sizes: Sizes, path: str) -> dict:
     tables[v], steps[v] = _sparse_step(sizes, run, f"bench_{v}", v, initializer)
   warmup, count = sizes.sparse_warmup_steps, sizes.sparse_steps
   ids = [tf.constant(all_ids[i]) for i in range(warmup + count)]
-  seconds, grew, losses = {v: [] for v in steps}, {v: [] for v in steps}, {}
+  seconds, grew, faults, losses = ({v: [] for v in steps}, {v: [] for v in steps},
+                                   {v: [] for v in steps}, {})
   for i in range(warmup + count):
     for variant in (("sparse", "sparse_tfops") if i % 2 == 0 else ("sparse_tfops", "sparse")):
       index_bytes = int(tables[variant].key_index.memory_bytes())
+      faults_before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
       start = time.perf_counter()
       losses[variant] = float(steps[variant](ids[i]).numpy())
       if i >= warmup:
         seconds[variant].append(time.perf_counter() - start)
+        faults[variant].append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults_before)
         grew[variant].append(int(tables[variant].key_index.memory_bytes()) != index_bytes)
   if not all(np.isfinite(list(losses.values()))):
     raise RuntimeError(f"non-finite loss {losses}")
-  return {**seconds, "grew": grew, "last_loss": losses}
+  return {**seconds, "grew": grew, "faults": faults, "last_loss": losses}
 
 
 def loadavg() -> float:
@@ -667,6 +710,13 @@ def main(argv=None) -> int:
         f"sparse {growth['sparse']['other_ms']:.2f}, today's "
         f"{growth['sparse_tfops']['other_ms']:.2f} ms/step, {growth['other_ratio']:.2f}x by mean",
         flush=True)
+    tail = _tail_split(ab)
+    print(
+        "  steps over 1.5x the variant's median: " + "; ".join(
+            f"{label} {tail[v]['steps']} ({tail[v]['share']:.0%} of its time), "
+            f"{tail[v]['slow_ms']:.1f} ms and {tail[v]['slow_faults']:.0f} minor page faults per "
+            f"step, the others {tail[v]['other_ms']:.1f} ms and {tail[v]['other_faults']:.0f}"
+            for label, v in (("sparse", "sparse"), ("today's", "sparse_tfops"))), flush=True)
     dense = run_child(["--child", "dense", "--ids", ids_path], sizes_name)
     print(
         f"  dense:  {dense['ms_per_step']:.2f} ms/step (median {dense['median_ms']:.2f}, "
@@ -762,7 +812,7 @@ def main(argv=None) -> int:
           {
               "machine": info, "sizes": dataclasses.asdict(sizes), "insert": ins, "gen_ids": gen,
               "sparse": sparse, "sparse_dedup": dedup, "sparse_tfops": tfops, "dense": dense,
-              "step_ab": ab, "step_ab_growth": growth, "step_rounds":
+              "step_ab": ab, "step_ab_growth": growth, "step_ab_tail": tail, "step_rounds":
                   [{"sparse": s, "sparse_tfops": t} for s, t in rounds]
           }, f, indent=1)
   return 0
