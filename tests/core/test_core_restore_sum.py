@@ -124,16 +124,22 @@ def test_gather_by_restore_keeps_an_output_still_held_when_it_runs_again():
   third = read(tf.constant([[5.0, 6.0], [7.0, 8.0]]), restore)
   np.testing.assert_array_equal(view, -first_values)
   np.testing.assert_array_equal(third.numpy(), [[[7, 8], [5, 6]], [[7, 8], [7, 8]]])
-  # A consumer in the same graph that reads the output after the op ran again.
-  @tf.function
-  def twice(a, b):
-    x = restore_sum.gather_by_restore(a, restore)
-    y = restore_sum.gather_by_restore(b, restore)
-    return x + 0.0, y
 
-  x, y = twice(tf.ones([2, 2]), tf.zeros([2, 2]))
-  np.testing.assert_array_equal(x.numpy(), np.ones([2, 2, 2]))
-  np.testing.assert_array_equal(y.numpy(), np.zeros([2, 2, 2]))
+
+def test_gather_by_restore_in_a_loop_keeps_each_iterations_output():
+  """One node run per iteration, its outputs held in a TensorArray until the end."""
+  restore = tf.constant([[1, 0], [1, 1]], tf.int32)
+
+  @tf.function
+  def loop(embs):
+    outputs = tf.TensorArray(tf.float32, size=3)
+    for i in tf.range(3):
+      outputs = outputs.write(i, restore_sum.gather_by_restore(embs[i], restore))
+    return outputs.stack()
+
+  embs = tf.reshape(tf.range(12, dtype=tf.float32), [3, 2, 2])
+  np.testing.assert_array_equal(
+      loop(embs).numpy(), np.stack([tf.gather(embs[i], restore).numpy() for i in range(3)]))
 
 
 @pytest.mark.parametrize("bad", [4, -1])
