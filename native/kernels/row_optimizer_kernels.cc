@@ -41,6 +41,8 @@ namespace {
 
 // Cycles per element of a row update (a sqrt and a division at most).
 constexpr int64_t kCyclesPerElement = 20;
+// ... and of a row copy (MxGatherByRestore), from a row read at random.
+constexpr int64_t kCopyCyclesPerElement = 2;
 
 // The first `count` inputs' variables, locked for the update, with their
 // float32 [capacity, dim] buffers. `name` names the op in errors.
@@ -146,11 +148,12 @@ class SummedRows {
 
 float Scalar(OpKernelContext* ctx, int i) { return ctx->input(i).scalar<float>()(); }
 
-// Runs fn(begin, end) over shards of [0, n) rows of `dim` elements.
+// Runs fn(begin, end) over shards of [0, n) rows of `dim` elements, each
+// element costing `cycles` (TF's shard cost model).
 template <typename Fn>
-void ForRows(OpKernelContext* ctx, int64_t n, int64_t dim, Fn fn) {
-  ctx->device()->tensorflow_cpu_worker_threads()->workers->ParallelFor(
-      n, dim * kCyclesPerElement, fn);
+void ForRows(OpKernelContext* ctx, int64_t n, int64_t dim, Fn fn,
+             int64_t cycles = kCyclesPerElement) {
+  ctx->device()->tensorflow_cpu_worker_threads()->workers->ParallelFor(n, dim * cycles, fn);
 }
 
 // InvalidArgument naming `op` and the first restore value outside
@@ -349,16 +352,14 @@ class GatherByRestoreOp : public OpKernel {
     }
     const float* src = unique_emb.flat<float>().data();
     float* dst = out.flat<float>().data();
-    ctx->device()->tensorflow_cpu_worker_threads()->workers->ParallelFor(
-        n, dim * kCyclesPerElement,
-        [=](int64_t begin, int64_t end) { GatherByRestore(src, r, dim, begin, end, dst); });
+    ForRows(
+        ctx, n, dim,
+        [=](int64_t begin, int64_t end) { GatherByRestore(src, r, dim, begin, end, dst); },
+        kCopyCyclesPerElement);
     ctx->set_output(0, out);
   }
 
  private:
-  // TF's shard cost of one element: a copy, from a row read at random.
-  static constexpr int64_t kCyclesPerElement = 2;
-
   ::tensorflow::mutex mu_;
   Tensor kept_ TF_GUARDED_BY(mu_);  // The last output, reused once no one holds it.
 };
