@@ -2,13 +2,14 @@
 
   mxrec-pipeline train configs/movielens_listwise.yaml [--fresh] [--set pipeline.num_epochs=3 ...]
                  [--local-cluster workers=2[,ps=2]]
-  mxrec-pipeline export configs/movielens_listwise.yaml [--out DIR]
+  mxrec-pipeline export configs/movielens_listwise.yaml [--out DIR] [--checkpoint N]
   mxrec-pipeline predict MODEL_DIR --input lists.json|lists.tfrecord
   mxrec-pipeline sweep configs/sweep_movielens.yaml [--n-trials N] [--n-jobs J] [--timeout S]
                  [--storage URL] [--set pipeline.num_epochs=3 ...]
   mxrec-pipeline data fetch movielens_100k|mslr_5k
 
-Exit status 2 on a bad config or argument, with the culprit named on stderr;
+Exit status 2 on a bad config or argument, an unusable checkpoint, a model_dir
+in use by another job or a full disk, with the culprit named on stderr;
 1 when another task of a multi-worker cluster failed (named on stderr).
 `--help` and config errors answer without importing TensorFlow: each command
 imports what it runs only once its config is valid.
@@ -23,6 +24,7 @@ import sys
 from mxrec_pipeline import config as config_lib
 from mxrec_pipeline import hparams
 from mxrec_pipeline.cluster import tf_config
+from mxrec_pipeline.util.storage import StorageFullError as StorageFull
 
 # Where `train --local-cluster` writes the logs of the workers other than the chief.
 LOCAL_CLUSTER_LOGS = "local_cluster"
@@ -61,7 +63,7 @@ def _train_local_cluster(args, config: config_lib.JobConfig) -> int:
 def _export(args) -> int:
   config = config_lib.load(args.config, args.set)
   from mxrec_pipeline import jobs  # pylint: disable=import-outside-toplevel
-  print(jobs.export(config, args.out))
+  print(jobs.export(config, args.out, args.checkpoint))
   return 0
 
 
@@ -113,6 +115,10 @@ def build_parser() -> argparse.ArgumentParser:
       "ps tasks, the tables sharded over the ps tasks, a worker that dies started again at its "
       "address (docs/distributed.md)")
   commands.choices["export"].add_argument("--out", help="export directory")
+  commands.choices["export"].add_argument(
+      "--checkpoint", metavar="N|PATH",
+      help="a kept checkpoint to export: its number (2, ckpt-2) or path prefix (default: the "
+      "newest complete one)")
   predict = commands.add_parser("predict", help="score lists with an exported SavedModel")
   predict.add_argument("model_dir", help="SavedModel directory (e.g. .../export/latest_model)")
   predict.add_argument(
@@ -146,7 +152,7 @@ def main(argv=None) -> int:
   args = build_parser().parse_args(argv)
   try:
     return args.fn(args)
-  except (config_lib.ConfigError, FileNotFoundError, FileExistsError, ValueError) as e:
+  except (config_lib.ConfigError, FileNotFoundError, FileExistsError, ValueError, StorageFull) as e:
     print(f"mxrec-pipeline {args.command}: error: {e}", file=sys.stderr)
     return 2
   except tf_config.PeerError as e:  # Another task of the cluster failed.

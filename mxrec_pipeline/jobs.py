@@ -39,8 +39,12 @@ from mxrec_pipeline.cluster import tf_config
 from mxrec_pipeline.data import checks
 from mxrec_pipeline.data import validation
 from mxrec_pipeline.gbdt import lambdamart
+from mxrec_pipeline.keras import callbacks as callbacks_lib
+from mxrec_pipeline.keras import manifest
 from mxrec_pipeline.keras import pipeline as pipeline_lib
+from mxrec_pipeline.keras import sharded
 from mxrec_pipeline.util import initialize
+from mxrec_pipeline.util import model_dir_lock
 
 RESOLVED_CONFIG = "config.yaml"
 
@@ -54,7 +58,8 @@ def _setup(config: config_lib.JobConfig, strategy: tf.distribute.Strategy | None
   dataset_builder.skip_lists_without_relevant = config.metrics.skip_queries_without_relevant
   return ranker, paths, pipeline_lib.SimplePipeline(model_builder, dataset_builder, config.pipeline,
                                                     strategy=strategy,
-                                                    shard_checkpoint_dir=shard_checkpoint_dir)
+                                                    shard_checkpoint_dir=shard_checkpoint_dir,
+                                                    run_config=config.to_dict())
 
 
 # What a training run writes in its model_dir (and `--fresh` removes).
@@ -117,7 +122,7 @@ def train(config: config_lib.JobConfig, verbose: int = 2,
   """
   # Every worker saves its table shards beside the chief's checkpoints.
   shard_checkpoint_dir = os.path.join(config.pipeline.model_dir, "checkpoints")
-  with worker_config(config, fresh) as config, _peer_errors(config):
+  with worker_config(config, fresh) as config, _peer_errors(config), _claim(config):
     model_dir = config.pipeline.model_dir
     if fresh:
       for path in clear_run_outputs(model_dir):
@@ -237,6 +242,17 @@ def _peer_errors(config: config_lib.JobConfig) -> Iterator[None]:
         f"({_timeout_text(config.pipeline.collective_timeout_s)}): {reason}") from e
 
 
+@contextlib.contextmanager
+def _claim(config: config_lib.JobConfig) -> Iterator[None]:
+  """Holds model_dir for this job (util/model_dir_lock.py); non-chief workers train in their own."""
+  cluster = _cluster(config)
+  if cluster is not None and not cluster.is_chief:
+    yield
+    return
+  with model_dir_lock.ModelDirLock(config.pipeline.model_dir):
+    yield
+
+
 def _timeout_text(timeout_s: float | None) -> str:
   return "no collective timeout" if timeout_s is None else f"collective timeout {timeout_s:g} s"
 
@@ -301,8 +317,13 @@ def _table_error(error: tf.errors.OpError) -> str | None:
   return next((line for line in error.message.splitlines() if line.startswith("table '")), None)
 
 
-def export(config: config_lib.JobConfig, export_dir: str | None = None) -> str:
-  """Exports the latest checkpoint of a trained job as a serving SavedModel, in this process.
+def export(config: config_lib.JobConfig, export_dir: str | None = None,
+           checkpoint: str | None = None) -> str:
+  """Exports a checkpoint of a trained job as a serving SavedModel, in this process.
+
+  By default the newest complete checkpoint (callbacks.restorable_checkpoint);
+  `checkpoint` picks another kept one: its number ("2", "ckpt-2") or path
+  prefix.
 
   A sharded run's checkpoint (MultiWorkerMirroredStrategy or
   ParameterServerStrategy: its tables in `shards-<N>` beside `ckpt-<N>`)
@@ -310,21 +331,45 @@ def export(config: config_lib.JobConfig, export_dir: str | None = None) -> str:
   stock-TF SavedModel the run exports (ModelFitPipeline.restore_for_export).
 
   Raises:
-    FileNotFoundError: no checkpoint in model_dir/checkpoints; a table's
-      shard file missing or unreadable (naming the table and the file;
-      nothing is written then).
-    ValueError: as ModelFitPipeline.restore_for_export.
+    FileNotFoundError: no complete checkpoint in model_dir/checkpoints (or
+      not `checkpoint`); a table's shard file missing or unreadable (naming
+      the table and the file; nothing is written then).
+    ValueError: `checkpoint` is incomplete (its reason named); as
+      ModelFitPipeline.restore_for_export.
   """
   checkpoint_dir = os.path.join(config.pipeline.model_dir, "checkpoints")
-  latest = tf.train.latest_checkpoint(checkpoint_dir)
-  if latest is None:
-    raise FileNotFoundError(f"no checkpoint in {checkpoint_dir}: train the config first")
+  prefix = _checkpoint_to_export(checkpoint_dir, checkpoint)
   _, _, pipeline = _setup(config)
   if not initialize.is_initialized():
     initialize.init()
-  model = pipeline.restore_for_export(latest)
+  model = pipeline.restore_for_export(prefix)
   export_dir = export_dir or os.path.join(config.pipeline.model_dir, "export", "latest_model")
   return pipeline.export_saved_model(model, export_dir)
+
+
+def _checkpoint_to_export(checkpoint_dir: str, checkpoint: str | None) -> str:
+  """The path prefix of the checkpoint `export` reads; see there."""
+  shards = lambda number: sharded.shards_path(checkpoint_dir, number)  # noqa: E731
+  if checkpoint is None:
+    latest, _, skipped = callbacks_lib.restorable_checkpoint(checkpoint_dir, shards)
+    for prefix, reason in skipped:
+      print(f"Skipping checkpoint {prefix}: {reason}", file=sys.stderr, flush=True)
+    if latest is None:
+      raise FileNotFoundError(f"no complete checkpoint in {checkpoint_dir}: train the config "
+                              "first")
+    return latest
+  prefix = (checkpoint if os.sep in checkpoint else os.path.join(
+      checkpoint_dir, f"ckpt-{checkpoint.removeprefix('ckpt-')}"))
+  if not tf.io.gfile.exists(prefix + ".index"):
+    kept = sorted(
+        os.path.basename(p)[:-len(".index")]
+        for p in tf.io.gfile.glob(os.path.join(checkpoint_dir, "ckpt-*.index")))
+    raise FileNotFoundError(f"no checkpoint {prefix}; kept in {checkpoint_dir}: {kept or 'none'}")
+  if tf.io.gfile.exists(manifest.path(prefix)) or not callbacks_lib.is_legacy(prefix):
+    reason = manifest.problem(prefix, shards(callbacks_lib.checkpoint_number(prefix)))
+    if reason is not None:
+      raise ValueError(f"checkpoint {prefix} cannot be exported: {reason}")
+  return prefix
 
 
 def format_metrics(result: dict) -> str:

@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from typing import Callable
 
 import tensorflow as tf
 
 from mxrec_pipeline.core import admission
 from mxrec_pipeline.core import feature_process
+from mxrec_pipeline.keras import manifest
 from mxrec_pipeline.util import atomic_dir
+from mxrec_pipeline.util import faults as faults_lib
+from mxrec_pipeline.util import storage
 from mxrec_pipeline.util import initialize
 
 
@@ -59,13 +63,92 @@ def random_generators(model) -> list:
   ]
 
 
+class BestMetric:
+  """The best validation value so far, its epoch and monitor, as variables.
+
+  Saved with every training checkpoint (`TrainingCheckpoint`), so every
+  worker of a job, and a restarted job, agrees on whether an epoch improves
+  on it (BestModelExporter). `epoch` 0: no best yet.
+  """
+
+  def __init__(self):
+    self.value = tf.Variable(0.0, dtype=tf.float64, trainable=False, name="best_metric")
+    self.epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="best_epoch")
+    self.monitor = tf.Variable("", dtype=tf.string, trainable=False, name="best_monitor")
+
+  def trackables(self) -> dict:
+    return {"best_metric": self.value, "best_epoch": self.epoch, "best_monitor": self.monitor}
+
+  def get(self, monitor: str) -> float | None:
+    """The best value of `monitor`, or None (none yet, or the best of another monitor)."""
+    if int(self.epoch.numpy()) == 0 or self.monitor.numpy().decode() != monitor:
+      return None
+    return float(self.value.numpy())
+
+  def set(self, monitor: str, value: float, epoch: int) -> None:
+    self.monitor.assign(monitor)
+    self.value.assign(value)
+    self.epoch.assign(epoch)
+
+
+class CheckpointError(ValueError):
+  """No checkpoint of a run can be restored, or one was written by another config (named)."""
+
+
+def checkpoint_number(prefix: str) -> int:
+  """N of a checkpoint path prefix `.../ckpt-N`."""
+  return int(prefix.rsplit("-", 1)[1])
+
+
+def restorable_checkpoint(
+    directory: str, shards_path: Callable[[int], str] | None = None
+) -> tuple[str | None, bool, list[tuple[str, str]]]:
+  """The newest checkpoint of `directory` that is complete: (prefix, legacy, skipped).
+
+  A checkpoint is complete when its manifest is written and its files have
+  the sizes it lists (keras/manifest.py). One without a manifest is a
+  checkpoint of a version before manifests (legacy, returned as such) when it
+  holds no BestMetric; otherwise its save did not finish. `skipped` lists the
+  newer checkpoints passed over, with the reason.
+
+  Args:
+    directory: The checkpoint directory.
+    shards_path: Checkpoint number -> its `shards-N` directory (sharded runs).
+  """
+  prefixes = sorted((p[:-len(".index")]
+                     for p in tf.io.gfile.glob(os.path.join(directory, "ckpt-*.index"))
+                     if re.fullmatch(r"ckpt-\d+\.index", os.path.basename(p))),
+                    key=checkpoint_number, reverse=True)
+  skipped = []
+  for prefix in prefixes:
+    number = checkpoint_number(prefix)
+    if not tf.io.gfile.exists(manifest.path(prefix)) and is_legacy(prefix):
+      return prefix, True, skipped
+    reason = manifest.problem(prefix, shards_path(number) if shards_path else None)
+    if reason is None:
+      return prefix, False, skipped
+    skipped.append((prefix, reason))
+  return None, False, skipped
+
+
+def is_legacy(prefix: str) -> bool:
+  """Whether checkpoint `prefix` was written by a version before manifests (holds no BestMetric)."""
+  try:
+    names = {name for name, _ in tf.train.list_variables(prefix)}
+  except (tf.errors.OpError, ValueError):
+    return False
+  return not any(name.startswith("best_metric/") for name in names)
+
+
 class TrainingCheckpoint:
-  """The checkpoints of a training run: `training_checkpoint` plus the epoch.
+  """The checkpoints of a training run: `training_checkpoint`, the epoch and the best metric.
 
   Saved as `<directory>/ckpt-<epochs done>` after every epoch, the newest
-  `max_to_keep` kept (tf.train.CheckpointManager). TF writes the files of a
-  checkpoint first and the `checkpoint` state file last, so a process killed
-  while saving leaves the previous checkpoint current and loadable.
+  `max_to_keep` kept (tf.train.CheckpointManager), each completed by its
+  manifest, written last (keras/manifest.py): restores take the newest
+  complete checkpoint (`restorable_checkpoint`), saying which newer ones they
+  skipped and why. A full disk during a save raises StorageFullError with the
+  previous checkpoint intact.
 
   Args:
     model: A compiled SparseRankingModel.
@@ -73,55 +156,124 @@ class TrainingCheckpoint:
     max_to_keep: Checkpoints kept.
     shards: Tables sharded over workers: their keras/sharded.ShardCheckpoints,
       saved and restored with every checkpoint (`shards-<N>` beside `ckpt-<N>`).
+    run_info: JSON-able description of the run recorded in every manifest;
+      its "tables" (name -> spec fields) are compared on restore.
+    faults: The run's util/faults.FaultPoints (checkpoint_shards, checkpoint_files).
 
   Attributes:
     epoch: int64 variable, the number of epochs trained (saved with the rest).
+    best: BestMetric (saved with the rest).
   """
 
-  def __init__(self, model, directory: str, max_to_keep: int = 3, shards=None):
+  def __init__(self, model, directory: str, max_to_keep: int = 3, shards=None,
+               run_info: dict | None = None, faults: faults_lib.FaultPoints | None = None):
     self.directory = directory
     self._shards = shards
+    self._run_info = dict(run_info or {})
+    self._faults = faults or faults_lib.FaultPoints()
     # Saves killed mid-write leave ckpt-N_temp* directories: never current, removed here.
     atomic_dir.remove_checkpoint_temp_dirs(directory)
     self.epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="epochs_done")
-    self._checkpoint = training_checkpoint(model, sharded=shards is not None, epoch=self.epoch)
+    self.best = BestMetric()
+    self.restored = None  # The checkpoint `restore` restored.
+    sharded = shards is not None
+    self._checkpoint = training_checkpoint(model, sharded=sharded, epoch=self.epoch,
+                                           **self.best.trackables())
+    # Checkpoints of versions before manifests hold no best metric.
+    self._legacy_checkpoint = training_checkpoint(model, sharded=sharded, epoch=self.epoch)
     self._manager = tf.train.CheckpointManager(self._checkpoint, directory, max_to_keep=max_to_keep)
+    if shards is not None:  # Shards of saves that never completed (a crash before ckpt-N).
+      shards.prune(
+          checkpoint_number(p) for p in self._manager.checkpoints
+          if tf.io.gfile.exists(manifest.path(p)) or is_legacy(p))
+
+  def newest(self) -> str | None:
+    """Path prefix of the newest checkpoint, complete or not, or None."""
+    prefixes = [
+        p[:-len(".index")] for p in tf.io.gfile.glob(os.path.join(self.directory, "ckpt-*.index"))
+    ]
+    return max(prefixes, key=checkpoint_number, default=None)
+
+  def exists(self) -> bool:
+    """Whether the directory holds any checkpoint, complete or not."""
+    return self.newest() is not None
 
   @property
   def latest(self) -> str | None:
-    """Path prefix of the newest checkpoint, or None."""
-    return self._manager.latest_checkpoint
+    """Path prefix of the newest complete checkpoint, or None."""
+    return restorable_checkpoint(self.directory, self._shards_path)[0]
+
+  def _shards_path(self, number: int) -> str | None:
+    return self._shards.path(number) if self._shards is not None else None
 
   def restore(self) -> int:
-    """Restores the newest checkpoint; returns its number of epochs done.
+    """Restores the newest complete checkpoint; returns its number of epochs done.
 
-    Variables created later (optimizer slots) are restored when created.
+    Prints each newer checkpoint it skips and why. Variables created later
+    (optimizer slots) are restored when created.
 
     Raises:
       FileNotFoundError: the directory holds no checkpoint.
-      ValueError: the checkpoint holds another model (an object it saved has
-        no counterpart here, or a shape differs), naming the checkpoint.
+      CheckpointError: checkpoints exist but none is complete (each named with
+        its reason), or the newest complete one was written with other tables
+        (what differs named), or holds another model (an object it saved has
+        no counterpart here, or a shape differs).
     """
-    latest = self.latest
+    latest, legacy, skipped = restorable_checkpoint(self.directory, self._shards_path)
+    for prefix, reason in skipped:
+      print(f"Skipping checkpoint {prefix}: {reason}", flush=True)
     if latest is None:
+      if skipped:
+        raise CheckpointError(
+            f"no checkpoint in {self.directory} can be restored ("
+            f"{'; '.join(f'{os.path.basename(p)}: {r}' for p, r in skipped)}); nothing was "
+            "removed: restore the files, or start over with --fresh")
       raise FileNotFoundError(f"no checkpoint in {self.directory}")
+    recorded = manifest.read(latest) if not legacy else None
+    if recorded is not None and self._run_info.get("tables") is not None:
+      differences = manifest.differences(recorded.get("run", {}), self._run_info)
+      if differences:
+        raise CheckpointError(f"checkpoint {latest} was written with another config: "
+                              f"{'; '.join(differences)}")
+    checkpoint = self._legacy_checkpoint if legacy else self._checkpoint
     try:
-      self._checkpoint.restore(latest).assert_existing_objects_matched()
+      checkpoint.restore(latest).assert_existing_objects_matched()
     except (AssertionError, ValueError, tf.errors.InvalidArgumentError) as e:
-      raise ValueError(f"checkpoint {latest} does not match this model and its tables "
-                       f"(another config?): {e}") from e
+      raise CheckpointError(f"checkpoint {latest} does not match this model and its tables "
+                            f"(another config?): {e}") from e
     if self._shards is not None:
       self._shards.restore(int(self.epoch.numpy()))
+    self.restored = latest
     return int(self.epoch.numpy())
 
   def save(self, epochs_done: int) -> str:
-    """Saves everything as `ckpt-<epochs_done>`; returns its path prefix."""
+    """Saves everything as `ckpt-<epochs_done>`, its manifest last; returns its path prefix.
+
+    Raises:
+      StorageFullError: the disk filled up; the previous checkpoint is intact.
+    """
     self.epoch.assign(epochs_done)
+    prefix = os.path.join(self.directory, f"ckpt-{epochs_done}")
+    previous = self._manager.latest_checkpoint
+    intact = (f"the previous checkpoint {os.path.basename(previous)} is intact"
+              if previous else "no earlier checkpoint was touched")
+    with storage.full_storage_named(f"checkpoint {os.path.basename(prefix)}", self.directory,
+                                    intact):
+      # A manifest of an earlier save of this number (a retrained epoch) must not vouch for it.
+      if tf.io.gfile.exists(manifest.path(prefix)):
+        tf.io.gfile.remove(manifest.path(prefix))
+      if self._shards is not None:
+        self._shards.save(epochs_done)
+      self._faults.reach("checkpoint_shards")
+      path = self._manager.save(checkpoint_number=epochs_done)
+      self._faults.reach("checkpoint_files")
+      manifest.write(path, self._run_info, self._shards_path(epochs_done))
+    kept = [checkpoint_number(p) for p in self._manager.checkpoints]
+    for stale in tf.io.gfile.glob(os.path.join(self.directory, "ckpt-*" + manifest.SUFFIX)):
+      if checkpoint_number(stale[:-len(manifest.SUFFIX)]) not in kept:
+        tf.io.gfile.remove(stale)
     if self._shards is not None:
-      self._shards.save(epochs_done)
-    path = self._manager.save(checkpoint_number=epochs_done)
-    if self._shards is not None:
-      self._shards.prune(int(p.rsplit("-", 1)[1]) for p in self._manager.checkpoints)
+      self._shards.prune(kept)
     return path
 
 
@@ -240,15 +392,19 @@ class SparseCheckpoint(tf.keras.callbacks.Callback):
 class BestModelExporter(tf.keras.callbacks.Callback):
   """Exports the model whenever a validation metric improves.
 
-  The best value so far is kept in `<path>/best_metric.json` ({"monitor",
-  "value", "epoch"}), so a resumed run exports only when it beats the best
-  epoch before the restart.
+  The best value so far is a `BestMetric`, which the training checkpoint
+  saves: a resumed run, and every worker of a cluster, exports only when an
+  epoch beats the best before it. Put it before the checkpoint callback, so
+  that a checkpoint holds the best of its own epoch. `<path>/best_metric.json`
+  ({"monitor", "value", "epoch"}) records the export for people and for runs
+  resumed from checkpoints of versions before BestMetric.
 
   Args:
     export_fn: (model, path) -> None, e.g. ModelFitPipeline.export_saved_model.
     path: Export directory, overwritten at each improvement.
     monitor: Keras log key, e.g. "val_ndcg_10".
     higher_is_better: Direction of `monitor`.
+    best: The run's BestMetric (`TrainingCheckpoint.best`); None: a new one.
 
   Raises:
     KeyError (at epoch end): `monitor` is not among the logs (named).
@@ -256,30 +412,56 @@ class BestModelExporter(tf.keras.callbacks.Callback):
 
   STATE_FILE = "best_metric.json"
 
-  def __init__(self, export_fn: Callable, path: str, monitor: str, higher_is_better: bool):
+  def __init__(self, export_fn: Callable, path: str, monitor: str, higher_is_better: bool,
+               best: BestMetric | None = None):
     super().__init__()
     self.export_fn, self.path, self.monitor = export_fn, path, monitor
     self.higher_is_better = higher_is_better
-    self.best = None
-    state_path = os.path.join(path, self.STATE_FILE)
-    if os.path.exists(state_path):
-      with open(state_path, encoding="utf-8") as f:
-        state = json.load(f)
-      if state.get("monitor") == monitor:
-        self.best = float(state["value"])
+    self.state = best or BestMetric()
+
+  @property
+  def best(self) -> float | None:
+    """The best value of `monitor` so far, or None."""
+    value = self.state.get(self.monitor)
+    if value is None and int(self.state.epoch.numpy()) == 0:
+      value = self._recorded()
+    return value
+
+  def _recorded(self) -> float | None:
+    """The best_metric.json of an export by a version that did not checkpoint it."""
+    state_path = os.path.join(self.path, self.STATE_FILE)
+    if not tf.io.gfile.exists(state_path):
+      return None
+    with tf.io.gfile.GFile(state_path) as f:
+      state = json.load(f)
+    return float(state["value"]) if state.get("monitor") == self.monitor else None
 
   def on_epoch_end(self, epoch, logs=None):
     logs = logs or {}
     if self.monitor not in logs:
       raise KeyError(f"BestModelExporter: '{self.monitor}' is not in the logs {sorted(logs)}")
     value = float(logs[self.monitor])
-    better = self.best is None or (value > self.best
-                                   if self.higher_is_better else value < self.best)
+    best = self.best
+    better = best is None or (value > best if self.higher_is_better else value < best)
     if better:
-      self.best = value
       self.export_fn(self.model, self.path)
-      with open(os.path.join(self.path, self.STATE_FILE), "w", encoding="utf-8") as f:
-        json.dump({"monitor": self.monitor, "value": value, "epoch": epoch + 1}, f)
+      self.state.set(self.monitor, value, epoch + 1)
+      with tf.io.gfile.GFile(os.path.join(self.path, self.STATE_FILE), "w") as f:
+        f.write(json.dumps({"monitor": self.monitor, "value": value, "epoch": epoch + 1}))
+
+
+class FaultCallback(tf.keras.callbacks.Callback):
+  """Reaches the run's fault points `train_batch` and `validation` (util/faults.py)."""
+
+  def __init__(self, faults: faults_lib.FaultPoints):
+    super().__init__()
+    self.faults = faults
+
+  def on_train_batch_end(self, batch, logs=None):
+    self.faults.reach("train_batch")
+
+  def on_test_begin(self, logs=None):
+    self.faults.reach("validation")
 
 
 class EvictCallback(tf.keras.callbacks.Callback):

@@ -29,20 +29,26 @@ Signatures:
 from __future__ import annotations
 
 import functools
+import json
+import os
 from typing import Callable, Mapping, Sequence
 
 import tensorflow as tf
 import tensorflow_ranking as tfr
 
+import mxrec_pipeline
 from mxrec_pipeline.core import lookup as core_lookup
 from mxrec_pipeline.core.asc import feature_spec as fs
 from mxrec_pipeline.core.asc import helper
-from mxrec_pipeline.keras.layers import SparseFeature, SparseLookup
+from mxrec_pipeline.keras.layers import SparseFeature, SparseLookup, set_serving_snapshot
 from mxrec_pipeline.keras.sharded import ShardedLookup
 from mxrec_pipeline.util import atomic_dir
 from mxrec_pipeline.util import initialize
+from mxrec_pipeline.util import storage
 
 SERVING_INPUT = "examples"
+# The run an export came from: {"version", "run": {"tables", "config"}} (not read by serving).
+RECORD_FILE = os.path.join("assets.extra", "mxrec_pipeline.json")
 OUTPUT_KEY = "scores"
 
 
@@ -135,7 +141,7 @@ class ServingModule(tf.Module):
 def export_serving_model(model, export_dir: str, context_feature_spec, example_feature_spec,
                          mask_feature_name: str, sparse_features: Sequence[SparseFeature],
                          before_rename: Callable[[str], None] | None = None,
-                         snapshots: Mapping | None = None) -> str:
+                         snapshots: Mapping | None = None, run_info: dict | None = None) -> str:
   """Writes a SavedModel that scores raw ids; see the module docstring.
 
   The SavedModel is written to a temporary directory beside `export_dir`,
@@ -151,8 +157,11 @@ def export_serving_model(model, export_dir: str, context_feature_spec, example_f
     sparse_features: The model's SparseFeatures.
     snapshots: Tables sharded over workers: table name -> their gathered
       keras/sharded.Snapshot (see ServingModule).
-    before_rename: Test seam: called with the temporary directory once the
-      SavedModel is written there, before it is renamed to export_dir.
+    before_rename: Called with the temporary directory once the SavedModel
+      is written there, before it is renamed to export_dir (tests; the
+      `export` fault point).
+    run_info: What to record of the run (ModelFitPipeline.run_info): written
+      with the project version to `assets.extra/mxrec_pipeline.json`.
 
   Returns:
     export_dir.
@@ -165,9 +174,9 @@ def export_serving_model(model, export_dir: str, context_feature_spec, example_f
   ]
   try:
     for layer in sparse_layers:  # The serving functions read the snapshots.
-      layer.serving_rows = module.serving_rows[layer.feature.table]
-      if isinstance(layer, ShardedLookup):
-        layer.serving_positions = module.lookup_tables[layer.feature.table]
+      name = layer.feature.table
+      set_serving_snapshot(layer, module.serving_rows[name],
+                           module.lookup_tables[name] if isinstance(layer, ShardedLookup) else None)
     signatures = {
         "serving_default": tf.function(
             module.serve_elwc,
@@ -177,12 +186,19 @@ def export_serving_model(model, export_dir: str, context_feature_spec, example_f
     if raw is not None:
       signatures["predict"] = tf.function(
           lambda **features: module.score(features)).get_concrete_function(**raw)
-    atomic_dir.write_dir_atomically(
-        export_dir, lambda path: tf.saved_model.save(module, path, signatures=signatures),
-        before_rename=before_rename)
+
+    def write(path):
+      tf.saved_model.save(module, path, signatures=signatures)
+      tf.io.gfile.makedirs(os.path.join(path, "assets.extra"))
+      with tf.io.gfile.GFile(os.path.join(path, RECORD_FILE), "w") as f:
+        f.write(
+            json.dumps({"version": mxrec_pipeline.__version__, "run": run_info or {}}, indent=1,
+                       sort_keys=True))
+
+    with storage.full_storage_named(f"export {os.path.basename(export_dir)}", export_dir,
+                                    "the previous export there is intact"):
+      atomic_dir.write_dir_atomically(export_dir, write, before_rename=before_rename)
   finally:
     for layer in sparse_layers:
-      layer.serving_rows = None
-      if isinstance(layer, ShardedLookup):
-        layer.serving_positions = None
+      set_serving_snapshot(layer, None)
   return export_dir

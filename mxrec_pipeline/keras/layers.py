@@ -150,6 +150,22 @@ def get_or_create_table(spec: TableSpec, seed: int | None = None) -> embedding.S
 
 
 @tf.keras.utils.register_keras_serializable(package="mxrec_pipeline")
+def set_serving_snapshot(layer: tf.keras.layers.Layer, rows: tf.Variable | None,
+                         positions: tf.lookup.StaticHashTable | None = None) -> None:
+  """Points a lookup layer at an export's snapshot (keras/export.py), or back at its table.
+
+  Sets `layer.serving_rows` (the table's compact [num_keys + 1, dim] rows,
+  indexed by the stock serving table's positions) and, for layers that read
+  raw ids, `layer.serving_positions` (key -> position), or clears them with
+  None. Neither is tracked by the layer: an export's state never enters a
+  training checkpoint (Keras tracks a variable assigned as an attribute, keeps
+  tracking it after the attribute is cleared, and TF's deferred restoration
+  would assign a checkpoint's copy to the next export's snapshot).
+  """
+  object.__setattr__(layer, "serving_rows", rows)
+  object.__setattr__(layer, "serving_positions", positions)
+
+
 class SparseLookup(tf.keras.layers.Layer):
   """Embeds one sparse feature through the sparse core.
 
@@ -180,9 +196,7 @@ class SparseLookup(tf.keras.layers.Layer):
                        f"'{self.feature.table}', got TableSpec '{self.table_spec.name}'")
     self.seed = seed
     self.embeddings = None
-    # During export (keras/export.py): the table's compact [num_keys + 1, dim]
-    # snapshot, indexed by the stock serving table's positions.
-    self.serving_rows = None
+    set_serving_snapshot(self, None)
 
   def build(self, input_shape):
     table = get_or_create_table(self.table_spec, self.seed)

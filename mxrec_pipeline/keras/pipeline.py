@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import os
 import re
 from typing import Sequence
@@ -45,9 +46,13 @@ from mxrec_pipeline.keras import sharded
 from mxrec_pipeline.distributed import checkpoint as checkpoint_lib
 from mxrec_pipeline.keras.layers import SparseFeature, TableSpec
 from mxrec_pipeline.optimizers import factory
+from mxrec_pipeline.util import faults as faults_lib
 from mxrec_pipeline.util import initialize
 
 AbstractPipeline = tfr.keras.pipeline.AbstractPipeline
+# TableSpec fields that shape a table's saved state; a checkpoint restores only onto the same.
+_SAVED_TABLE_FIELDS = ("dim", "key_dtype", "device_vocabulary_size", "host_vocabulary_size",
+                       "ssd_vocabulary_size")
 AbstractDatasetBuilder = tfr.keras.pipeline.AbstractDatasetBuilder
 DatasetHparams = tfr.keras.pipeline.DatasetHparams
 
@@ -447,6 +452,8 @@ class ModelFitPipeline(AbstractPipeline):
       workers write (jobs.train gives the chief's `model_dir/checkpoints`,
       as non-chief workers train in a temporary model_dir); None:
       `model_dir/checkpoints`.
+    run_config: The job config (JSON-able dict) recorded in every checkpoint
+      manifest and export (`run_info`); None records the hparams.
 
   Raises:
     ValueError: builders of the wrong type.
@@ -455,7 +462,7 @@ class ModelFitPipeline(AbstractPipeline):
   def __init__(self, model_builder: model_lib.AbstractModelBuilder,
                dataset_builder: BaseDatasetBuilder, hparams: PipelineHparams,
                strategy: tf.distribute.Strategy | None = None,
-               shard_checkpoint_dir: str | None = None):
+               shard_checkpoint_dir: str | None = None, run_config: dict | None = None):
     if not isinstance(model_builder, model_lib.AbstractModelBuilder):
       raise ValueError(f"`model_builder` must be an AbstractModelBuilder, got "
                        f"{type(model_builder).__name__}")
@@ -468,6 +475,8 @@ class ModelFitPipeline(AbstractPipeline):
     self.model = None
     self._strategy = strategy
     self._shard_checkpoint_dir = shard_checkpoint_dir
+    self._run_config = run_config
+    self._faults = faults_lib.FaultPoints()  # train_and_validate reads MXREC_FAULT.
     self.checkpoint = None
     self.history = None
     self._strategy_in_use = None
@@ -564,11 +573,10 @@ class ModelFitPipeline(AbstractPipeline):
     """
     hparams = self._hparams
     callbacks = [
+        callbacks_lib.FaultCallback(self._faults),
         tf.keras.callbacks.TensorBoard(os.path.join(hparams.model_dir, "logs")),
-        callbacks_lib.TableStatsLogger(os.path.join(hparams.model_dir, "logs")),
     ]
-    if self.checkpoint is not None:
-      callbacks.insert(1, callbacks_lib.SparseCheckpoint(self.checkpoint))
+    # The best-model export comes before the checkpoint, which then holds its BestMetric.
     if hparams.export_best_model:
       monitor = ("val_loss" if hparams.best_exporter_metric == "loss" else "val_" +
                  metric_name(hparams.best_exporter_metric))
@@ -576,7 +584,11 @@ class ModelFitPipeline(AbstractPipeline):
           callbacks_lib.BestModelExporter(
               lambda m, path: self.export_saved_model(m, path),
               os.path.join(hparams.model_dir, "export", "best_model_by_metric"), monitor,
-              higher_is_better=hparams.best_exporter_metric_higher_better))
+              higher_is_better=hparams.best_exporter_metric_higher_better,
+              best=self.checkpoint.best if self.checkpoint is not None else None))
+    if self.checkpoint is not None:
+      callbacks.append(callbacks_lib.SparseCheckpoint(self.checkpoint))
+    callbacks.append(callbacks_lib.TableStatsLogger(os.path.join(hparams.model_dir, "logs")))
     return callbacks
 
   def export_saved_model(self, model, export_to: str) -> str:
@@ -594,7 +606,26 @@ class ModelFitPipeline(AbstractPipeline):
         example_feature_spec=builder._example_feature_spec,  # pylint: disable=protected-access
         mask_feature_name=builder._mask_feature_name,  # pylint: disable=protected-access
         sparse_features=builder.sparse_features,
-        snapshots=snapshots)
+        before_rename=lambda _: self._faults.reach("export"),
+        snapshots=snapshots,
+        run_info=self.run_info())
+
+  def run_info(self) -> dict:
+    """What every checkpoint manifest and export records of this run: tables and config.
+
+    {"tables": table name -> the TableSpec fields that shape its saved state
+    (None for a model builder that declares no tables), "config": the job
+    config the pipeline was given (`run_config`), else the PipelineHparams}.
+    """
+    tables = getattr(self._model_builder, "tables", None)
+    return {
+        "tables": None if tables is None else {
+            name: {field: getattr(spec, field) for field in _SAVED_TABLE_FIELDS}
+            for name, spec in tables.items()
+        },
+        "config": self._run_config if self._run_config is not None else json.loads(
+            json.dumps(dataclasses.asdict(self._hparams), default=str)),
+    }
 
   def _sparse_optimizer(self):
     hparams = self._hparams
@@ -662,6 +693,7 @@ class ModelFitPipeline(AbstractPipeline):
       ValueError: the checkpoint holds another model.
     """
     hparams = self._hparams
+    self._faults = faults_lib.FaultPoints.from_environment()
     if hparams.seed is not None:
       tf.keras.utils.set_random_seed(hparams.seed)
     if not initialize.is_initialized():
@@ -686,7 +718,8 @@ class ModelFitPipeline(AbstractPipeline):
           strategy, self._shard_checkpoint_dir or os.path.join(hparams.model_dir, "checkpoints"),
           self._sharded_tables, model.sparse_optimizer)
     self.checkpoint = callbacks_lib.TrainingCheckpoint(
-        model, os.path.join(hparams.model_dir, "checkpoints"), shards=shards)
+        model, os.path.join(hparams.model_dir, "checkpoints"), shards=shards,
+        run_info=self.run_info(), faults=self._faults)
     plan = epoch_steps(hparams.num_epochs, hparams.num_train_steps)
     start_epoch = self._restore(self.checkpoint, len(plan))
     if on_ps:
@@ -842,18 +875,19 @@ class ModelFitPipeline(AbstractPipeline):
 
   def _restore(self, checkpoint: callbacks_lib.TrainingCheckpoint, num_epochs: int) -> int:
     """Restores the run's latest checkpoint as `hparams.resume` says; returns the start epoch."""
-    if checkpoint.latest is None:
+    if not checkpoint.exists():
       return 0
     if not self._hparams.resume:
+      newest = os.path.basename(checkpoint.latest or checkpoint.newest())
       raise FileExistsError(
-          f"{checkpoint.directory} holds checkpoint {os.path.basename(checkpoint.latest)} and "
-          "`resume` is false: set pipeline.resume: true to continue it, or start over with "
-          "`mxrec-pipeline train --fresh` (which clears the run's outputs) or another model_dir")
+          f"{checkpoint.directory} holds checkpoint {newest} and `resume` is false: set "
+          "pipeline.resume: true to continue it, or start over with `mxrec-pipeline train --fresh` "
+          "(which clears the run's outputs) or another model_dir")
     epochs_done = checkpoint.restore()
     rest = (f"continuing at epoch {epochs_done + 1} of {num_epochs}" if epochs_done < num_epochs
             else f"nothing left to train ({num_epochs} epoch(s) planned)")
     print(
-        f"Resumed from {checkpoint.latest}: {epochs_done} epoch(s) and "
+        f"Resumed from {checkpoint.restored}: {epochs_done} epoch(s) and "
         f"{int(self.model.optimizer.iterations.numpy())} step(s) done, {rest}", flush=True)
     return epochs_done
 

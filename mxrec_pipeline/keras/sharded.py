@@ -112,8 +112,7 @@ class ShardedLookup(tf.keras.layers.Layer):
     object.__setattr__(self, "embeddings", getattr(table, "variable", None))
     self._rows_dtype = (table.shard_variables[0]
                         if self.embeddings is None else table.variable).dtype
-    self.serving_rows = None
-    self.serving_positions = None
+    layers.set_serving_snapshot(self, None)
 
   def call(self, ids, training=None):
     training = bool(training) if training is not None else False

@@ -1,12 +1,14 @@
 """Trains the keras_testlib task in a process of its own, for restart tests.
 
   python resume_worker.py TASK_DIR MODEL_DIR OUT_JSON [--epochs E] [--steps N]
-      [--kill-at EPOCH:BATCH] [--no-resume] [--tiered-ssd-dir DIR]
+      [--kill-at EPOCH:BATCH] [--no-resume] [--tiered-ssd-dir DIR] [--export-best]
 
 Writes OUT_JSON: per-epoch training losses of this process, the optimizers'
 iterations, and, per table, the sorted (key, row) pairs of the key index with
 the rows' values and lazy Adam slots; dense weights too. With --kill-at the
-process SIGKILLs itself after that training batch (0-based epoch and batch).
+process SIGKILLs itself after that training batch (0-based epoch and batch);
+MXREC_FAULT (util/faults.py) kills it at a named fault point. Exits 2 with the
+error on stderr where the CLI would (a refused resume, a full disk).
 """
 
 import argparse
@@ -36,6 +38,27 @@ class KillAt(tf.keras.callbacks.Callback):
   def on_train_batch_end(self, batch, logs=None):
     if self.epoch == self.kill_epoch and batch == self.kill_batch:
       os.kill(os.getpid(), signal.SIGKILL)
+
+
+class FillDisk(tf.keras.callbacks.Callback):
+  """Fills the filesystem of `path` after the validation of epoch `epoch` (0-based)."""
+
+  def __init__(self, epoch: int, path: str):
+    super().__init__()
+    self.fill_epoch, self.path, self.epoch = epoch, path, None
+
+  def on_epoch_begin(self, epoch, logs=None):
+    self.epoch = epoch
+
+  def on_test_end(self, logs=None):
+    if self.epoch != self.fill_epoch:
+      return
+    try:
+      with open(self.path, "wb", buffering=0) as f:
+        while True:
+          f.write(b"\0" * 4096)
+    except OSError:  # Full.
+      pass
 
 
 def state(model) -> dict:
@@ -78,11 +101,18 @@ def main():
   parser.add_argument("--kill-at")
   parser.add_argument("--no-resume", action="store_true")
   parser.add_argument("--tiered-ssd-dir", help="tier the item table, SSD files here")
+  parser.add_argument("--fill-disk-at", metavar="EPOCH:PATH",
+                      help="fill PATH's filesystem after the validation of that epoch (0-based)")
+  parser.add_argument("--export-best", action="store_true",
+                      help="export_best_model by validation loss")
   args = parser.parse_args()
   train, valid = (os.path.join(args.task_dir, f) for f in ("train.tfrecord", "valid.tfrecord"))
   hparams = pipeline_lib.PipelineHparams(model_dir=args.model_dir, num_epochs=args.epochs,
                                          num_train_steps=args.steps, learning_rate=0.05, seed=7,
-                                         resume=not args.no_resume)
+                                         resume=not args.no_resume,
+                                         export_best_model=args.export_best,
+                                         best_exporter_metric="loss",
+                                         best_exporter_metric_higher_better=False)
   if args.tiered_ssd_dir:  # Batches of 2 lists: each batch's items fit the 12 device rows.
     model_builder = lib.model_builder(tables=lib.tiered_tables(args.tiered_ssd_dir))
     datasets = lib.dataset_builder(train, valid, train_batch_size=2)
@@ -92,11 +122,17 @@ def main():
   extra = []
   if args.kill_at:
     extra.append(KillAt(*(int(v) for v in args.kill_at.split(":"))))
+  if args.fill_disk_at:
+    epoch, path = args.fill_disk_at.split(":", 1)
+    extra.append(FillDisk(int(epoch), path))
   try:
     metrics = pipe.train_and_validate(callbacks=extra)
   except FileExistsError as e:
     print(f"refused: {e}", file=sys.stderr)
     return 3
+  except (ValueError, OSError) as e:  # What the CLI reports with exit status 2.
+    print(f"error: {e}", file=sys.stderr)
+    return 2
   history = pipe.history.history
   with open(args.out_json, "w", encoding="utf-8") as f:
     json.dump(

@@ -28,14 +28,16 @@ HERE = pathlib.Path(__file__).parent
 WORKER_TIMEOUT_S = 300  # A guard against a hung worker; nothing asserts on time.
 
 
-def run_worker(task_dir, model_dir, out_json, *args) -> subprocess.CompletedProcess:
+def run_worker(task_dir, model_dir, out_json, *args, env=None) -> subprocess.CompletedProcess:
+  """resume_worker.py in a process of its own; `env`: variables added to this one's."""
   return subprocess.run([
       sys.executable,
       str(HERE / "resume_worker.py"),
       str(task_dir),
       str(model_dir),
       str(out_json), *map(str, args)
-  ], capture_output=True, text=True, cwd=HERE, timeout=WORKER_TIMEOUT_S, check=False)
+  ], capture_output=True, text=True, cwd=HERE, timeout=WORKER_TIMEOUT_S, check=False,
+                        env={**os.environ, **(env or {})})
 
 
 def assert_same_state(a: dict, b: dict) -> None:

@@ -1,0 +1,66 @@
+"""Fault points: kill the process on purpose at a named point of a run's life.
+
+A restart test (or a user rehearsing a preemption) sets the environment
+variable `MXREC_FAULT=<point>[:<n>]`; the process SIGKILLs itself the n-th time
+(default 1st) it reaches `<point>`, exactly as a preempted job dies: no
+exception, no cleanup, no flush. Points (see docs/restarts.md):
+
+  train_batch        after a training batch (n counts this process's batches)
+  validation         at the start of an epoch's validation
+  checkpoint_shards  after the table shards of a checkpoint, before ckpt-N
+  checkpoint_files   after ckpt-N's files, before its completeness marker
+  export             after an export is written, before it is renamed in
+
+Unset (the default), nothing is killed. A run holds one `FaultPoints`.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+ENV = "MXREC_FAULT"
+POINTS = ("train_batch", "validation", "checkpoint_shards", "checkpoint_files", "export")
+
+
+def parse(spec: str) -> tuple[str, int]:
+  """(point, n) of a `MXREC_FAULT` value "point[:n]".
+
+  Raises:
+    ValueError: an unknown point or an n that is not a positive int (named).
+  """
+  point, _, count = spec.partition(":")
+  if point not in POINTS:
+    raise ValueError(f"{ENV}={spec!r}: unknown fault point {point!r}; known: {list(POINTS)}")
+  if count and (not count.isdigit() or int(count) < 1):
+    raise ValueError(f"{ENV}={spec!r}: the count after ':' must be a positive int")
+  return point, int(count or 1)
+
+
+class FaultPoints:
+  """The fault points of one run: counts the times each is reached, kills at the named one.
+
+  Args:
+    spec: "point[:n]" (see the module docstring), or None: never kills.
+
+  Raises:
+    ValueError: a bad spec (see `parse`).
+  """
+
+  def __init__(self, spec: str | None = None):
+    self._target = parse(spec) if spec else None
+    self._counts: dict[str, int] = {}
+
+  @classmethod
+  def from_environment(cls) -> "FaultPoints":
+    """The FaultPoints of `MXREC_FAULT` (unset or empty: none)."""
+    return cls(os.environ.get(ENV) or None)
+
+  def reach(self, point: str) -> None:
+    """Marks that the run reached `point`; SIGKILLs the process when the spec names this time."""
+    if point not in POINTS:
+      raise ValueError(f"unknown fault point {point!r}; known: {list(POINTS)}")
+    self._counts[point] = self._counts.get(point, 0) + 1
+    if self._target == (point, self._counts[point]):
+      print(f"{ENV}: killing the process at {point}:{self._counts[point]}", flush=True)
+      os.kill(os.getpid(), signal.SIGKILL)

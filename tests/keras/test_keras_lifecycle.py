@@ -1,0 +1,192 @@
+"""A run's life: killed at each fault point, extended, storage faults; each ends where it should.
+
+Runs keras_testlib's task (3 epochs of 6 steps, best model exported by
+validation loss) in processes of their own (resume_worker.py), killed at the
+named fault points of util/faults.py (MXREC_FAULT), then started again with
+the same command; the end state must equal an uninterrupted run's bit for bit.
+"""
+
+import dataclasses
+import json
+import os
+import shutil
+import subprocess
+import uuid
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import keras_testlib as lib
+from test_keras_resume import assert_same_state, run_worker
+from mxrec_pipeline.keras import callbacks as callbacks_lib
+from mxrec_pipeline.keras import manifest
+from mxrec_pipeline.keras import pipeline as pipeline_lib
+
+pytestmark = pytest.mark.slow
+
+
+def _state(path) -> dict:
+  return json.loads(path.read_text())
+
+
+def _exports_equal(a, b) -> None:
+  readers = [tf.train.load_checkpoint(str(d / "variables" / "variables")) for d in (a, b)]
+  names = readers[0].get_variable_to_shape_map()
+  assert names == readers[1].get_variable_to_shape_map()
+  for name in names:
+    if name != "_CHECKPOINTABLE_OBJECT_GRAPH":
+      np.testing.assert_array_equal(readers[0].get_tensor(name), readers[1].get_tensor(name),
+                                    err_msg=name)
+
+
+def _no_export_state_in_checkpoints(model_dir) -> None:
+  for index in (model_dir / "checkpoints").glob("ckpt-*.index"):
+    names = [n for n, _ in tf.train.list_variables(str(index)[:-len(".index")])]
+    assert not [n for n in names if "serving" in n or "lookup_tables" in n], index
+
+
+@pytest.fixture(scope="module")
+def task(tmp_path_factory):
+  tmp = tmp_path_factory.mktemp("lifecycle_task")
+  lib.write_task(tmp)
+  return tmp
+
+
+@pytest.fixture(scope="module")
+def reference(task, tmp_path_factory):
+  """Three epochs, best model exported, in one process: the run every other must end equal to."""
+  tmp = tmp_path_factory.mktemp("reference")
+  done = run_worker(task, tmp / "model", tmp / "state.json", "--export-best")
+  assert done.returncode == 0, done.stderr[-3000:]
+  return {"dir": tmp / "model", "state": _state(tmp / "state.json")}
+
+
+def _assert_ends_as_reference(model_dir, state, reference, best: bool = True) -> None:
+  assert_same_state(state, reference["state"])
+  assert state["metrics"] == reference["state"]["metrics"]
+  for export in ("latest_model", "best_model_by_metric") if best else ("latest_model",):
+    _exports_equal(model_dir / "export" / export, reference["dir"] / "export" / export)
+  if best:
+    records = [
+        json.loads((d / "export" / "best_model_by_metric" / "best_metric.json").read_text())
+        for d in (model_dir, reference["dir"])
+    ]
+    assert records[0] == records[1]
+  _no_export_state_in_checkpoints(model_dir)
+
+
+# One point per class of fault: mid-epoch, validation, between a checkpoint's files and its
+# manifest, during a best-model export (the 2nd: the run exported the best model of epoch 1).
+@pytest.mark.parametrize("fault",
+                         ["train_batch:9", "validation:2", "checkpoint_files:2", "export:2"])
+def test_killed_at_a_fault_point_then_the_same_command_ends_as_uninterrupted(
+    task, reference, tmp_path, fault):
+  model_dir = tmp_path / "model"
+  killed = run_worker(task, model_dir, tmp_path / "state.json", "--export-best",
+                      env={"MXREC_FAULT": fault})
+  assert killed.returncode == -9, killed.stderr[-3000:]
+  assert f"MXREC_FAULT: killing the process at {fault}" in killed.stdout
+  again = run_worker(task, model_dir, tmp_path / "state.json", "--export-best")
+  assert again.returncode == 0, again.stderr[-3000:]
+  if fault == "checkpoint_files:2":  # ckpt-2's files were written, its manifest not.
+    assert "Skipping checkpoint" in again.stdout and "ckpt-2" in again.stdout
+    assert "manifest" in again.stdout
+  assert "Resumed from" in again.stdout and "ckpt-1: 1 epoch(s) and 6 step(s)" in again.stdout
+  _assert_ends_as_reference(model_dir, _state(tmp_path / "state.json"), reference)
+
+
+def test_finished_run_extended_trains_exactly_the_added_epochs(task, reference, tmp_path):
+  model_dir = tmp_path / "model"
+  first = run_worker(task, model_dir, tmp_path / "state.json", "--export-best", "--epochs", 2)
+  assert first.returncode == 0, first.stderr[-3000:]
+  more = run_worker(task, model_dir, tmp_path / "state.json", "--export-best", "--epochs", 3)
+  assert more.returncode == 0, more.stderr[-3000:]
+  assert "2 epoch(s) and 12 step(s) done, continuing at epoch 3 of 3" in more.stdout
+  state = _state(tmp_path / "state.json")
+  assert state["epochs"] == [2]
+  _assert_ends_as_reference(model_dir, state, reference)
+  fewer = run_worker(task, model_dir, tmp_path / "state.json", "--export-best", "--epochs", 2)
+  assert fewer.returncode == 0, fewer.stderr[-3000:]
+  assert "3 epoch(s) and 18 step(s) done, nothing left to train" in fewer.stdout
+  assert _state(tmp_path / "state.json")["epochs"] == []
+
+
+def test_truncated_newest_checkpoint_is_skipped_and_the_run_ends_as_uninterrupted(
+    task, reference, tmp_path):
+  model_dir = tmp_path / "model"
+  shutil.copytree(reference["dir"], model_dir)
+  data = next((model_dir / "checkpoints").glob("ckpt-3.data-*"))
+  data.write_bytes(data.read_bytes()[:1000])
+  again = run_worker(task, model_dir, tmp_path / "state.json", "--export-best")
+  assert again.returncode == 0, again.stderr[-3000:]
+  assert f"Skipping checkpoint {model_dir / 'checkpoints' / 'ckpt-3'}: {data} holds 1000 bytes" in (
+      again.stdout)
+  assert "Resumed from" in again.stdout and "ckpt-2: 2 epoch(s)" in again.stdout
+  # ckpt-1 and ckpt-2 are kept: only the rotation of a new save removes a checkpoint.
+  assert (model_dir / "checkpoints" / "ckpt-2.index").exists()
+  _assert_ends_as_reference(model_dir, _state(tmp_path / "state.json"), reference)
+
+
+def test_no_complete_checkpoint_refuses_naming_each_and_removes_nothing(task, reference, tmp_path):
+  model_dir = tmp_path / "model"
+  shutil.copytree(reference["dir"] / "checkpoints", model_dir / "checkpoints")
+  for path in (model_dir / "checkpoints").glob("*.manifest.json"):
+    path.unlink()
+  before = sorted(os.listdir(model_dir / "checkpoints"))
+  refused = run_worker(task, model_dir, tmp_path / "state.json")
+  assert refused.returncode == 2
+  assert "error: no checkpoint in" in refused.stderr and "can be restored" in refused.stderr
+  assert "ckpt-3: its manifest" in refused.stderr and "ckpt-1: its manifest" in refused.stderr
+  assert sorted(os.listdir(model_dir / "checkpoints")) == before
+
+
+def _tmpfs(path, size: str) -> bool:
+  path.mkdir(parents=True)
+  done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs",
+                         str(path)], capture_output=True, check=False)
+  return done.returncode == 0
+
+
+# The disk fills after epoch 2's validation: the best-model export (when on) or the checkpoint
+# is the write that fails.
+@pytest.mark.parametrize("write", ["export", "checkpoint"])
+def test_full_disk_during_a_save_exits_2_and_the_rerun_ends_as_uninterrupted(
+    task, reference, tmp_path, write):
+  disk = tmp_path / "disk"
+  if not _tmpfs(disk, "16m"):
+    pytest.skip("needs a tmpfs mount (root) for a real ENOSPC")
+  try:
+    model_dir = disk / "model"
+    filler = disk / f"filler-{uuid.uuid4().hex[:6]}"
+    best = ["--export-best"] if write == "export" else []
+    full = run_worker(task, model_dir, tmp_path / "state.json", *best, "--fill-disk-at",
+                      f"1:{filler}")
+    assert full.returncode == 2, full.stderr[-3000:]
+    what = ("export best_model_by_metric to {}/export/best_model_by_metric: No space left on "
+            "device; the previous export there is intact" if best else
+            "checkpoint ckpt-2 to {}/checkpoints: No space left on device; the previous "
+            "checkpoint ckpt-1 is intact")
+    assert f"error: cannot write {what.format(model_dir)}" in full.stderr, full.stderr[-2000:]
+    filler.unlink()
+    latest, _, skipped = callbacks_lib.restorable_checkpoint(str(model_dir / "checkpoints"))
+    assert latest.endswith("ckpt-1") and manifest.problem(latest) is None, skipped
+    again = run_worker(task, model_dir, tmp_path / "state.json", *best)
+    assert again.returncode == 0, again.stderr[-3000:]
+    _assert_ends_as_reference(model_dir, _state(tmp_path / "state.json"), reference, bool(best))
+  finally:
+    subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
+def test_checkpoint_of_other_tables_is_refused_naming_what_differs(task, reference, tmp_path):
+  tables = [dataclasses.replace(lib.TABLES[0], dim=lib.TABLES[0].dim * 2), *lib.TABLES[1:]]
+  hparams = pipeline_lib.PipelineHparams(model_dir=str(reference["dir"]), num_epochs=3, seed=7)
+  pipe = pipeline_lib.SimplePipeline(
+      lib.model_builder(tables=tables),
+      lib.dataset_builder(str(task / "train.tfrecord"), str(task / "valid.tfrecord")), hparams)
+  name, dim = lib.TABLES[0].name, lib.TABLES[0].dim
+  with pytest.raises(
+      callbacks_lib.CheckpointError,
+      match=rf"ckpt-3 was written with another config: table '{name}' dim "
+      rf"{dim} -> {2 * dim}"):
+    pipe.train_and_validate()
