@@ -1,9 +1,11 @@
 """Fault points: kill the process on purpose at a named point of a run's life.
 
 A restart test (or a user rehearsing a preemption) sets the environment
-variable `MXREC_FAULT=<point>[:<n>]`; the process SIGKILLs itself the n-th time
-(default 1st) it reaches `<point>`, exactly as a preempted job dies: no
-exception, no cleanup, no flush. Points (see docs/restarts.md):
+variable `MXREC_FAULT=<point>[:<n>][@<task type>:<index>]`; the process
+SIGKILLs itself the n-th time (default 1st) it reaches `<point>`, exactly as a
+preempted job dies: no exception, no cleanup, no flush. With `@worker:1` only
+the cluster task of that TF_CONFIG dies (one worker of a cluster whose
+processes all see the variable). Points (see docs/restarts.md):
 
   train_batch        after a training batch (n counts this process's batches)
   validation         at the start of an epoch's validation
@@ -16,6 +18,7 @@ Unset (the default), nothing is killed. A run holds one `FaultPoints`.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 
@@ -24,7 +27,7 @@ POINTS = ("train_batch", "validation", "checkpoint_shards", "checkpoint_files", 
 
 
 def parse(spec: str) -> tuple[str, int]:
-  """(point, n) of a `MXREC_FAULT` value "point[:n]".
+  """(point, n) of a `MXREC_FAULT` value "point[:n]" (without its "@task").
 
   Raises:
     ValueError: an unknown point or an n that is not a positive int (named).
@@ -41,20 +44,27 @@ class FaultPoints:
   """The fault points of one run: counts the times each is reached, kills at the named one.
 
   Args:
-    spec: "point[:n]" (see the module docstring), or None: never kills.
+    spec: "point[:n][@type:index]" (see the module docstring), or None: never kills.
+    task: This process's cluster task "type:index", or None (no cluster).
 
   Raises:
     ValueError: a bad spec (see `parse`).
   """
 
-  def __init__(self, spec: str | None = None):
-    self._target = parse(spec) if spec else None
+  def __init__(self, spec: str | None = None, task: str | None = None):
+    spec, _, only = (spec or "").partition("@")
+    self._target = parse(spec) if spec and (not only or only == task) else None
     self._counts: dict[str, int] = {}
 
   @classmethod
   def from_environment(cls) -> "FaultPoints":
-    """The FaultPoints of `MXREC_FAULT` (unset or empty: none)."""
-    return cls(os.environ.get(ENV) or None)
+    """The FaultPoints of `MXREC_FAULT` (unset or empty: none), for TF_CONFIG's task."""
+    try:
+      task = json.loads(os.environ.get("TF_CONFIG") or "{}").get("task", {})
+      task = f"{task['type']}:{task['index']}"
+    except (ValueError, KeyError, TypeError, AttributeError):
+      task = None
+    return cls(os.environ.get(ENV) or None, task)
 
   def reach(self, point: str) -> None:
     """Marks that the run reached `point`; SIGKILLs the process when the spec names this time."""

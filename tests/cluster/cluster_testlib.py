@@ -126,11 +126,11 @@ def serve_in_fresh_process(export_dir: pathlib.Path, valid: pathlib.Path,
   return np.load(out)
 
 
-def _export_command(tmp_path, data_dir, model_dir, out: pathlib.Path, **pipeline):
-  """`mxrec-pipeline export` of a sharded run's latest checkpoint to `out`, a fresh process."""
+def _export_command(tmp_path, data_dir, model_dir, out: pathlib.Path, *args, **pipeline):
+  """`mxrec-pipeline export` of a sharded run's checkpoint to `out`, a fresh process."""
   return subprocess.run([
       sys.executable, "-m", "mxrec_pipeline.cli", "export", MOVIELENS_CONFIG, "--out",
-      str(out), *movielens_overrides(tmp_path, data_dir, model_dir, **pipeline)
+      str(out), *args, *movielens_overrides(tmp_path, data_dir, model_dir, **pipeline)
   ], capture_output=True, text=True, timeout=TIMEOUT_S, check=False)
 
 
@@ -140,9 +140,10 @@ def check_export_of_sharded_checkpoint(tmp_path: pathlib.Path, data_dir, model_d
 
   Exports the run's latest checkpoint in one process (no cluster), then
   scores the validation lists with both SavedModels in a fresh process with
-  plain TF. Then, on a copy of the checkpoints missing one shard file of the
-  "item" table, `export` exits 2 naming the table and the file, writing
-  nothing.
+  plain TF. Then, on a copy of the checkpoints whose newest misses one shard
+  file of the "item" table, `export --checkpoint` of it exits 2 naming the
+  file, writing nothing, and `export` skips it (naming the file) for the
+  checkpoint before.
   """
   out = tmp_path / f"{model_dir.name}_exported"
   done = _export_command(tmp_path, data_dir, model_dir, out, **pipeline)
@@ -162,7 +163,12 @@ def check_export_of_sharded_checkpoint(tmp_path: pathlib.Path, data_dir, model_d
   shard = next((broken / "checkpoints" / f"shards-{latest}" / "item").glob("shard-1-of-*.index"))
   shard.unlink()
   out = tmp_path / f"{model_dir.name}_not_exported"
-  done = _export_command(tmp_path, data_dir, broken, out, **pipeline)
+  done = _export_command(tmp_path, data_dir, broken, out, "--checkpoint", latest, **pipeline)
   assert done.returncode == 2, done.stderr[-3000:]
-  assert "table 'item': shard 1 of" in done.stderr and str(shard) in done.stderr, done.stderr
+  assert f"ckpt-{latest} cannot be exported: {shard} is missing" in done.stderr, done.stderr
   assert not out.exists() and not (broken / "export").exists()
+  done = _export_command(tmp_path, data_dir, broken, out, **pipeline)
+  assert done.returncode == 0, done.stderr[-3000:]
+  assert f"Skipping checkpoint {broken / 'checkpoints' / f'ckpt-{latest}'}: {shard} is missing" in (
+      done.stderr)
+  assert tf.saved_model.load(str(out)).signatures["serving_default"] is not None

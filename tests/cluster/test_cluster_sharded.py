@@ -42,18 +42,25 @@ def test_movielens_on_two_workers_trains_as_one_process(tmp_path, capsys):
   data_dir = lib.write_tiny_movielens(tmp_path / "ml")
   env, marker = lib.marked_env()
   model_dir = tmp_path / "run2"
-  # Epoch 1 of 2, then the same job again: both workers resume from their shards.
+  # Worker 1 killed in epoch 2 (its 5th batch), after epoch 1's checkpoint and best export;
+  # then the same command: both workers resume from their shards, and agree from the
+  # checkpoint's best metric on whether epoch 2 exports a best model.
   outputs = []
-  for pipeline in ({"num_epochs": 1, "num_train_steps": 3}, {}):
+  for fault in ("train_batch:5@worker:1", ""):
     try:
       launcher = subprocess.run([
           sys.executable, "-m", "mxrec_pipeline.cli", "train", CONFIG, "--verbose=0",
-          "--local-cluster", "workers=2", *_overrides(tmp_path, data_dir, model_dir, **pipeline)
-      ], env=env, capture_output=True, text=True, timeout=TIMEOUT_S, check=False)
+          "--local-cluster", "workers=2",
+          *_overrides(tmp_path, data_dir, model_dir, export_best_model="true")
+      ], env={**env, "MXREC_FAULT": fault}, capture_output=True, text=True, timeout=TIMEOUT_S,
+                                check=False)
       assert lib.marked_pids(marker) == []
     finally:
       lib.kill_marked(marker)
-    assert launcher.returncode == 0, launcher.stderr[-3000:]
+    assert launcher.returncode == (1 if fault else 0), launcher.stderr[-3000:]
+    if fault:
+      assert "local cluster: error: worker 1 exited with status -9 (SIGKILL)" in launcher.stderr, (
+          launcher.stderr[-3000:])
     outputs.append(launcher.stdout + (model_dir / "local_cluster" / "worker-1.log").read_text())
   assert outputs[1].count("1 epoch(s) and 3 step(s) done, continuing at epoch 2 of 2") == 2
   # Each worker's shard of each table beside the chief's checkpoints (ckpt-1, ckpt-2).
