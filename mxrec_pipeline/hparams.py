@@ -95,6 +95,12 @@ class PipelineHparams:
       continues from it (at the epoch after the checkpoint's). False refuses
       such a model_dir with FileExistsError; `mxrec-pipeline train --fresh`
       clears it. See docs/restarts.md.
+    warm_start: None, or where a new run's tables start from (mxRec's
+      `Saver(warm_start_tables=...)`): {"from": a checkpoint path prefix or
+      its directory, "tables": source table names (default: every table of
+      this model that the checkpoint has), "rename": {source name: this
+      model's name}, "slots": also take the optimizer slots (default false)};
+      see `WarmStart`. Used only when model_dir holds no checkpoint.
   """
 
   model_dir: str
@@ -115,6 +121,7 @@ class PipelineHparams:
   collective_timeout_s: float | None = DEFAULT_COLLECTIVE_TIMEOUT_S
   seed: int | None = None
   resume: bool = True
+  warm_start: dict | None = None
 
   def __post_init__(self):
     if not self.model_dir:
@@ -143,6 +150,54 @@ class PipelineHparams:
       raise ValueError(f"`best_exporter_metric` must be one of "
                        f"{[*RANKING_METRICS, 'loss']}, got {self.best_exporter_metric!r}")
     check_sparse_optimizer(self.sparse_optimizer)
+    if self.warm_start is not None:
+      WarmStart.from_dict(self.warm_start)
+
+
+@dataclasses.dataclass(frozen=True)
+class WarmStart:
+  """PipelineHparams.warm_start, checked (keras/warm_start.py applies it).
+
+  Attributes:
+    source: Checkpoint path prefix (".../ckpt-3") or a directory holding
+      checkpoints (its newest complete one); the YAML key is `from`.
+    tables: Source table names to take; () takes every table of the new
+      model (after `rename`) that the checkpoint holds.
+    rename: Source table name -> the new model's table name.
+    slots: Also take the rows' optimizer slots (same sparse optimizer).
+  """
+
+  source: str
+  tables: tuple[str, ...] = ()
+  rename: dict[str, str] = dataclasses.field(default_factory=dict)
+  slots: bool = False
+
+  @classmethod
+  def from_dict(cls, raw: dict) -> "WarmStart":
+    """From {"from", "tables", "rename", "slots"}.
+
+    Raises:
+      ValueError: unknown keys, no `from`, or values of the wrong type (named).
+    """
+    if not isinstance(raw, dict):
+      raise ValueError(f"`warm_start` must be a mapping, got {raw!r}")
+    unknown = sorted(set(raw) - {"from", "tables", "rename", "slots"})
+    if unknown:
+      raise ValueError(f"`warm_start`: unknown keys {unknown}; known: from, tables, rename, slots")
+    source = raw.get("from")
+    if not isinstance(source, str) or not source:
+      raise ValueError(f"`warm_start.from` must be a checkpoint path, got {source!r}")
+    tables = raw.get("tables") or []
+    if not isinstance(tables, (list, tuple)) or not all(isinstance(t, str) for t in tables):
+      raise ValueError(f"`warm_start.tables` must be a list of table names, got {tables!r}")
+    rename = raw.get("rename") or {}
+    if not isinstance(rename, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in rename.items()):
+      raise ValueError(f"`warm_start.rename` must map table names to table names, got {rename!r}")
+    slots = raw.get("slots", False)
+    if not isinstance(slots, bool):
+      raise ValueError(f"`warm_start.slots` must be true or false, got {slots!r}")
+    return cls(source, tuple(tables), dict(rename), slots)
 
 
 def _check_positive_int(name, value):

@@ -91,6 +91,12 @@ class BestMetric:
     self.epoch.assign(epoch)
 
 
+_PLACEMENTS = {
+    "one_host": "one host (no sharding)", "workers": "workers (MultiWorkerMirroredStrategy shards)",
+    "parameter_servers": "ps tasks (ParameterServerStrategy shards)"
+}
+
+
 class CheckpointError(ValueError):
   """No checkpoint of a run can be restored, or one was written by another config (named)."""
 
@@ -235,6 +241,8 @@ class TrainingCheckpoint:
       if differences:
         raise CheckpointError(f"checkpoint {latest} was written with another config: "
                               f"{'; '.join(differences)}")
+    if recorded is not None:
+      self._check_placement(latest, recorded.get("run", {}).get("placement") or {})
     checkpoint = self._legacy_checkpoint if legacy else self._checkpoint
     try:
       checkpoint.restore(latest).assert_existing_objects_matched()
@@ -245,6 +253,25 @@ class TrainingCheckpoint:
       self._shards.restore(int(self.epoch.numpy()))
     self.restored = latest
     return int(self.epoch.numpy())
+
+  def _check_placement(self, prefix: str, saved: dict) -> None:
+    """Refuses a checkpoint whose tables live elsewhere than this run can read them.
+
+    Tables saved in the checkpoint itself (one host) and tables saved per
+    shard (`shards-N`, over workers or ps tasks) are restored by different
+    code; a move between the two is not supported (docs/restarts.md).
+
+    Raises:
+      CheckpointError: naming the checkpoint, both placements and what to do.
+    """
+    now = (self._run_info.get("placement") or {}).get("tables")
+    before = saved.get("tables")
+    if now is None or before is None or (before == "one_host") == (now == "one_host"):
+      return
+    raise CheckpointError(
+        f"checkpoint {prefix} holds tables placed on {_PLACEMENTS[before]}; this run places them "
+        f"on {_PLACEMENTS[now]}: a restore between the two is not supported. Resume it where it "
+        "was trained, or start this run from its tables with pipeline.warm_start (one-host runs)")
 
   def save(self, epochs_done: int) -> str:
     """Saves everything as `ckpt-<epochs_done>`, its manifest last; returns its path prefix.

@@ -34,7 +34,8 @@ from mxrec_pipeline.core.asc import helper
 from mxrec_pipeline.core.asc import replicas
 # Re-exported: users import PipelineHparams and RANKING_METRICS from here.
 from mxrec_pipeline.hparams import (  # pylint: disable=unused-import
-    MULTI_WORKER_MIRRORED, PARAMETER_SERVER, RANKING_METRICS, STRATEGIES, PipelineHparams)
+    MULTI_WORKER_MIRRORED, PARAMETER_SERVER, RANKING_METRICS, STRATEGIES, PipelineHparams,
+    WarmStart)
 from mxrec_pipeline.keras import callbacks as callbacks_lib
 # Re-exported: epoch_seed and epoch_steps were defined here.
 from mxrec_pipeline.keras.epochs import (  # pylint: disable=unused-import
@@ -43,6 +44,7 @@ from mxrec_pipeline.keras import export as export_lib
 from mxrec_pipeline.keras import model as model_lib
 from mxrec_pipeline.keras import ps
 from mxrec_pipeline.keras import sharded
+from mxrec_pipeline.keras import warm_start as warm_start_lib
 from mxrec_pipeline.distributed import checkpoint as checkpoint_lib
 from mxrec_pipeline.keras.layers import SparseFeature, TableSpec
 from mxrec_pipeline.optimizers import factory
@@ -615,10 +617,21 @@ class ModelFitPipeline(AbstractPipeline):
 
     {"tables": table name -> the TableSpec fields that shape its saved state
     (None for a model builder that declares no tables), "config": the job
-    config the pipeline was given (`run_config`), else the PipelineHparams}.
+    config the pipeline was given (`run_config`), else the PipelineHparams,
+    "table_rows": table name -> the checkpoint key of its rows (one-process
+    models; keras/warm_start.py reads it), "placement": {"tables":
+    "one_host", "workers" or "parameter_servers", "replicas"}}.
     """
     tables = getattr(self._model_builder, "tables", None)
+    strategy = self._strategy_in_use
     return {
+        "placement": {
+            "tables": ("parameter_servers" if self._uses_ps(strategy) else
+                       "workers" if self._sharded_tables else "one_host"),
+            "replicas": strategy.num_replicas_in_sync if strategy is not None else 1
+        },
+        "table_rows": (warm_start_lib.row_keys(self.model)
+                       if self.model is not None and not self._sharded_tables else {}),
         "tables": None if tables is None else {
             name: {field: getattr(spec, field) for field in _SAVED_TABLE_FIELDS}
             for name, spec in tables.items()
@@ -721,6 +734,8 @@ class ModelFitPipeline(AbstractPipeline):
         model, os.path.join(hparams.model_dir, "checkpoints"), shards=shards,
         run_info=self.run_info(), faults=self._faults)
     plan = epoch_steps(hparams.num_epochs, hparams.num_train_steps)
+    if hparams.warm_start is not None and not self.checkpoint.exists():
+      self._warm_start(model)
     start_epoch = self._restore(self.checkpoint, len(plan))
     if on_ps:
       return self._train_on_ps(model, plan, start_epoch, callbacks, verbose)
@@ -890,6 +905,22 @@ class ModelFitPipeline(AbstractPipeline):
         f"Resumed from {checkpoint.restored}: {epochs_done} epoch(s) and "
         f"{int(self.model.optimizer.iterations.numpy())} step(s) done, {rest}", flush=True)
     return epochs_done
+
+  def _warm_start(self, model) -> None:
+    """Applies `hparams.warm_start` to a new run's tables (keras/warm_start.py), printing each.
+
+    Raises:
+      ValueError: tables sharded over workers or ps tasks; see warm_start.apply.
+    """
+    if self._sharded_tables:
+      raise ValueError("pipeline.warm_start fills the tables of a one-host run; this run shards "
+                       f"them ({self._hparams.strategy}): warm start a one-host run first, then "
+                       "resume it on the cluster")
+    spec = WarmStart.from_dict(self._hparams.warm_start)
+    lines = warm_start_lib.apply(spec,
+                                 initialize.get_config_initializer().tables, model.sparse_optimizer)
+    for line in lines:
+      print(line, flush=True)
 
   def _distribute(self, strategy: tf.distribute.Strategy, dataset: tf.data.Dataset):
     """Global batches as the strategy's replicas take them.

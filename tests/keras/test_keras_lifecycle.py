@@ -190,3 +190,23 @@ def test_checkpoint_of_other_tables_is_refused_naming_what_differs(task, referen
       match=rf"ckpt-3 was written with another config: table '{name}' dim "
       rf"{dim} -> {2 * dim}"):
     pipe.train_and_validate()
+
+
+def test_checkpoint_of_sharded_tables_is_refused_by_a_one_host_run(task, reference, tmp_path):
+  """As a 2-worker run's checkpoint: its manifest says the tables were sharded over workers."""
+  model_dir = tmp_path / "model"
+  shutil.copytree(reference["dir"] / "checkpoints", model_dir / "checkpoints")
+  path = model_dir / "checkpoints" / "ckpt-3.manifest.json"
+  record = json.loads(path.read_text())
+  assert record["run"]["placement"] == {"tables": "one_host", "replicas": 1}
+  record["run"]["placement"] = {"tables": "workers", "replicas": 2}
+  path.write_text(json.dumps(record))
+  hparams = pipeline_lib.PipelineHparams(model_dir=str(model_dir), num_epochs=4, seed=7)
+  pipe = pipeline_lib.SimplePipeline(
+      lib.model_builder(),
+      lib.dataset_builder(str(task / "train.tfrecord"), str(task / "valid.tfrecord")), hparams)
+  with pytest.raises(
+      callbacks_lib.CheckpointError,
+      match=r"ckpt-3 holds tables placed on workers \(MultiWorkerMirroredStrategy "
+      r"shards\); this run places them on one host .*not supported"):
+    pipe.train_and_validate()

@@ -7,8 +7,10 @@ so that a run can SIGKILL itself mid-epoch, as a preempted job dies.
 import json
 import os
 import pathlib
+import socket
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -279,19 +281,20 @@ def test_export_of_a_checkpoint_lacking_a_variable_is_refused(task, uninterrupte
     initialize.terminate_config_initializer()
 
 
-def test_cli_resumes_refuses_and_starts_fresh(tmp_path):
+def test_cli_resumes_extends_exports_refuses_and_starts_fresh(tmp_path):
+  """The main job's config (best-model export on) on MovieLens, through the CLI."""
   repo = HERE.parents[1]
   model_dir = tmp_path / "run"
-  base = [
-      sys.executable, "-m", "mxrec_pipeline.cli", "train",
-      str(repo / "configs" / "movielens_listwise.yaml"), "--verbose", "0", "--set",
-      f"pipeline.model_dir={model_dir}", "--set", "pipeline.num_epochs=2", "--set",
-      "pipeline.num_train_steps=2", "--set", "pipeline.num_valid_steps=1", "--set",
-      "pipeline.export_best_model=false", "--set", "pipeline.strategy=null"
+  config = str(repo / "configs" / "movielens_listwise.yaml")
+  sets = [
+      f"pipeline.model_dir={model_dir}", "pipeline.num_epochs=2", "pipeline.num_train_steps=2",
+      "pipeline.num_valid_steps=1", "pipeline.strategy=null"
   ]
+  base = [sys.executable, "-m", "mxrec_pipeline.cli", "train", config, "--verbose", "0"]
+  base += [a for s in sets for a in ("--set", s)]
 
-  def cli(*args):
-    return subprocess.run([*base, *args], capture_output=True, text=True, cwd=repo,
+  def cli(*args, command=None):
+    return subprocess.run([*(command or base), *args], capture_output=True, text=True, cwd=repo,
                           timeout=WORKER_TIMEOUT_S, check=False)
 
   first = cli()
@@ -300,11 +303,48 @@ def test_cli_resumes_refuses_and_starts_fresh(tmp_path):
   again = cli()
   assert again.returncode == 0, again.stderr[-3000:]
   assert "Resumed from" in again.stdout and "2 epoch(s) and 2 step(s) done" in again.stdout
+  # Two more epochs: the step count is the sum, the best-model export works after a resume.
+  more = cli("--set", "pipeline.num_epochs=4", "--set", "pipeline.num_train_steps=4")
+  assert more.returncode == 0, more.stderr[-3000:]
+  assert "2 epoch(s) and 2 step(s) done, continuing at epoch 3 of 4" in more.stdout
+  assert "Traceback" not in more.stderr
+  for index in (model_dir / "checkpoints").glob("ckpt-*.index"):
+    names = [n for n, _ in tf.train.list_variables(str(index)[:-len(".index")])]
+    assert not [n for n in names if "serving_rows" in n], index
+  record = json.loads((model_dir / "export" / "best_model_by_metric" / "assets.extra" /
+                       "mxrec_pipeline.json").read_text())
+  assert record["run"]["config"]["pipeline"]["num_epochs"] == 4
+  assert record["run"]["tables"]["user"]["dim"] == 16
+  # Any kept checkpoint exports and serves in plain TF.
+  out = tmp_path / "ckpt-3_export"
+  exported = cli("--checkpoint", "3", "--out", str(out), *[a for s in sets for a in ("--set", s)],
+                 command=[sys.executable, "-m", "mxrec_pipeline.cli", "export", config])
+  assert exported.returncode == 0, exported.stderr[-3000:]
+  assert exported.stdout.strip().endswith(str(out))
+  assert "serving_default" in tf.saved_model.load(str(out)).signatures
+  missing = cli("--checkpoint", "9", *[a for s in sets for a in ("--set", s)],
+                command=[sys.executable, "-m", "mxrec_pipeline.cli", "export", config])
+  assert missing.returncode == 2
+  assert "no checkpoint" in missing.stderr and "ckpt-9" in missing.stderr
+  assert "'ckpt-2', 'ckpt-3', 'ckpt-4'" in missing.stderr
+  # A live job's claim on the model_dir refuses a second job, naming the holder.
+  holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+  try:
+    (model_dir / ".mxrec_lock.json").write_text(
+        json.dumps({"host": socket.gethostname(), "pid": holder.pid, "heartbeat": time.time()}))
+    busy = cli()
+    assert busy.returncode == 2
+    assert f"is in use by another job (host {socket.gethostname()}, pid {holder.pid}" in (
+        busy.stderr)
+  finally:
+    holder.kill()
+    holder.wait()
   refused = cli("--set", "pipeline.resume=false")
   assert refused.returncode == 2
-  assert "error:" in refused.stderr and "holds checkpoint ckpt-2" in refused.stderr
+  assert "error:" in refused.stderr and "holds checkpoint ckpt-4" in refused.stderr
   fresh = cli("--fresh")
   assert fresh.returncode == 0, fresh.stderr[-3000:]
   assert f"--fresh: removed {model_dir / 'checkpoints'}" in fresh.stdout
   assert "Resumed" not in fresh.stdout
   assert tf.train.latest_checkpoint(str(model_dir / "checkpoints")).endswith("ckpt-2")
+  assert not (model_dir / ".mxrec_lock.json").exists()
