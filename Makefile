@@ -21,7 +21,7 @@ ROW_OPTIMIZERS_TEST := native/build/row_optimizers_test
 SEGMENT_COMBINE_TEST := native/build/segment_combine_test
 SANITIZE  := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all
 
-.PHONY: all system-deps venv native native-test test test-fast pytest lint format demo bench clean
+.PHONY: all system-deps venv native native-test test test-fast test-lifecycle pytest lint format demo bench clean
 
 all: native
 
@@ -123,7 +123,12 @@ native-test: $(GTEST_BIN) $(ROW_STORE_TEST) $(TIER_STORE_TEST) $(DEVICE_CACHE_TE
 # --durations: the 40 slowest tests in every run's log, to keep an eye on the
 # suite's time (the README's 90-minute budget for `make test`).
 pytest: native
-	$(PY) -m pytest -q --durations=40 tests
+	$(PY) -m pytest -q --durations=40 -m "not lifecycle" tests
+
+# Every shipped config x fault point, killed then resumed by the CLI (docs/restarts.md);
+# LIFECYCLE_SEED picks the random kill point of each config.
+test-lifecycle: native
+	$(PY) -m pytest -v --durations=20 -m lifecycle tests/lifecycle
 
 # The style check: ruff's lint rules and yapf's formatting (Google style, 2-space
 # indents, 100 columns; both configured in pyproject.toml). `make format` applies yapf.

@@ -245,10 +245,15 @@ class TrainingCheckpoint:
       self._check_placement(latest, recorded.get("run", {}).get("placement") or {})
     checkpoint = self._legacy_checkpoint if legacy else self._checkpoint
     try:
-      checkpoint.restore(latest).assert_existing_objects_matched()
+      # Values nothing here uses (an earlier version's export state) are fine: expect_partial.
+      checkpoint.restore(latest).assert_existing_objects_matched().expect_partial()
     except (AssertionError, ValueError, tf.errors.InvalidArgumentError) as e:
       raise CheckpointError(f"checkpoint {latest} does not match this model and its tables "
                             f"(another config?): {e}") from e
+    except (tf.errors.OpError, IndexError) as e:  # Unreadable files the manifest could not vouch.
+      reason = e.message if isinstance(e, tf.errors.OpError) else str(e)
+      raise CheckpointError(f"checkpoint {latest} cannot be read: {reason.splitlines()[0]}; "
+                            "move it aside to resume from the one before") from e
     if self._shards is not None:
       self._shards.restore(int(self.epoch.numpy()))
     self.restored = latest

@@ -22,6 +22,7 @@ from test_keras_resume import assert_same_state, run_worker
 from mxrec_pipeline.keras import callbacks as callbacks_lib
 from mxrec_pipeline.keras import manifest
 from mxrec_pipeline.keras import pipeline as pipeline_lib
+from mxrec_pipeline.util import initialize
 
 pytestmark = pytest.mark.slow
 
@@ -210,3 +211,29 @@ def test_checkpoint_of_sharded_tables_is_refused_by_a_one_host_run(task, referen
       match=r"ckpt-3 holds tables placed on workers \(MultiWorkerMirroredStrategy "
       r"shards\); this run places them on one host .*not supported"):
     pipe.train_and_validate()
+
+
+def test_checkpoint_of_an_earlier_version_with_export_state_still_resumes(task, tmp_path, capsys):
+  """What versions before manifests wrote: no manifest, no best metric, serving_rows tracked."""
+  train, valid = str(task / "train.tfrecord"), str(task / "valid.tfrecord")
+  hparams = pipeline_lib.PipelineHparams(model_dir=str(tmp_path / "first"), num_epochs=1,
+                                         num_train_steps=2, seed=7)
+  pipe = pipeline_lib.SimplePipeline(lib.model_builder(), lib.dataset_builder(train, valid),
+                                     hparams)
+  pipe.train_and_validate()
+  layer = pipe.model._sparse_layers[0]  # pylint: disable=protected-access
+  layer.serving_rows = tf.Variable(tf.zeros([3, 4]))  # Tracked, as export.py once did.
+  old = callbacks_lib.training_checkpoint(pipe.model, epoch=tf.Variable(1, dtype=tf.int64))
+  prefix = old.save(str(tmp_path / "old" / "checkpoints" / "ckpt"))  # ckpt-1, as the manager
+  assert any("serving_rows" in n for n, _ in tf.train.list_variables(prefix))
+  initialize.terminate_config_initializer()
+  capsys.readouterr()
+
+  hparams = pipeline_lib.PipelineHparams(model_dir=str(tmp_path / "old"), num_epochs=2,
+                                         num_train_steps=4, seed=7, export_best_model=True)
+  pipe = pipeline_lib.SimplePipeline(lib.model_builder(), lib.dataset_builder(train, valid),
+                                     hparams)
+  pipe.train_and_validate()
+  assert "Resumed from" in capsys.readouterr().out
+  assert (tmp_path / "old" / "export" / "best_model_by_metric" / "saved_model.pb").exists()
+  assert manifest.problem(str(tmp_path / "old" / "checkpoints" / "ckpt-2")) is None
