@@ -31,7 +31,8 @@ pytestmark = [pytest.mark.lifecycle, pytest.mark.slow]
 
 TIMEOUT_S = 600
 SEED = int(os.environ.get("LIFECYCLE_SEED", "0"))
-# 3 epochs x 2 steps; batch 7 is in epoch 3 (two epochs checkpointed and exported before it).
+# 3 epochs x 2 steps: train_batch:3 is the first batch of epoch 2 (epoch 1 checkpointed and
+# exported before it); validation:2 and the others hit epoch 2 too.
 FAULTS = ["train_batch:3", "validation:2", "checkpoint_files:2", "export:2"]
 CONFIGS = ["movielens_listwise", "movielens_tiered", "movielens_dcn", "mslr_dnn", "letor_dasalc"]
 
