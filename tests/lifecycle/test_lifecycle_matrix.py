@@ -135,7 +135,9 @@ def test_killed_then_the_same_command_ends_as_uninterrupted(config, fault, data,
 
 
 @pytest.mark.cluster
-@pytest.mark.parametrize("fault", ["train_batch:3@worker:1", "checkpoint_files:2@worker:0"])
+@pytest.mark.parametrize(
+    "fault",
+    ["train_batch:3@worker:1", "checkpoint_shards:2@worker:0", "checkpoint_files:2@worker:0"])
 def test_two_workers_killed_then_the_same_command_finishes(fault, data, tmp_path):
   """The main job on 2 workers: every epoch counted once, the export serves."""
   env, marker = cluster_testlib.marked_env()
