@@ -77,7 +77,13 @@ def _predict(args) -> int:
 
 
 def _sweep(args) -> int:
-  from mxrec_pipeline.sweep import runner  # pylint: disable=import-outside-toplevel
+  try:
+    from mxrec_pipeline.sweep import runner  # pylint: disable=import-outside-toplevel
+  except ImportError as e:
+    if "`sweep` extra" not in str(e):
+      raise
+    print(f"mxrec-pipeline sweep: error: {e}", file=sys.stderr)
+    return 2
   return runner.run_sweep(args.config, n_trials=args.n_trials, n_jobs=args.n_jobs,
                           timeout_s=args.timeout, storage=args.storage, overrides=args.set)
 

@@ -10,5 +10,25 @@ Modules, one job each:
   reporter   the Keras callback a trial reports epochs with
   reporting  trial table, best_config.yaml, best model, plots
 
-See docs/sweeps.md.
+Needs the `sweep` extra (`pip install 'mxrec-pipeline[sweep]'`: Optuna,
+SQLAlchemy, plotly, matplotlib, psycopg2); importing the package without it
+raises ImportError naming the extra and what is missing. See docs/sweeps.md.
 """
+
+import importlib.util
+
+# Import name -> the distribution of the `sweep` extra (pyproject.toml).
+EXTRA = {
+    "optuna": "optuna", "sqlalchemy": "sqlalchemy", "plotly": "plotly", "matplotlib": "matplotlib",
+    "psycopg2": "psycopg2-binary"
+}
+
+
+def missing_packages() -> list[str]:
+  """Distributions of the `sweep` extra that are not installed."""
+  return [dist for name, dist in EXTRA.items() if importlib.util.find_spec(name) is None]
+
+
+if missing_packages():
+  raise ImportError(f"sweeps need the `sweep` extra: pip install 'mxrec-pipeline[sweep]' "
+                    f"(missing: {', '.join(missing_packages())})")
