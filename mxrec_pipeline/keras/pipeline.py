@@ -52,11 +52,11 @@ from mxrec_pipeline.util import faults as faults_lib
 from mxrec_pipeline.util import initialize
 
 AbstractPipeline = tfr.keras.pipeline.AbstractPipeline
+AbstractDatasetBuilder = tfr.keras.pipeline.AbstractDatasetBuilder
+DatasetHparams = tfr.keras.pipeline.DatasetHparams
 # TableSpec fields that shape a table's saved state; a checkpoint restores only onto the same.
 _SAVED_TABLE_FIELDS = ("dim", "key_dtype", "device_vocabulary_size", "host_vocabulary_size",
                        "ssd_vocabulary_size")
-AbstractDatasetBuilder = tfr.keras.pipeline.AbstractDatasetBuilder
-DatasetHparams = tfr.keras.pipeline.DatasetHparams
 
 
 def metric_name(key: str) -> str:
@@ -703,7 +703,12 @@ class ModelFitPipeline(AbstractPipeline):
     Raises:
       FileExistsError: `hparams.resume` is false and model_dir holds a
         checkpoint.
-      ValueError: the checkpoint holds another model.
+      callbacks.CheckpointError (a ValueError): checkpoints exist but none is
+        complete, or the newest was written with other tables or another
+        placement, or holds another model (docs/restarts.md).
+      ValueError: a bad `warm_start` (keras/warm_start.py).
+      util.storage.StorageFullError: a checkpoint or export filled its disk;
+        the previous one is intact.
     """
     hparams = self._hparams
     self._faults = faults_lib.FaultPoints.from_environment()
