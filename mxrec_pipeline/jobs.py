@@ -366,7 +366,9 @@ def _checkpoint_to_export(checkpoint_dir: str, checkpoint: str | None) -> str:
         for p in tf.io.gfile.glob(os.path.join(checkpoint_dir, "ckpt-*.index")))
     raise FileNotFoundError(f"no checkpoint {prefix}; kept in {checkpoint_dir}: {kept or 'none'}")
   if tf.io.gfile.exists(manifest.path(prefix)) or not callbacks_lib.is_legacy(prefix):
-    reason = manifest.problem(prefix, shards(callbacks_lib.checkpoint_number(prefix)))
+    reason = manifest.problem(
+        prefix, sharded.shards_path(os.path.dirname(prefix),
+                                    callbacks_lib.checkpoint_number(prefix)))
     if reason is not None:
       raise ValueError(f"checkpoint {prefix} cannot be exported: {reason}")
   return prefix
