@@ -18,6 +18,7 @@ import pytest
 import tensorflow as tf
 
 import keras_testlib as lib
+import test_keras_resume
 from test_keras_resume import assert_same_state, run_worker
 from mxrec_pipeline.keras import callbacks as callbacks_lib
 from mxrec_pipeline.keras import manifest
@@ -25,6 +26,9 @@ from mxrec_pipeline.keras import pipeline as pipeline_lib
 from mxrec_pipeline.util import initialize
 
 pytestmark = pytest.mark.slow
+
+# keras_testlib's task files: the resume tests' module fixture, shared.
+task = test_keras_resume.task
 
 
 def _state(path) -> dict:
@@ -45,13 +49,6 @@ def _no_export_state_in_checkpoints(model_dir) -> None:
   for index in (model_dir / "checkpoints").glob("ckpt-*.index"):
     names = [n for n, _ in tf.train.list_variables(str(index)[:-len(".index")])]
     assert not [n for n in names if "serving" in n or "lookup_tables" in n], index
-
-
-@pytest.fixture(scope="module")
-def task(tmp_path_factory):
-  tmp = tmp_path_factory.mktemp("lifecycle_task")
-  lib.write_task(tmp)
-  return tmp
 
 
 @pytest.fixture(scope="module")
