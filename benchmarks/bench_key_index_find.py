@@ -9,7 +9,7 @@ keys), `--repeats` times, by process CPU time (`time.process_time()`).
 Prints each call's CPU seconds, their median, the hits (identical for any
 correct build) and the 1-minute load average. To compare two builds, run it
 with PYTHONPATH pointing at each checkout (the op library is loaded from
-mxrec_pipeline/ops/). Figures: docs/benchmarks.md, "Lookups pipelined".
+mxrec_pipeline/ops/). Figures: benchmarks/HISTORY.md, "Lookups pipelined".
 
 Usage:
   python benchmarks/bench_key_index_find.py            # 4M keys, 1M lookups, ~1 minute

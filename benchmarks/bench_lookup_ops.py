@@ -17,7 +17,7 @@ tf.function, median wall time of `--calls` calls:
 
 core/lookup.py's `id_embeddings` in training is the dedup read with the
 MxSumByRestore gradient, outside training (flat tables) the per-id read;
-docs/benchmarks.md ("Each id's row read from the table", "Gradients summed by
+benchmarks/HISTORY.md ("Each id's row read from the table", "Gradients summed by
 restore index") reads the figures.
 
 Usage:

@@ -5,31 +5,9 @@ pair into a listwise ranking model the pipeline trains and exports: tfr's
 FlattenList repeats the context per example and flattens the lists, the model
 scores every pair, tfr's RestoreList puts the scores back in lists.
 
-The wrapped model's contract:
-
-  inputs:  a dict keyed by feature name, one entry per context and per example
-           feature: [batch, *feature_shape] of the feature's dtype (the shape
-           and dtype of its tf.io.FixedLenFeature; e.g. [batch, 1] float32);
-           `batch` here is every (list, example) pair of a ranking batch.
-  output:  [batch, 1] or [batch] float32 scores.
-
 Its features are dense; id features through the sparse core need
-mxrec_pipeline.keras.model.ModelBuilder or a builder of your own
-(docs/writing-a-ranker.md).
-
-Example:
-
-  ```python
-  inputs = {"bm25": tf.keras.Input([1], name="bm25"),
-            "query_length": tf.keras.Input([1], name="query_length")}
-  x = tf.keras.layers.Concatenate()(list(inputs.values()))
-  scorer = tf.keras.Model(inputs, tf.keras.layers.Dense(1)(x))
-
-  builder = KerasModelBuilder(scorer, context_feature_names=["query_length"],
-                              example_feature_names=["bm25"],
-                              mask_feature_name="example_list_mask")
-  pipeline = SimplePipeline(builder, dataset_builder, hparams)
-  ```
+mxrec_pipeline.keras.model.ModelBuilder or a builder of your own. See
+docs/writing-a-ranker.md#5-wrap-an-existing-keras-model for an example.
 """
 
 from __future__ import annotations
@@ -55,7 +33,13 @@ class _KerasModelScorer(model_lib.UnivariateScorer):
 class KerasModelBuilder(model_lib.AbstractModelBuilder):
   """A ranking model from a Keras model that scores one (context, example) pair.
 
-  See the module docstring for the wrapped model's inputs and output.
+  The wrapped model's contract:
+
+    inputs:  a dict keyed by feature name, one entry per context and per example
+             feature: [batch, *feature_shape] of the feature's dtype (the shape
+             and dtype of its tf.io.FixedLenFeature; e.g. [batch, 1] float32);
+             `batch` here is every (list, example) pair of a ranking batch.
+    output:  [batch, 1] or [batch] float32 scores.
 
   `build()` runs under the pipeline's distribution strategy, where every
   variable must be created. So a model *instance* is cloned there

@@ -4,22 +4,19 @@ Qin et al., "Are Neural Rankers still Outperformed by Gradient Boosted Decision
 Trees?", ICLR 2021 (https://openreview.net/forum?id=Ut1vF_q_vC): DASALC, "DNN
 with Data Augmentation and Self-Attention for Listwise Context", is
 
-* the log1p transform of every feature, `sign(x) * log1p(|x|)` (shared with
-  mslr_dnn: `Log1pConcatPreprocessor`);
-* Gaussian noise added to the transformed features at training, a data
-  augmentation (`tf.keras.layers.GaussianNoise`; tfr 0.5.5 has no noise layer
-  of its own beside DocumentInteractionAttention's noise on its projection);
+* the log1p transform of every feature, `sign(x) * log1p(|x|)` (mslr_dnn's
+  `Log1pConcatPreprocessor`), with Gaussian noise added at training
+  (`tf.keras.layers.GaussianNoise`; tfr 0.5.5 has no noise layer of its own);
 * a per-document DNN (Dense -> batch normalization -> ReLU -> dropout);
 * multi-head self-attention across the documents of a list
   (`tfr.keras.layers.DocumentInteractionAttention`, Pasumarthi et al. 2020),
-  whose output joins the DNN's per document (`model.combine`: concatenation,
-  or the latent cross `h * (1 + W a)`), then Dense(1);
+  joining the DNN's output per document (`model.combine`: concatenation, or
+  the latent cross `h * (1 + W a)`), then Dense(1);
 * a listwise softmax loss (`pipeline.loss: softmax_loss`);
 * an ensemble of `model.ensemble_size` independently initialized networks,
   their scores averaged (`EnsembleMean`).
 
-Data, feature names, the width and the baseline are mslr_dnn's (builders/mslr.py):
-any LETOR files, `data.num_features` or the data's width.
+Data, feature names, the width and the baseline are mslr_dnn's (builders/mslr.py).
 """
 
 from __future__ import annotations

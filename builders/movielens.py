@@ -1,50 +1,22 @@
 """Listwise ranker with sparse id features on MovieLens-100k (the main job).
 
-One list per user (split by time, see mxrec_pipeline.data.movielens): the
-context is the user (user_id, age, gender, occupation, zip), the examples are
-the movies the user rated (item_id, genres, title tokens, year). Every id
+`MovieLensListwise`: one list per user, split by time (mxrec_pipeline.data.movielens).
+The context is the user (user_id, age, gender, occupation, zip), the examples
+are the movies the user rated (item_id, genres, title tokens, year). Every id
 feature goes through the sparse core: user_id and item_id have their own
 tables, gender and occupation share one, genres and title tokens are
-multi-valued (ragged) and mean-combined.
+multi-valued (ragged) and mean-combined. Features from the training ratings
+only (docs/data.md#movielens-features): the user's history, pooled through the
+"history_item" and "genre" tables, and dense rating statistics, matrix
+factorization's and item-kNN's predictions (the baseline's own signal among them).
 
-Features computed from the training ratings only (mxrec_pipeline.data.movielens
-documents them and why no validation rating reaches them):
-  context:  history_item_ids (the user's training movies; own table
-            "history_item") and history_genres (their genres; the "genre"
-            table of the movies' genres), both `combiner`-pooled lookups
-            through the sparse core (`model.user_history`);
-  examples: item_mean_rating (leave-one-out on training lists),
-            item_rating_count and neighbor_rating_deviation (user-based
-            collaborative filtering), dense (`model.rating_statistics`);
-            mf_rating (biased matrix factorization's predicted rating,
-            cross-fitted on training lists), dense (`model.mf_rating`);
-            item_knn_deviation (item-based collaborative filtering,
-            cross-fitted the same way), dense (`model.item_knn`).
-The first is the baseline's own signal: the model gets what the baseline
-ranks by.
-
-The scorer (`MovieLensScorer`) adds two terms per movie: a DNN over every
-feature of the (user, movie) pair, and the dot product of the user_id and
-item_id embeddings, the matrix-factorization term of collaborative filtering
-(Koren, Bell and Volinsky, "Matrix Factorization Techniques for Recommender
-Systems", IEEE Computer 2009). A DNN over concatenated ids learns that
-interaction poorly (Rendle et al., "Neural Collaborative Filtering vs. Matrix
-Factorization Revisited", RecSys 2020); the dot product gives it directly. The
-id embeddings carry an L2 penalty per occurrence, as MF's regularized SGD does,
-because the tables otherwise overfit the ~80k training ratings within a few
-epochs.
-
-Relevance (`MovieLensDataConfig.relevance`):
-  "graded" (default): `rating - 1`, grades 0-4 as MSLR-WEB's, so NDCG's gain
-    2^grade - 1 orders all five star levels (0, 1, 3, 7, 15) and MRR is the
-    reciprocal rank of the first movie rated above one star. A rating is a
-    graded judgment; this keeps every grade, in the loss and in the metric.
-  "liked": `max(rating - 3, 0)`, only 4 and 5 stars count (gains 1 and 3;
-    MRR is the reciprocal rank of the first liked movie). This collapses 1, 2
-    and 3 stars (52% of the validation ratings) into one grade, so training
-    cannot learn that a 3-star movie ranks above a 1-star one.
-The baseline scores each movie by its mean training rating (the global mean
-for movies never rated in training), evaluated on the same labels.
+`MovieLensScorer` adds two terms per movie: a DNN over every feature of the
+(user, movie) pair and the dot product of the user_id and item_id embeddings,
+collaborative filtering's matrix-factorization term. Labels
+(`MovieLensDataConfig.relevance`): "graded", `rating - 1` (default), or "liked",
+`max(rating - 3, 0)`. The baseline ranks each movie by its mean training rating
+(the global mean for movies never rated in training), on the same labels.
+See docs/configuration.md for the keys.
 """
 
 from __future__ import annotations
@@ -140,12 +112,18 @@ class MovieLensPaths(DataPaths):
 class MovieLensScorer(tfr.keras.model.UnivariateScorer):
   """DNN over all features plus the user . item dot product, per movie.
 
-  `logit = dnn(concat(features)) + w . concat(linear_features) + <e_user, e_item>`,
-  with the L2 penalty of `id_l2` on e_user and e_item (see the module
-  docstring). The linear term is the wide part of Wide & Deep (Cheng et al.,
-  "Wide & Deep Learning for Recommender Systems", DLRS 2016) over the rating
-  statistics: the DNN alone was slow to rank by them. Used by both the
-  sparse-core ranker and its dense twin (builders/movielens_dense.py).
+  `logit = dnn(concat(features)) + w . concat(linear_features) + <e_user, e_item>`.
+  The dot product is collaborative filtering's matrix-factorization term
+  (Koren, Bell and Volinsky, "Matrix Factorization Techniques for Recommender
+  Systems", IEEE Computer 2009), which a DNN over concatenated ids learns
+  poorly (Rendle et al., "Neural Collaborative Filtering vs. Matrix
+  Factorization Revisited", RecSys 2020). `id_l2` puts an L2 penalty on e_user
+  and e_item per occurrence, as MF's regularized SGD does: the tables otherwise
+  overfit the ~80k training ratings within a few epochs. The linear term is
+  the wide part of Wide & Deep (Cheng et al., "Wide & Deep Learning for
+  Recommender Systems", DLRS 2016) over the rating statistics: the DNN alone
+  was slow to rank by them. Used by both the sparse-core ranker and its dense
+  twin (builders/movielens_dense.py).
 
   Args:
     hidden_layer_dims, dropout, use_batch_norm: The DNN (tfr.keras.layers.create_tower).

@@ -25,7 +25,7 @@ class MovieLensDataConfig:
     max_list_size: Longer user lists are cut into consecutive lists of at
       most this many movies (no rating dropped); None keeps them whole.
     relevance: "graded" (rating - 1) or "liked" (max(rating - 3, 0)); see
-      builders/movielens.py. Model and baseline are scored on the same labels.
+      docs/configuration.md. Model and baseline are scored on the same labels.
     rating_range: [low, high]: the allowed ratings, inclusive (ml-100k: 1-5).
     on_bad_record: "error" (a rating row with a non-integer id, a
       non-finite timestamp or a rating that is not finite or outside

@@ -9,23 +9,9 @@ inside `tfr.keras.pipeline.SimplePipeline`, with no project op on the path.
 
 Like the sparse core's unseen ids, ids outside the vocabulary read a zero
 embedding. Tables shared by several features (gender and occupation) are one
-Embedding over the union of their vocabularies.
-
-Example (benchmarks/bench_pipeline.py runs it against the sparse pipeline):
-
-  ```python
-  ranker = movielens.MovieLensListwise()
-  paths = ranker.prepare_data(movielens.MovieLensDataConfig())
-  model = movielens.MovieLensModelConfig()
-  vocabularies = table_vocabularies(paths.train, *ranker.sparse_features(model))
-  pipeline = tfr.keras.pipeline.SimplePipeline(
-      DenseModelBuilder(model, vocabularies, seed=1),
-      build_dataset_builder(paths, DatasetConfig()),
-      tfr.keras.pipeline.PipelineHparams(
-          model_dir="/tmp/dense", num_epochs=20, steps_per_epoch=43, validation_steps=30,
-          learning_rate=0.01, loss="softmax_loss", strategy="MirroredStrategy"))
-  pipeline.train_and_validate(verbose=2)
-  ```
+Embedding over the union of their vocabularies. Main names:
+`DenseModelBuilder` (an example there), `table_vocabularies`,
+`build_dataset_builder`.
 """
 
 from __future__ import annotations
@@ -132,6 +118,22 @@ class DenseModelBuilder(tfr.keras.model.ModelBuilder):
     features, tables: The SparseFeatures and TableSpecs to embed densely
       (default: MovieLensListwise().sparse_features(model)).
     seed: Seed of the initial rows.
+
+  Example (benchmarks/bench_pipeline.py runs it against the sparse pipeline):
+
+    ```python
+    ranker = movielens.MovieLensListwise()
+    paths = ranker.prepare_data(movielens.MovieLensDataConfig())
+    model = movielens.MovieLensModelConfig()
+    vocabularies = table_vocabularies(paths.train, *ranker.sparse_features(model))
+    pipeline = tfr.keras.pipeline.SimplePipeline(
+        DenseModelBuilder(model, vocabularies, seed=1),
+        build_dataset_builder(paths, DatasetConfig()),
+        tfr.keras.pipeline.PipelineHparams(
+            model_dir="/tmp/dense", num_epochs=20, steps_per_epoch=43, validation_steps=30,
+            learning_rate=0.01, loss="softmax_loss", strategy="MirroredStrategy"))
+    pipeline.train_and_validate(verbose=2)
+    ```
   """
 
   def __init__(self, model: movielens.MovieLensModelConfig, vocabularies: Mapping[str, Sequence],

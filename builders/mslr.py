@@ -2,31 +2,20 @@
 
 The seed example (tensorflow_ranking/examples/keras/keras_dnn_tfrecord.py): each
 query is a list of documents, each document `num_features` dense float features
-`custom_features_1` .. `custom_features_<num_features>` (136 in MSLR-WEB, 46 in
-LETOR 4.0, 700 in Yahoo! LTR: the width comes from the data or
-`data.num_features`; see mxrec_pipeline.data.letor),
-the label "utility" is the graded relevance 0-4. Features are joined and go
-through `sign(x) * log1p(|x|)` (the example's `use_log1p`), then tfr's
-DNNScorer with batch normalization of its inputs and hidden layers. There are no id features,
-so no table: the pipeline trains every variable with the dense optimizer.
+`custom_features_1` .. `custom_features_<num_features>` (the width comes from
+the data or `data.num_features`), the label "utility" the graded relevance
+0-4. Features are joined and go through `sign(x) * log1p(|x|)` (the example's
+`use_log1p`), then tfr's DNNScorer with batch normalization of its inputs and
+hidden layers. There are no id features, so no table: the pipeline trains
+every variable with the dense optimizer. The context holds no feature: "qid"
+is an arbitrary query number, useless to a univariate scorer.
 
-Data: LETOR text files (`<label> qid:<q> 1:<v> ... 136:<v>`), scanned once for
-their width and longest list (`letor.scan_letor`), converted once to ELWC with
-`letor.letor_to_elwc`, both cached under names keyed by the source file's
-path, size and mtime. Validation keeps whole lists: its list size is the
-longest validation list unless `dataset.valid_list_size` says otherwise. By
-default the pinned MSLR-WEB Fold1 5k-line subsets (`mxrec-pipeline data fetch
-mslr_5k`: 43 train / 43 test queries, a smoke check rather than a benchmark);
+Data: LETOR text files, by default the pinned MSLR-WEB Fold1 5k-line subsets
+(`mxrec-pipeline data fetch mslr_5k`, a smoke check rather than a benchmark);
 point `data.train_path` and `data.valid_path` at full MSLR-WEB10K/30K files
-(Fold1/train.txt and vali.txt) for the real thing.
-
-The context holds no feature: "qid" is an arbitrary query number, the same for
-every document of a list, so it cannot help a univariate scorer rank documents
-(and would not generalize to unseen queries).
-
-Baseline: BM25 of the whole document (MSLR feature 110; features 106-110 are
-BM25 of body, anchor, title, url and whole document, per Microsoft's feature
-list, https://www.microsoft.com/en-us/research/project/mslr/).
+for the real thing. Baseline: BM25 of the whole document (MSLR feature 110).
+Main name: `MslrDnn`. See
+docs/data.md#letor-files-feature-names-ids-and-the-width.
 """
 
 from __future__ import annotations

@@ -1,29 +1,19 @@
 """A cluster of local processes: `mxrec-pipeline train CONFIG --local-cluster workers=N`.
 
-Starts N copies of a training command on this machine, each with the
+`run` starts N copies of a training command on this machine, each with the
 TF_CONFIG of one task of a cluster on free localhost ports (as TF's own
 multi-worker tests do, tensorflow/python/distribute/multi_worker_test_base.py),
 streams the chief's output (worker 0: the cluster has no "chief" job) and
-writes every other worker's output to a log file.
-
-With ps=M (ParameterServerStrategy) the cluster is a "chief" task running the
-command (the coordinator), N "worker" and M "ps" tasks running
+writes every other worker's output to a log file. With ps=M
+(ParameterServerStrategy) the command runs as the "chief" task (the
+coordinator) beside N "worker" and M "ps" tasks running
 `python -m mxrec_pipeline.cluster.ps_server`; the job ends when the chief
-ends, and the servers are stopped then; a worker server that dies is started
-again at its address (TF's recovery of a lost worker; `run`). `python -m
-mxrec_pipeline.cluster.local workers=2,ps=2 -- COMMAND...` launches any
-coordinator program this way. It stops every process it started (SIGTERM,
-then SIGKILL after a grace period) as soon as one exits with a non-zero status
-(a ps server: at all) or on Ctrl-C, naming the task and its log. TensorFlow-free:
-the launcher process only starts and watches processes.
-
-Example:
-
-  ```python
-  spec = parse_spec("workers=2")
-  status = run(lambda task: [sys.executable, "-m", "mxrec_pipeline.cli", "train", "job.yaml"],
-               spec, log_dir="runs/job/local_cluster")
-  ```
+ends, and a worker server that dies is started again at its address.
+`python -m mxrec_pipeline.cluster.local workers=2,ps=2 -- COMMAND...` launches
+any coordinator program this way. Every process started is stopped (SIGTERM,
+then SIGKILL) as soon as one fails, or on Ctrl-C, naming the task and its
+log. TensorFlow-free: the launcher only starts and watches processes.
+See docs/distributed.md#on-one-machine---local-cluster.
 """
 
 from __future__ import annotations
@@ -178,6 +168,14 @@ def run(command: Callable[[int], Sequence[str]], spec: LocalClusterSpec, log_dir
   others and waits until the worker is back, then reconnects it; TF 2.15's
   WorkerPreemptionHandler updates the whole cluster, so without the restart
   the coordinator waits for the worker until its 3,600 s limit).
+
+  Example:
+
+    ```python
+    spec = parse_spec("workers=2")
+    status = run(lambda task: [sys.executable, "-m", "mxrec_pipeline.cli", "train", "job.yaml"],
+                 spec, log_dir="runs/job/local_cluster")
+    ```
 
   Args:
     command: Task index -> the argv of that task.

@@ -1,54 +1,21 @@
 """Dynamic-expansion tables: mxRec's `init(use_dynamic_expansion=True)`.
 
-With expansion on, create_table builds an ExpansionTable instead of a
+With expansion on, create_table builds an `ExpansionTable` instead of a
 [device_vocabulary_size, dim] variable: a growable native key index (ids ->
-row "addresses") plus a native row store (native/core/row_store.h) whose rows
-hold [embedding | optimizer slots] contiguously and which grows past
-device_vocabulary_size, a chunk of device_vocabulary_size rows at a time, with
-no capacity error. The *_by_addr optimizers (optimizers/lazy_adam_by_addr.py,
-adagrad_by_addr.py, gradient_descent_by_addr.py) update the rows with fused
-native ops; the plain hash optimizers refuse such runs, as in mxRec.
+row addresses) plus a native row store (native/core/row_store.h) whose rows
+hold [embedding | optimizer slots] contiguously and which grows by
+device_vocabulary_size rows at a time, with no capacity error. The *_by_addr
+optimizers (optimizers/by_addr.py) update the rows with fused native ops; the
+plain hash optimizers refuse such runs, as in mxRec. core/lookup.py reads them
+(TableKind.EXPANSION: MxRowStoreLookup of the batch's distinct rows).
 
-Lookup (core/lookup.py, TableKind.EXPANSION, once ids are inserted):
-
-  unique_rows [u] --grow store to cover them (emb_initializer per new chunk)-->
-  MxRowStoreLookup(store, unique_rows, anchor) -> local_emb [u, dim], addresses [u]
-  --gather(local_emb, restore)--> [*ids, dim]
-
-The gradient reaches the table two ways, one per convention:
-
-- mxRec's (tf.compat.v1 graphs, also tf.function): a training lookup adds
-  `local_emb` to the graph collection ASCEND_SPARSE_LOOKUP_LOCAL_EMB and
-  `addresses` to ASCEND_SPARSE_LOOKUP_ID_OFFSET (mxrec_pipeline.constants.
-  constants), as mxRec's DynamicSparseEmbedding does; the script differentiates
-  the loss with respect to the local embeddings and gives
-  `zip(local_grads, addresses)` to the optimizer, which finds the table from the
-  address tensor's lookup op.
-- Variables' (eager, tf.function, graphs, Keras): every table has a gradient
-  anchor, `table.variable`, a trainable [0, dim] float32 variable fed to the
-  lookup op. Its gradient is the table's gradient as IndexedSlices of the
-  embeddings' gradients on the row addresses, so
-  `tape.gradient(loss, table.variable)` / `tf.gradients(loss, table.variable)`
-  and `optimizer.apply_gradients([(grad, table.variable)])` work as for plain
-  tables, and get_dense_and_sparse_variable() lists anchors as sparse.
-
-Rows start from `emb_initializer(shape=[device_vocabulary_size, dim]) *
-init_param` per chunk, so while a table holds at most device_vocabulary_size
-keys its rows (and its training) equal a plain table's with the same
-initializer. The initializer runs once per chunk: stateful ones (the
-tf.compat.v1 initializers) give each chunk new values, while a Keras
-initializer built with a seed repeats the first chunk's. A row's slots start at
-the optimizer's initial values when the first update sets the table's slot
-layout (one optimizer per table).
-
-The key index and the store live on the host (`/CPU:0`) like mxRec's key
-process; the looked-up embeddings move to wherever the model runs. Expansion
-tables hold float32 rows and are not replicated under tf.distribute strategies.
-
-Checkpoints: tf.train.Checkpoint and tf.compat.v1.train.Saver save the key
-index (keys, rows) and the whole store (rows with slots, slots' initial values)
-and restore them as saved; mxrec_pipeline.saver.saver.Saver writes their
-sparse part per key.
+The gradient reaches the table as mxRec's pairs (a training lookup adds its
+local embeddings to ASCEND_SPARSE_LOOKUP_LOCAL_EMB and their addresses to
+ASCEND_SPARSE_LOOKUP_ID_OFFSET, as DynamicSparseEmbedding does) or as
+IndexedSlices of the table's gradient anchor, `table.variable`. The key index
+and the store live on the host (`/CPU:0`) like mxRec's key process; rows are
+float32 and not replicated under tf.distribute strategies.
+See docs/migrating-from-mxrec.md#dynamic-expansion.
 """
 
 from __future__ import annotations

@@ -3,25 +3,19 @@
 A flat table initializes all its rows at once, by position. A tiered table
 (core/tiers.py) creates a row when its id first reaches the device cache, in any
 slot, so its initial value must be a function of the id's global row alone:
-then a key gets the same initial embedding wherever it lives, and a tiered
-table trains exactly like an all-on-device table built with the same
-RowInitializer (tests/core/test_core_tiers.py checks this).
+then a tiered table trains exactly like an all-on-device table built with the
+same `RowInitializer` (tests/core/test_core_tiers.py checks this).
 
-The values are counter-based and computed by one native op, MxRowInit (the math
+The values are counter-based, computed by one native op, MxRowInit (the math
 in native/core/row_init.h): element (g, j) of a table with seed s is drawn from
 SplitMix64(s, g * dim + j) (Steele, Lea, Flood, "Fast splittable pseudorandom
 number generators", OOPSLA 2014) mapped to a uniform in (0, 1) and, for normal
 and truncated-normal rows, through the inverse normal CDF in double (Wichura's
-AS 241), so truncation is exact rather than by resampling. The distribution's
-parameters reach the op as float32 attrs; values are float32 (cast to a table's
-other floating dtype).
-
-`row_initializer(emb_initializer)` converts the usual initializers
-(tf.keras.initializers TruncatedNormal, RandomNormal, RandomUniform, Constant,
-Zeros, Ones and their tf.compat.v1 counterparts) to the RowInitializer of the
-same distribution and seed. A RowInitializer is also an ordinary initializer,
-`init(shape=[rows, dim], dtype)`, giving rows 0..rows-1, so a flat table can use
-the very same values.
+AS 241), so truncation is exact rather than by resampling. `row_initializer`
+converts the usual tf.keras / tf.compat.v1 initializers to the RowInitializer
+of the same distribution and seed; a RowInitializer is also an ordinary
+initializer, so a flat table can use the very same values.
+See docs/tiers.md#initial-values.
 """
 
 from __future__ import annotations

@@ -3,35 +3,19 @@
 Insertion (get_asc_insert_func in the dataset, sparse_lookup on tensor ids, the
 TPUEmbedding-style enqueue) gives per table the batch's distinct rows,
 `unique_rows` [num_unique] int64, and per feature `restore`, int32 positions
-into them shaped like the ids (or ragged). A lookup is then
-
-  id_embeddings(table, unique_rows, restore, ...)  -> [*ids_shape, dim]
-
-which reads by the table's `kind` (see `TableKind`) and `training`:
-
-  training (TIERED: the batch's plan applied first):
-    per_id(unique_embeddings(table, unique_rows), restore, training=True)
-  FLAT, not training:
-    gather(variable, gather(unique_rows, restore))
-  EXPANSION and TIERED, not training:
-    per_id(unique_embeddings(table, unique_rows), restore)
+into them shaped like the ids (or ragged). `id_embeddings(table, unique_rows,
+restore, training=...)` -> [*ids_shape, dim] reads them as the table's `kind`
+(`TableKind`: FLAT, TIERED, EXPANSION) needs; the Keras `SparseLookup`,
+`sparse_lookup` and `Embedding.dequeue` all read through it, and
+`combiner.combine` then reduces each position's ids.
 
 Training reads the distinct rows once, then every id's from those
-(core/restore_sum.py's `gather_by_restore`: the native MxGatherByRestore for
-float32, into an output buffer kept from step to step), whose gradient the native
-MxSumByRestore sums per distinct row by restore index (in order of id, no
-hashing): the table's gradient is IndexedSlices on the batch's distinct rows,
-each once, which every optimizer takes as it is. Reads outside training are
-plain gathers (serving graphs hold no native op): a flat table's reads each
-id's row straight from the variable (`gather_per_id`), other kinds' read their
-row stores through their own ops.
-
-The Keras `SparseLookup`, `sparse_lookup` and `Embedding.dequeue` all read
-through `id_embeddings`; `combiner.combine` then reduces each position's ids.
-
-Rows of -1 (ids with no row: unseen ones when not training, ids not admitted
-yet when training with admission, core/admission.py) read the default value,
-zeros unless given, and get no gradient.
+(core/restore_sum.py), so a table's gradient is IndexedSlices on the batch's
+distinct rows, each once. Reads outside training are plain gathers (serving
+graphs hold no native op). Rows of -1 (ids with no row: unseen ones when not
+training, ids not admitted yet when training with admission,
+core/admission.py) read the default value, zeros unless given, and get no
+gradient. See docs/architecture.md#one-training-step.
 """
 
 from __future__ import annotations

@@ -3,26 +3,18 @@
 Insertion gives a batch's distinct rows and, per id, `restore`: the position of
 its row among them. A training lookup reads the distinct rows' embeddings
 `unique_emb` [num_unique, dim] once, then every id's with `gather_by_restore`,
-the values of `tf.gather(unique_emb, restore)`. For float32 that read is the
-native `MxGatherByRestore`, which copies the rows on the intra-op threads into
-an output buffer it keeps from step to step while no one else holds it: a
-batch's per-id read is large (4096 x 16 ids of dim 64: 16 MB) and freed every
-step, and glibc malloc hands such blocks back to the kernel now and then, so
-that the next step maps them afresh, one page fault per 4 KB (measured in
-benchmarks/bench_sparse_core.py: the slow steps took ~5,000 minor faults
-against ~300). The cost: each such read keeps one batch's output between
-steps (what the step holds at its peak anyway). Its gradient is not TF's
-(IndexedSlices on restore, densified by an `UnsortedSegmentSum` that hashes
-nothing but runs on one thread) but `sum_by_restore`: the native
-`MxSumByRestore` adds each id's gradient to its distinct row's by restore
-index, one range of distinct rows per intra-op thread. The table variable's gradient is
-then IndexedSlices on the distinct rows, each once: the optimizers take it as it
-is (the fused row updates check distinctness with a bitmap, not a hash). The
-values equal `tf.math.unsorted_segment_sum(grad, restore, num_unique)`, added
-in the same (position) order.
+the values of `tf.gather(unique_emb, restore)` (float32: the native
+MxGatherByRestore, into an output buffer it keeps from step to step). Its
+gradient is `sum_by_restore`: the native MxSumByRestore adds each id's
+gradient to its distinct row's by restore index, one range of distinct rows
+per intra-op thread, where TF would densify IndexedSlices on restore with an
+UnsortedSegmentSum on one thread. The table variable's gradient is then
+IndexedSlices on the distinct rows, each once, which every optimizer takes as
+it is. The values equal `tf.math.unsorted_segment_sum(grad, restore,
+num_unique)`, added in the same (position) order.
 
 Serving graphs never hold these ops: reads with training=False use plain
-gathers (core/lookup.py).
+gathers (core/lookup.py). See docs/architecture.md#one-training-step.
 """
 
 from __future__ import annotations
@@ -76,6 +68,14 @@ def gather_by_restore(unique_emb: tf.Tensor, restore: tf.Tensor) -> tf.Tensor:
     [num_unique, dim] tensor (TF's gather gives IndexedSlices on restore, which
     the gather of unique_emb's own rows then densifies with an
     UnsortedSegmentSum).
+
+  Why MxGatherByRestore keeps its output buffer from step to step (reused only
+  while no one else holds it): a batch's per-id read is large (4096 x 16 ids of
+  dim 64: 16 MB) and freed every step, and glibc malloc hands such blocks back
+  to the kernel now and then, so that the next step maps them afresh, one page
+  fault per 4 KB (benchmarks/bench_sparse_core.py: the slow steps took ~5,000
+  minor faults against ~300). The cost: each such read keeps one batch's
+  output between steps (what the step holds at its peak anyway).
 
   Raises:
     tf.errors.InvalidArgumentError: float32, a restore value outside

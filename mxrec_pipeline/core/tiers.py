@@ -1,32 +1,21 @@
 """Tiered tables: a device cache in front of host-memory and SSD tiers.
 
 mxRec's "DDR" and "SSD" modes (create_table's host_vocabulary_size,
-ssd_vocabulary_size, ssd_data_path): the table's rows, with their optimizer
-slots, live in three tiers,
+ssd_vocabulary_size, ssd_data_path): a table's rows, with their optimizer
+slots, live in three tiers. The table variable [device_vocabulary_size, dim]
+is a device cache; native TierStore rows in host memory (host_vocabulary_size)
+and records in files under ssd_data_path (ssd_vocabulary_size) hold the rest,
+the oldest-written host rows spilling to SSD when the host is full.
 
-  device  the table variable, [device_vocabulary_size, dim]: a cache;
-  host    native TierStore rows in host memory (host_vocabulary_size);
-  SSD     TierStore records in files under ssd_data_path (ssd_vocabulary_size),
-          the oldest-written host rows spilling there when the host is full.
-
-Data flow (see docs/tiers.md):
-
-  key process (tf.data map, get_asc_insert_func):
-    ids -> KeyIndex -> global rows g in [0, device + host + ssd)
-        -> DeviceCache.Plan(g) -> device slots + plan token      [into the batch]
-  training step (sparse_lookup):
-    DeviceCache.Apply(token) -> swap-out / swap-in / erase moves
-    read swap-out rows (embedding | slots) from the device variables
-    TierStore.Swap: erase, take swap-in rows, put swap-out rows   [host, CPU]
-    write swap-in rows into their slots (fresh rows: RowInitializer(g))
-    gather(variable, slots) ...
-
-The planner runs ahead of training (prefetch): it never evicts a slot that the
-batch being trained or a batch planned but not yet trained uses, and Apply
-composes every pending plan up to the batch's, so batches dropped from the
-prefetch buffer lose nothing. A key's initial row depends only on its global
-row (core/initializers.py), so a tiered table trains exactly as an all-on-device
-table with the same RowInitializer.
+The key process (get_asc_insert_func) maps ids to global rows and plans the
+device cache (native DeviceCache: device slots and a plan token go into the
+batch); the training step applies the plan (rows and slots swapped with the
+TierStore, fresh rows from their RowInitializer) before gathering. Planning
+runs ahead (prefetch) but never evicts a slot a pending batch uses, and a
+row's initial value depends only on its global row (core/initializers.py), so
+a tiered table trains exactly as an all-on-device table with the same
+RowInitializer. Main names: `TierConfig`, `TieredStorage`.
+See docs/tiers.md#how-it-works.
 """
 
 from __future__ import annotations

@@ -1,74 +1,22 @@
 """MovieLens-100k as a ranking task: one list per user, split by time.
 
-Reads GroupLens ml-100k in RecBole's atomic-file form
-(`fetch("movielens_100k")`, source docs/data.md): tab-separated UTF-8
-files whose header row is `name:type` per column. The real files have
+Reads GroupLens ml-100k in RecBole's atomic-file form (`fetch("movielens_100k")`:
+`ml-100k.{inter,user,item}`, tab-separated UTF-8 with a `name:type` header) and
+writes ELWC lists: the context is the user, the examples are the movies the
+user rated, in time order, and the label is the rating. Each user's latest
+ratings go to validation, the earlier ones to training, so no future rating
+leaks into training (`split_by_time`).
 
-    ml-100k.inter  user_id:token  item_id:token  rating:float  timestamp:float
-    ml-100k.user   user_id:token  age:token  gender:token  occupation:token
-                   zip_code:token
-    ml-100k.item   item_id:token  movie_title:token_seq  release_year:token
-                   class:token_seq
+`training_features` computes features from the training split only: the
+user's history (the implicit feedback N(u) of Koren's SVD++, KDD 2008),
+leave-one-out item means, user-based (Herlocker et al., SIGIR 1999) and
+item-based (Sarwar et al., WWW 2001) collaborative filtering and biased matrix
+factorization, the last two cross-fitted. Every rating is checked once, while
+reading (`mxrec_pipeline.data.validation`).
 
-(titles have the year stripped; `class` holds the space-separated genres).
-
-Each user becomes a list: the context is the user, the examples are the movies
-the user rated, in time order, and the label is the rating. The split is per
-user and by time: the user's latest ratings go to validation, the earlier ones
-to training, so a user's training list holds no rating later than any of the
-same user's validation ratings (no future leakage into training). Both splits
-hold one list per user (or several, see `max_list_size`); users with fewer
-than 2 ratings are in training only.
-
-ELWC features (all per the names below):
-    context:  user_id int64, age int64, gender bytes, occupation bytes,
-              zip bytes (zip codes are not all numeric, e.g. "T8H1N")
-    examples: item_id int64, genres [num_genres] bytes (as in the file,
-              e.g. b"Children's"), title_tokens [num_tokens] bytes
-              (lower-cased, split on white space, punctuation stripped from
-              each end, empty ones dropped), year int64 (0 if missing),
-              timestamp int64 (Unix seconds), rating float (the label, 1-5)
-
-Features computed from the training split only (`training_features`), so
-nothing of a validation rating reaches any feature:
-    context:  history_item_ids [num_ids] int64: the user's training movies,
-              the latest `history_size` of them in time order; the ids only,
-              no rating (the implicit feedback N(u) of Koren's SVD++, "Factor
-              Meets the Neighborhood", KDD 2008). Every training rating of a
-              user is no later than the user's validation ratings, so a
-              validation list's history is earlier than the list.
-              history_genres [num_genres] bytes: the genres of those movies,
-              one entry per (movie, genre).
-    examples: item_mean_rating float: the movie's mean training rating by
-              the other users (leave-one-out: a training example's own rating
-              is left out, as a validation rating never is in), the global
-              training mean for a movie no other user rated in training;
-              item_rating_count int64: how many other users rated it in
-              training. The item-mean baseline's signal, given to the model.
-              neighbor_rating_deviation float: user-based collaborative
-              filtering (Herlocker et al., "An Algorithmic Framework for
-              Performing Collaborative Filtering", SIGIR 1999): the
-              similarity-weighted mean of `rating - that user's mean` over the
-              user's `num_neighbors` nearest users who rated the movie in
-              training, shrunk towards 0. Similarity is the Jaccard index of
-              the two users' sets of training movies (ids only, no rating),
-              and only other users' ratings enter, so no example's own rating
-              does.
-              mf_rating float: the rating biased matrix factorization
-              predicts (mxrec_pipeline.data.matrix_factorization, ALS on the
-              training ratings). A validation example's comes from the fit on
-              every training rating; a training example's from a fit without
-              it (5-fold cross-fitting), so the model learns how far the
-              prediction of an unseen rating is to be trusted.
-              item_knn_deviation float: item-based collaborative filtering
-              (mxrec_pipeline.data.item_knn, Sarwar et al., WWW 2001): how
-              the user rated the training movies most similar to this one,
-              against the user's mean; cross-fitted as mf_rating (same folds).
-
-Every rating is checked once, while reading (`mxrec_pipeline.data.validation`):
-integer ids, a finite timestamp, a finite rating in `rating_range` (1-5). A bad
-row raises `BadRecordError` naming `ml-100k.inter:line`, the feature and its
-value, or is skipped and counted under `data.on_bad_record: skip`.
+Main names: `build_movielens_elwc`, `read_ratings`, `split_by_time`,
+`training_features`. See docs/data.md#movielens-files-and-lists and
+docs/data.md#movielens-features.
 """
 
 import dataclasses
@@ -584,8 +532,8 @@ def build_movielens_elwc(data_dir: PathLike, out_dir: PathLike, valid_fraction: 
                          history_size: int = HISTORY_SIZE) -> MovieLensElwc:
   """Writes `train.tfrecord` and `valid.tfrecord` (ELWC) for ml-100k.
 
-  One list per user and split (see the module docstring for the features
-  and `split_by_time` for the split), examples in time order. Files are
+  One list per user and split (docs/data.md#movielens-files-and-lists for the
+  features, `split_by_time` for the split), examples in time order. Files are
   written atomically.
 
   Args:

@@ -1,25 +1,16 @@
 """Checks of input records, run once when a reader converts them, and the bad-record policy.
 
-Readers (letor, movielens) check every value while converting a file to ELWC:
-a feature or label that is not a finite float32, a label outside the declared
-range, a malformed line. What happens to such a record is the policy of
-`data.on_bad_record` (docs/data.md):
+Readers (letor, movielens) check every value while converting a file to ELWC
+(`check_feature`, `check_label`, which raise `BadRecord`): a feature or label
+that is not a finite float32, a label outside the declared range, a malformed
+line. `BadRecords` applies the policy of `data.on_bad_record` to them:
 
 - "error" (default): `BadRecordError` naming `file:line`, the feature and its
   value; the CLI exits with status 2.
 - "skip": the record is dropped and counted; `BadRecords.report()` gives the
   counts by reason for the log and metrics.json.
 
-Example:
-
-    bad = BadRecords("train.txt", policy="skip")
-    try:
-      check_label("utility", 7.0, (0.0, 4.0))
-    except BadRecord as e:
-      bad.reject("train.txt:3", e)   # counted (raises BadRecordError under "error")
-    bad.report()  # {"skipped": 1, "by_reason": {"label out of range": 1}, "first": ..., ...}
-
-TensorFlow-free.
+TensorFlow-free. See docs/data.md#bad-records.
 """
 
 import collections
@@ -81,6 +72,15 @@ class BadRecords:
     policy: "error" or "skip" (ON_BAD_RECORD).
     by_reason: Skipped records per reason.
     first: Message of the first skipped record, None if none was skipped.
+
+  Example:
+
+    bad = BadRecords("train.txt", policy="skip")
+    try:
+      check_label("utility", 7.0, (0.0, 4.0))
+    except BadRecord as e:
+      bad.reject("train.txt:3", e)   # counted (raises BadRecordError under "error")
+    bad.report()  # {"skipped": 1, "by_reason": {"label out of range": 1}, "first": ..., ...}
   """
 
   source: str

@@ -1,29 +1,20 @@
 """The all-to-all routing of a sharded table: each worker moves only its own ids and rows.
 
-The same step as exchange.exchange_lookup (ids to owners, rows back,
-gradients home), with TF's CollectiveAllToAllV2 (collective_ops.all_to_all_v2,
-CPU and GPU, over the gRPC collective executor MultiWorkerMirroredStrategy
-sets up) instead of all-gathers, as TorchRec's row-wise input/output dists
-and TFRA's all-to-all embedding do:
-
-  1. bucket    this worker's distinct keys sorted by owner; counts [W] per owner
-  2. counts    all_gather(counts) -> C [W, W], C[i, j] = keys i sends to j;
-               chunks padded to M = max C (all_to_all sends equal chunks)
-  3. ids       all_to_all([W, M] keys)      -> the keys every worker asks me
-  4. lookup    the owner's rows of the valid ones
-  5. rows      all_to_all([W, M, dim] rows) -> my keys' rows from their owners
-  backward:    the gradient of an all_to_all is the all_to_all of the
-               gradient (it is its own transpose): each owner receives the
-               gradient of the rows it sent.
-
-A worker receives W * M ids and rows, about its own n distinct ids when the
-owner function spreads keys evenly, where exchange.py's all-gathers move
-every worker's: n (8 + 2 d s) bytes per step instead of W n (8 + 2 d s).
+`exchange_lookup` runs the step of exchange.exchange_lookup (ids to owners,
+rows back, gradients home) with TF's CollectiveAllToAllV2
+(collective_ops.all_to_all_v2, CPU and GPU, over the gRPC collective executor
+MultiWorkerMirroredStrategy sets up) instead of all-gathers, as TorchRec's
+row-wise input/output dists and TFRA's all-to-all embedding do: each worker
+buckets its distinct keys by owner, the per-owner counts are all-gathered,
+the keys go out in chunks padded to the largest count and the rows come back,
+one all-to-all each; the gradient of an all-to-all is the reverse all-to-all.
+A worker receives about its own n distinct ids and rows, n (8 + 2 d s) bytes
+per step instead of exchange.py's W n (8 + 2 d s).
 
 all_to_all_v2 is not reachable through the public ReplicaContext in TF 2.15;
 its collectives are keyed by (group_key, instance_key), which every worker
-must give identically: `AllToAllKeys` hands them out per table and lookup
-(ShardedTable), in a group of its own.
+must give identically: `AllToAllKeys` hands them out per table and lookup.
+See docs/distributed.md#bytes-per-step.
 """
 
 from __future__ import annotations
@@ -102,6 +93,16 @@ def exchange_lookup(unique_keys: tf.Tensor, lookup_owned: Callable[..., tf.Tenso
                     dim: int, dtype: tf.DType, keys: AllToAllKeys, timeout_s: float = 0.0,
                     weights: tf.Tensor | None = None) -> tuple[tf.Tensor, exchange.ExchangeBytes]:
   """See exchange.exchange_lookup; the same contract, routed by all-to-alls.
+
+    1. bucket    this worker's distinct keys sorted by owner; counts [W] per owner
+    2. counts    all_gather(counts) -> C [W, W], C[i, j] = keys i sends to j;
+                 chunks padded to M = max C (all_to_all sends equal chunks)
+    3. ids       all_to_all([W, M] keys)      -> the keys every worker asks me
+    4. lookup    the owner's rows of the valid ones
+    5. rows      all_to_all([W, M, dim] rows) -> my keys' rows from their owners
+    backward:    the gradient of an all_to_all is the all_to_all of the
+                 gradient (its own transpose): each owner receives the
+                 gradient of the rows it sent.
 
   Args:
     unique_keys, lookup_owned, num_shards, dim, dtype, weights: As

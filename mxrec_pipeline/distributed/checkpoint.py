@@ -1,35 +1,20 @@
 """Per-shard checkpoints of sharded tables, restorable onto any number of shards.
 
-Each worker saves its shard of a table as one TensorFlow bundle (the
-SaveV2/RestoreV2 format of tf.train checkpoints) named
-`<directory>/<table>/shard-<i>-of-<W>`, holding only the shard's keys, not
-its capacity:
+`save_shard` writes each worker's shard of a table as one TensorFlow bundle
+(the SaveV2/RestoreV2 format of tf.train checkpoints) named
+`<directory>/<table>/shard-<i>-of-<W>`, holding the shard's keys (not its
+capacity), their rows, the hash optimizers' slots and step counts and the
+admission/eviction state. `restore_shard` reads every `shard-*-of-<W>` file
+of the table and keeps the keys this process owns by
+`sharding.owner(key, num_shards)` of the restoring job: onto W' != W workers,
+onto one process, or onto the same W. A single-process table (create_table)
+saves and restores with the same functions as shard 0 of 1; dense variables
+are checkpointed by the user's tf.train.Checkpoint as under any strategy.
 
-  keys               [n] int64       the shard's keys
-  values             [n, dim]        their rows
-  slot/<opt>/<slot>  [n, dim]        each hash optimizer's slots of those rows
-  iterations/<opt>   [] int64        each hash optimizer's step count
-  last_seen          [n] int64       admission/eviction state of the keys
-  pending_keys, pending_counts, pending_last_seen   [p] int64, keys not admitted yet
-  counters           [3] int64       admissions, evictions, latest timestamp
-
-Restoring reads every `shard-*-of-<W>` file of the table and keeps the keys
-this process owns by `sharding.owner(key, num_shards)` of the restoring job:
-onto W' != W workers, onto one process (num_shards 1 keeps every key), or
-onto the same W. Keys get rows 0..m-1 in key order; rows past them keep their
-initial values. The admission and eviction totals (`counters`) restore into
-shard 0, the latest timestamp into every shard. A single-process table
-(create_table) saves and restores with the same functions as shard 0 of 1.
-Dense variables are checkpointed by the user's tf.train.Checkpoint as under
-any strategy.
-
-Tiered tables (core/tiers.py: a single-process table with host/SSD tiers, or
-a tiered parameter-server shard, distributed/ps_tiers.py) save the rows and
-slots of every tier in the same format (read wherever they live), so the
-bundles do not say which tiers held them: they restore onto tiered or flat
-tables, onto any shard count. Restoring into a tiered table gives its keys
-global rows 0..m-1: the first device_vocabulary_size on the device, the rest
-in the host/SSD store.
+Tiered tables (core/tiers.py, distributed/ps_tiers.py) save the rows and slots
+of every tier in the same format, so the bundles restore onto tiered or flat
+tables, onto any shard count. See
+docs/distributed.md#checkpoints-and-export.
 """
 
 from __future__ import annotations
@@ -68,6 +53,15 @@ def save_shard(directory: str, table, optimizers=()) -> str:
   Atomic per shard: the bundle appears complete or not at all. Give each
   checkpoint its own directory (e.g. one per step): a job killed between two
   workers' saves must not leave one directory holding shards of two steps.
+  The bundle `<directory>/<table>/shard-<i>-of-<W>` holds
+
+    keys               [n] int64       the shard's keys
+    values             [n, dim]        their rows (tiered tables: read from every tier)
+    slot/<opt>/<slot>  [n, dim]        each hash optimizer's slots of those rows
+    iterations/<opt>   [] int64        each hash optimizer's step count
+    last_seen          [n] int64       admission/eviction state of the keys
+    pending_keys, pending_counts, pending_last_seen   [p] int64, keys not admitted yet
+    counters           [3] int64       admissions, evictions, latest timestamp
 
   Args:
     directory: Checkpoint directory, shared by the workers (or each worker's
@@ -220,7 +214,11 @@ def restore_shard(directory: str, table, optimizers=()) -> int:
   """Restores this worker's shard from the shards of any earlier job (eagerly).
 
   Keeps the saved keys this worker owns now (all of them for one process),
-  whatever the number of shards that saved them.
+  whatever the number of shards that saved them. Keys get rows 0..m-1 in key
+  order; rows past them keep their initial values. The admission and eviction
+  totals (`counters`) restore into shard 0, the latest timestamp into every
+  shard. A tiered table's keys get global rows 0..m-1: the first
+  device_vocabulary_size on the device, the rest in the host/SSD store.
 
   Args:
     directory: As given to save_shard.

@@ -1,35 +1,21 @@
 """One step's routing of a sharded table: ids to their owners, rows back, gradients home.
 
-Runs in the replica context of a MultiWorkerMirroredStrategy (one replica per
-worker), with the strategy's collectives over its communicator
-(`tf.distribute.ReplicaContext.all_gather`, TF's CollectiveGatherV2 over gRPC;
-no MPI, no RPC layer of our own). With W workers, worker w holding n_w
-distinct keys of the step:
-
-  1. keys      all_gather(unique keys)          -> K: [N] int64, N = sum n_w,
-                                                   worker-major order
-  2. owners    owner(K, W) (distributed/sharding.py), the same on every worker
-  3. lookup    the owner looks up K[owner == w] in its own shard (inserting
-               absent keys when training) -> own rows [n_own, dim]
-  4. rows      all_gather(own rows)             -> [N, dim] in owner-major
-               order, put back in K's order by the stable owner sort
-  5. restore   worker w keeps K's slice w, then every id's row
-               (core/lookup.per_id)
-
-Backward, autodiff does the reverse exchange: the gradient of
-`ReplicaContext.all_gather` is an all-reduce (sum) of the gathered
-gradient, sliced to the worker's own part, so each owner receives every
-worker's gradient of its rows, and the owner-side gather makes it
-IndexedSlices on the owner's shard variable; keys asked by several workers
-repeat in those slices and the hash optimizer sums them before its lazy
-update (optimizers/base.py).
+`exchange_lookup` runs in the replica context of a MultiWorkerMirroredStrategy
+(one replica per worker) with `tf.distribute.ReplicaContext.all_gather` (TF's
+CollectiveGatherV2 over gRPC; no MPI, no RPC layer of our own): every worker
+gathers all workers' distinct keys, each owner (distributed/sharding.py) looks
+up its own in its shard, the rows are all-gathered back and each worker keeps
+its slice. Backward, the gradient of all_gather is an all-reduce (sum) sliced
+to the worker's part, so autodiff brings each owner every worker's gradient of
+its rows as IndexedSlices on its shard variable (repeated keys summed by the
+hash optimizer, optimizers/base.py).
 
 This is TorchRec's row-wise sharding (input dist -> lookup -> output dist)
-built from all-gathers instead of all-to-alls: TF 2.15's public replica
-context has no all_to_all, and all_gather's gradient is defined. Each worker
-therefore moves every worker's ids and rows, W times the all-to-all volume;
-`ExchangeBytes` counts the payload, and docs/distributed.md gives the
-formula.
+built from all-gathers, as TF 2.15's public replica context has no all_to_all
+and all_gather's gradient is defined: each worker moves every worker's ids and
+rows, W times the all-to-all volume (distributed/all_to_all.py).
+`ExchangeBytes` counts the payload; `exchange_lookup` lists the step.
+See docs/distributed.md#bytes-per-step.
 """
 
 from __future__ import annotations
@@ -78,7 +64,16 @@ def exchange_lookup(unique_keys: tf.Tensor, lookup_owned: Callable[..., tf.Tenso
   """The rows of this worker's distinct keys, read from their owners' shards.
 
   Must run in a replica context (`strategy.run`) on every worker at the same
-  point of the step: the collectives are matched by their order.
+  point of the step: the collectives are matched by their order. With W
+  workers, worker w holding n_w distinct keys of the step:
+
+    1. keys      all_gather(unique keys)   -> K: [N] int64, N = sum n_w, worker-major
+    2. owners    owner(K, W) (distributed/sharding.py), the same on every worker
+    3. lookup    the owner looks up K[owner == w] in its own shard (inserting
+                 absent keys when training) -> own rows [n_own, dim]
+    4. rows      all_gather(own rows)      -> [N, dim] in owner-major order, put
+                 back in K's order by the stable owner sort
+    5. restore   worker w keeps K's slice w
 
   Args:
     unique_keys: [n] int64 distinct keys of this worker's batch.

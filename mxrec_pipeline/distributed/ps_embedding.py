@@ -3,42 +3,19 @@
 embedding/embedding.py's `Embedding` (tf.tpu.experimental.embedding.
 TPUEmbedding's enqueue / dequeue / apply_gradients) for a
 ParameterServerStrategy custom loop: each TableConfig becomes a
-distributed/ps_table.PSShardedTable (shard i on ps task i, `vocabulary_size`
-rows per shard), and the three calls run in the tf.function that
-ClusterCoordinator.schedule runs on a worker (one replica per worker, so no
-strategy.run is needed; calling them inside it works the same):
+distributed/ps_table.PSShardedTable (`vocabulary_size` rows per shard), and the
+three calls run in the tf.function that ClusterCoordinator.schedule runs on a
+worker (one replica per worker, so no strategy.run is needed). `enqueue` looks
+each table's ids up in one PSShardedTable.lookup under a GradientTape over its
+shard variables and computes the activations; `dequeue` returns them;
+`apply_gradients` takes their gradients back through that tape to each shard's
+rows and applies the TPUEmbedding optimizer's row update (SGD, Adagrad, Adam)
+on the owner ps. A None gradient leaves its feature's rows untouched.
 
-  enqueue          per table: the ids of its features (FeaturePlans of the
-                   embedding package: combiners, weights, output shapes),
-                   looked up in one PSShardedTable.lookup (inserted and
-                   gathered on their owner ps), under a GradientTape over the
-                   table's shard variables; the activations are computed here.
-  dequeue          those activations, in the feature config's structure.
-  apply_gradients  the activations' gradients taken back through that tape to
-                   each shard's rows (IndexedSlices, tape.gradient's
-                   output_gradients), then PSShardedTable.apply_gradients:
-                   the TPUEmbedding optimizer's row update on each owner ps.
-
-As the single-process Embedding: SGD, Adagrad, Adam (embedding/optimizers.py)
-per table or global; a None gradient leaves its feature's rows untouched.
-Not here: `__call__`, `build` shapes of TPUEmbedding's priority 2 (FeatureConfig.
-output_shape and the input give the shapes), serving helpers
-(`embedding_tables`, `row_lookup_tables`: use distributed/ps_checkpoint.py's
-`snapshot_tables`), tables without an optimizer, admission and eviction.
-
-Example (the chief is the coordinator):
-  >>> table = TableConfig(vocabulary_size=100_000, dim=16, name="movie")
-  >>> embedding = PSEmbedding(strategy, {"movie": FeatureConfig(table=table)}, Adam(0.01))
-  >>> @tf.function
-  ... def train_step(features, labels):
-  ...   embedding.enqueue(features, training=True)
-  ...   with tf.GradientTape() as tape:
-  ...     activations = embedding.dequeue()
-  ...     tape.watch(activations)
-  ...     loss = loss_fn(activations, labels)
-  ...   embedding.apply_gradients(tape.gradient(loss, activations))
-  ...   return loss
-  >>> loss = coordinator.schedule(train_step, args=(features, labels))
+Not here: `build`, `__call__`, the serving helpers (use
+distributed/ps_checkpoint.py's `snapshot_tables`), tables without an
+optimizer, admission and eviction. Example: `PSEmbedding`. See
+docs/distributed.md#the-mx_rec-and-tpuembedding-apis-on-parameter-servers.
 """
 
 from __future__ import annotations
@@ -100,6 +77,20 @@ class PSEmbedding(tf.Module):
     ValueError: what Embedding refuses of the feature config or optimizers, a
       table with no optimizer or a name the run already has (naming them), or
       what PSShardedTable refuses.
+
+  Example (the chief is the coordinator):
+    >>> table = TableConfig(vocabulary_size=100_000, dim=16, name="movie")
+    >>> embedding = PSEmbedding(strategy, {"movie": FeatureConfig(table=table)}, Adam(0.01))
+    >>> @tf.function
+    ... def train_step(features, labels):
+    ...   embedding.enqueue(features, training=True)
+    ...   with tf.GradientTape() as tape:
+    ...     activations = embedding.dequeue()
+    ...     tape.watch(activations)
+    ...     loss = loss_fn(activations, labels)
+    ...   embedding.apply_gradients(tape.gradient(loss, activations))
+    ...   return loss
+    >>> loss = coordinator.schedule(train_step, args=(features, labels))
   """
 
   def __init__(self, strategy: tf.distribute.Strategy | None, feature_config,

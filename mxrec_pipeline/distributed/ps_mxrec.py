@@ -1,44 +1,22 @@
 """mx_rec's create_table / sparse_lookup / hash-optimizer step on parameter-server tables.
 
 The mxRec quick start's calls (mx_rec.core.embedding.create_table,
-sparse_lookup, the hash optimizer's apply_gradients), with the table sharded
-by key over the ps tasks of a ParameterServerStrategy: `create_table` builds a
+sparse_lookup, the hash optimizer's apply_gradients) with the table sharded by
+key over the ps tasks of a ParameterServerStrategy: `create_table` builds a
 distributed/ps_table.PSShardedTable, `sparse_lookup` looks tensor ids up in it
-(inserted in the step, on their owner ps), `apply_gradients` applies the hash
-optimizer's row update on each owner ps. The single-process functions of
-core/embedding.py stay unaware of sharding; as the multi-worker path's
-`sharded_table.apply_gradients(optimizer, [(grad, table)])`, the sharded
-calls live here, with the same arguments as the core's plus the strategy.
+(inserted in the scheduled step, on their owner ps), `apply_gradients` applies
+the hash optimizer's row update on each owner ps. Same arguments as
+core/embedding.py's functions (which stay unaware of sharding) plus the strategy.
 
-What differs from one process, and why:
-  * Ids are tensors, inserted in the scheduled step. FeatureSpecs with
-    get_asc_insert_func, and modify_graph=True, insert ids in tf.data into a
-    key index of this process; a dataset the coordinator hands to a worker
-    cannot reach the ps key indexes, so both are refused naming the table
-    (give the raw ids, e.g. `batch["item_ids"]`, to sparse_lookup instead).
-  * The hash optimizer is given at create_table (mxRec's `optimizer_list`,
-    which mxRec requires of DDR tables for the same reason): its slots are
-    created beside each shard on its ps.
-  * Admission and eviction are the table's (ps_table's access_threshold,
-    eviction_threshold_s at create_table), not sparse_lookup's
-    access_and_evict_config, which a scheduled step cannot register.
-  * Tiers (host_vocabulary_size, ssd_vocabulary_size: mxRec's DDR/SSD modes)
-    are per shard, on its ps (distributed/ps_tiers.py); no dynamic expansion.
-
-Example (the chief is the coordinator; docs/distributed.md "Parameter servers"):
-  >>> init()
-  >>> optimizer = lazy_adam.create_hash_optimizer(learning_rate=0.01)
-  >>> table = ps_mxrec.create_table(strategy, key_dtype=tf.int64, dim=8, name="item",
-  ...                               emb_initializer=tf.keras.initializers.Zeros(),
-  ...                               device_vocabulary_size=100_000, optimizer_list=[optimizer])
-  >>> @tf.function
-  ... def train_step(ids, labels):
-  ...   with tf.GradientTape() as tape:
-  ...     loss = loss_fn(ps_mxrec.sparse_lookup(table, ids, send_count=1024), labels)
-  ...   grads = tape.gradient(loss, table.shard_variables)
-  ...   ps_mxrec.apply_gradients(optimizer, [(grads, table)])
-  ...   return loss
-  >>> loss = coordinator.schedule(train_step, args=(ids, labels))
+What differs from one process: FeatureSpecs with get_asc_insert_func, and
+modify_graph=True, insert ids in tf.data, which cannot reach the ps key
+indexes, so both are refused naming the table (give sparse_lookup the raw ids);
+the hash optimizer is given at create_table (`optimizer_list`), its slots
+created beside each shard; admission and eviction are create_table's
+(access_threshold, eviction_threshold_s), not sparse_lookup's
+access_and_evict_config; tiers (mxRec's DDR/SSD modes) are per shard
+(distributed/ps_tiers.py); no dynamic expansion. Example: `create_table`.
+See docs/distributed.md#the-mx_rec-and-tpuembedding-apis-on-parameter-servers.
 """
 
 from __future__ import annotations
@@ -110,6 +88,21 @@ def create_table(strategy: tf.distribute.Strategy | None, key_dtype: tf.DType,
       optimizer_list that is not one hash
       optimizer, or what PSShardedTable refuses (inside strategy.scope(), a
       strategy that is not a ParameterServerStrategy, bad sizes or dtypes).
+
+  Example (the chief is the coordinator):
+    >>> init()
+    >>> optimizer = lazy_adam.create_hash_optimizer(learning_rate=0.01)
+    >>> table = ps_mxrec.create_table(strategy, key_dtype=tf.int64, dim=8, name="item",
+    ...                               emb_initializer=tf.keras.initializers.Zeros(),
+    ...                               device_vocabulary_size=100_000, optimizer_list=[optimizer])
+    >>> @tf.function
+    ... def train_step(ids, labels):
+    ...   with tf.GradientTape() as tape:
+    ...     loss = loss_fn(ps_mxrec.sparse_lookup(table, ids, send_count=1024), labels)
+    ...   grads = tape.gradient(loss, table.shard_variables)
+    ...   ps_mxrec.apply_gradients(optimizer, [(grads, table)])
+    ...   return loss
+    >>> loss = coordinator.schedule(train_step, args=(ids, labels))
   """
   run = initialize.get_config_initializer()
   where = f"ps_mxrec.create_table('{name}')"

@@ -1,62 +1,22 @@
 """A table sharded by key over the parameter servers of a ParameterServerStrategy.
 
-Shard i of a table lives on "/job:ps/task:i": its key index (the native
-KeyIndex resource, core/key_index.py), its [rows_per_shard, dim] rows variable
-and the hash optimizer's slot variables of those rows. Key k belongs to shard
-`sharding.owner(k, num_ps)` (the SplitMix64 owner of distributed/sharding.py,
-the same as MultiWorkerMirroredStrategy's ShardedTable). A worker running a
-step that the ClusterCoordinator scheduled:
+`PSShardedTable`: shard i of a table lives on "/job:ps/task:i" (its native key
+index, its [rows_per_shard, dim] rows and the hash optimizer's slots of those
+rows); key k belongs to shard `sharding.owner(k, num_ps)`. In a step the
+ClusterCoordinator scheduled, a worker splits the batch's keys by owner,
+inserts and gathers each part on its owner ps (ops under tf.device: TF's
+remote execution, so only the touched rows travel), stitches the rows back in
+batch order and, after the backward pass, applies the hash optimizer's row
+update on each owner ps. Admission and eviction (core/admission.py) run on the
+owners too; tiered shards (`tiers=`, mxRec's DDR/SSD modes) keep core/tiers.py's
+three tiers on their ps (distributed/ps_tiers.py). Updates from several
+workers are asynchronous (Hogwild-style), as ParameterServerStrategy's dense
+variables are.
 
-  1. splits the batch's keys by owner (tf.dynamic_partition),
-  2. inserts each part into its owner's key index and gathers the rows there
-     (ops placed with tf.device on the owner PS: TF's remote execution), so
-     only the touched rows travel to the worker,
-  3. stitches the rows back in batch order (tf.dynamic_stitch),
-  4. after the backward pass, sends each shard its gradient rows
-     (IndexedSlices of the shard variable) and applies the hash optimizer's
-     row update (optimizers/base.HashOptimizer.apply_sparse: lazy Adam,
-     Adagrad, SGD, FTRL) on the owner PS.
-
-Feature admission and eviction (core/admission.py, mxRec's access_threshold
-and eviction_threshold) run on the owners too: a key's sightings are counted
-by the key index of its owner PS, which gives it a row once they reach
-`access_threshold` (until then the key reads the default value and gets no
-gradient, as core/lookup.gather_rows does for rows of -1 in one process), and
-records the batch's timestamp as its last-seen time; `evict` removes each
-shard's idle keys on its PS and resets their rows and slots. Every
-occurrence of a key goes to its owner in step 2 anyway, so the counts add
-nothing to the bytes of a step but the timestamp scalar.
-
-Tiered tables (`tiers=`, mxRec's DDR/SSD modes): each shard keeps the three
-tiers of core/tiers.py on its ps task, the shard variable being the device
-cache of the shard's host and SSD rows; its key index hands out global rows
-of the shard, and each step plans and moves its rows in the shard's
-critical section before reading them (distributed/ps_tiers.py).
-
-Updates from several workers are asynchronous, as ParameterServerStrategy's
-dense variables are (Hogwild-style, TF's PS training tutorial): each step reads
-the rows current when it runs. The optimizer's step count t is one int64
-variable on ps 0, incremented once per `apply_gradients` by whichever worker
-applies. This mirrors TF's variable placement under ParameterServerStrategy and
-TFRA's / mxRec's PS-sharded hash tables; TorchRec's row-wise sharding splits
-the same way.
-
-Example (the chief is the coordinator; ps and worker tasks run
-`python -m mxrec_pipeline.cluster.ps_server`):
-  >>> strategy = tf.distribute.experimental.ParameterServerStrategy(
-  ...     tf.distribute.cluster_resolver.TFConfigClusterResolver())
-  >>> coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(strategy)
-  >>> optimizer = lazy_adam.create_hash_optimizer(0.01)
-  >>> table = PSShardedTable(strategy, name="item", dim=8, rows_per_shard=100_000,
-  ...                        optimizer=optimizer)  # Outside strategy.scope().
-  >>> @tf.function
-  ... def train_step(ids, labels):
-  ...   with tf.GradientTape() as tape:
-  ...     emb = table.lookup(ids)
-  ...     loss = ...(emb, labels)
-  ...   table.apply_gradients(tape.gradient(loss, table.shard_variables))
-  ...   return loss
-  >>> loss = coordinator.schedule(train_step, args=(ids, labels))
+Mirrors TF's variable placement under ParameterServerStrategy and TFRA's /
+mxRec's PS-sharded hash tables (TorchRec's row-wise sharding splits the same
+way). See docs/distributed.md#parameter-servers-parameterserverstrategy for
+an example and launching.
 """
 
 from __future__ import annotations
@@ -293,7 +253,9 @@ class PSShardedTable(tf.Module):
     for i, device in enumerate(self.devices):
       with tf.device(device):
         handle = key_index_lib.handle(CONTAINER, self.table_name)
-        if counting:  # Each occurrence counts once, as one process counts the batch.
+        # Each occurrence counts once, as one process counts the batch. Every occurrence
+        # goes to its owner anyway, so counting adds only the timestamp scalar to a step's bytes.
+        if counting:
           unique_rows, restore, _ = key_index_lib.insert_admit(
               handle, key_parts[i], tf.ones_like(key_parts[i]), timestamp,
               self.admit_evict.access_threshold or 0)

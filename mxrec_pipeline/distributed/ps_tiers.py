@@ -1,42 +1,21 @@
 """Tiers of one parameter-server shard: its device cache, host and SSD rows, all on its ps task.
 
-A tiered PSShardedTable (distributed/ps_table.py) gives each shard the three
-tiers of core/tiers.py, on the shard's ps task: the shard variable
-[device_vocabulary_size, dim] (and its optimizer slots) is the "device"
+`TieredShard`: a tiered PSShardedTable (distributed/ps_table.py) gives each
+shard the three tiers of core/tiers.py on the shard's ps task: the shard
+variable [device_vocabulary_size, dim] and its optimizer slots are the device
 cache, the host tier is the native TierStore in the ps process's memory, the
 SSD tier its files under `<ssd_data_path>/shard_<i>`. The shard's key index
-hands out global rows in [0, device + host + ssd) of the shard, as a
-single-process tiered table's does.
+hands out global rows of the shard, as a single-process tiered table's does.
 
-Asynchronous workers run several steps on one shard at once, so the
-single-process flow (the key process plans ahead, the training loop applies
-plans in order and finishes one batch at a time) becomes, per step and shard:
-
-  1. insert the keys in the key index (global rows), on the ps;
-  2. in the shard's critical section (tf.CriticalSection on the ps, TF's
-     exclusive-execution primitive): plan the global rows (device slots and a
-     token) and apply the plan's moves: read swap-out rows, swap with the
-     store, write swap-in rows. No other step's moves, and no evaluation
-     read, interleave with them, so no row is read half-moved;
-  3. outside the section: gather the rows at the slots, forward, backward,
-     the optimizer's row update of the slots (on the ps);
-  4. finish the token after that update.
-
-The planner runs in its concurrent-steps mode (TierConfig.pin_until_finish,
-native/core/device_cache.h): every slot used by a plan not finished yet, or
-by any plan after the oldest unfinished one, is pinned, so another worker's
-plan never evicts a row a step still reads or updates, whatever order the
-steps end in. A plan without room waits (in the section) for steps to finish,
-up to TierConfig.wait_seconds, then fails naming the table; a step unfinished
-2 x wait_seconds after its plan counts as lost (its worker died mid-step) and
-stops pinning; should that step finish after all, its finish op fails naming
-the table (its rows may have gone to other keys meanwhile). Plans are made
-in the step (the ids reach the ps only then), so there is no prefetch of
-plans as in one process.
-
-Mirrors mxRec's HybridMgmt swap (plan, then swap out / swap in before the
-lookup) placed on TF's parameter servers, as TFRA's and mxRec's PS tables
-place their hash tables.
+Asynchronous workers run several steps on one shard at once, so each step
+inserts its keys, then plans its rows and applies the plan's moves in the
+shard's tf.CriticalSection (no other step's moves, and no evaluation read,
+interleave), gathers and updates the rows outside it, and finishes its plan
+token after the optimizer's update. The planner pins every slot of an
+unfinished plan (TierConfig.pin_until_finish, native/core/device_cache.h), so
+no step evicts a row another step still reads or updates. Mirrors mxRec's
+HybridMgmt swap (plan, then swap out / swap in before the lookup) placed on
+TF's parameter servers. See docs/tiers.md#on-parameter-servers.
 """
 
 from __future__ import annotations

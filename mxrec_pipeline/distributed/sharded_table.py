@@ -1,36 +1,19 @@
 """A table sharded row-wise by key owner over the workers of a MultiWorkerMirroredStrategy.
 
-Each worker holds one shard: an ordinary single-process table of the core
-(core/embedding.create_table: a KeyIndex plus a [rows_per_shard, dim] rows
-variable), created outside the strategy's scope so that its rows are this
-worker's own variable, neither mirrored nor all-reduced. A lookup routes the
-batch's ids to their owners and the rows back (distributed/exchange.py, or
-distributed/all_to_all.py with routing="all_to_all"); the
-gradient comes back to the owners as IndexedSlices on their shard variable,
-and `apply_gradients` hands it to a hash optimizer (lazy Adam, Adagrad, SGD,
-FTRL of mxrec_pipeline.optimizers) with no cross-worker aggregation: the
-exchange already brought every worker's gradient of the owner's rows. Dense
-variables stay mirrored and all-reduced as MultiWorkerMirroredStrategy does.
-TorchRec's ShardedEmbeddingCollection (row-wise) and TPUEmbedding's
-mod-sharding work the same way.
+`ShardedTable`: each worker holds one shard, an ordinary single-process table
+of the core (core/embedding.create_table) created outside the strategy's
+scope, so its rows are this worker's own variable, neither mirrored nor
+all-reduced. A lookup routes the batch's ids to their owners and the rows
+back (distributed/exchange.py, or distributed/all_to_all.py with
+routing="all_to_all"); the gradient comes back to the owners as IndexedSlices
+on their shard variable, and `apply_gradients` hands it to a hash optimizer
+(mxrec_pipeline.optimizers) with no cross-worker aggregation: the exchange
+already brought every worker's gradient of the owner's rows. Dense variables
+stay mirrored and all-reduced as MultiWorkerMirroredStrategy does.
 
-Example (one process per worker, each with its TF_CONFIG):
-  >>> strategy = tf.distribute.MultiWorkerMirroredStrategy()
-  >>> init()
-  >>> table = ShardedTable(strategy, name="item", dim=8, rows_per_shard=100_000,
-  ...                      emb_initializer=tf.keras.initializers.RandomNormal(0, 0.05))
-  >>> optimizer = lazy_adam.create_hash_optimizer(0.01)  # Outside strategy.scope().
-  >>> @tf.function
-  ... def train_step(ids, labels):
-  ...   def step_fn(ids, labels):
-  ...     with tf.GradientTape() as tape:
-  ...       loss = ...(table.lookup(ids), labels) / global_batch_size
-  ...     dense_grads, table_grad = tape.gradient(loss, [dense_vars, table.variable])
-  ...     dense_optimizer.apply_gradients(zip(dense_grads, dense_vars))
-  ...     return loss, table_grad
-  ...   loss, table_grad = strategy.run(step_fn, (ids, labels))
-  ...   apply_gradients(optimizer, [(table_grad, table)])
-  ...   return strategy.reduce("SUM", loss, axis=None)
+TorchRec's ShardedEmbeddingCollection (row-wise) and TPUEmbedding's
+mod-sharding work the same way. A custom training loop:
+docs/distributed.md#many-workers-multiworkermirroredstrategy-tables-sharded-by-key.
 """
 
 from __future__ import annotations

@@ -1,50 +1,22 @@
 """`Embedding`: the TPUEmbedding mid-level API on the sparse core.
 
 tf.tpu.experimental.embedding.TPUEmbedding's custom training loop runs here
-with only the import changed (the class is also exported as `TPUEmbedding`):
+with only the import changed (the class is also exported as `TPUEmbedding`),
+under tf.distribute.MirroredStrategy or no strategy. Per step:
 
-  strategy = tf.distribute.MirroredStrategy()       # or no strategy at all
-  with strategy.scope():
-    embedding = Embedding(feature_config, optimizer=Adam(0.01))
-  dataset_iterator = iter(strategy.experimental_distribute_dataset(
-      dataset, options=tf.distribute.InputOptions(experimental_fetch_to_device=False)))
-
-  @tf.function
-  def training_step(dataset_iterator, num_steps):
-    def tpu_step(tpu_features):
-      with tf.GradientTape() as tape:
-        activations = embedding.dequeue()
-        tape.watch(activations)
-        loss = ...  # model(activations), tpu_features
-      embedding_gradients = tape.gradient(loss, activations)
-      embedding.apply_gradients(embedding_gradients)
-
-    for _ in tf.range(num_steps):
-      embedding_features, tpu_features = next(dataset_iterator)
-      embedding.enqueue(embedding_features, training=True)
-      strategy.run(tpu_step, args=(tpu_features,))
-
-What happens underneath, per step:
   enqueue   (outside strategy.run, on the host): every table's ids of every
-            replica go through the table's native key index in one call,
-            feature by feature, replica by replica: distinct ids get rows
-            (training=True; unseen ids read zeros and take no row with
-            training=False). Rows are handed out in the order of the global
-            batch, so N replicas assign the same rows as one replica would.
-  dequeue   (in each replica): gather the replica's distinct rows from the
-            table variable, then per id, then combine: [*output_shape, dim].
-  apply_gradients (in each replica): the activations' gradients go back
-            through that linear map to the replica's distinct rows, and the
-            table's optimizer (a sparse-core HashOptimizer) all-reduces them
-            across replicas and updates those rows and their slots only.
+            replica go through the table's native key index in one call, in
+            the order of the global batch, so N replicas assign the same rows
+            as one replica would; unseen ids get rows only with training=True.
+  dequeue   (in each replica): the replica's rows, per id, then combined:
+            [*output_shape, dim] (core/lookup.py, core/combiner.py).
+  apply_gradients (in each replica): the activations' gradients go back to the
+            replica's distinct rows; each table's HashOptimizer all-reduces
+            them across replicas and updates those rows and their slots only.
 
-Why insertion runs in enqueue and not in a `dataset.map` (as the sparse
-core's get_asc_insert_func does): TPUEmbedding code hands raw ids to enqueue,
-so inserting there keeps that code unchanged; and a distributed dataset splits
-every batch tensor along its first dimension between replicas, which a batch's
-unique rows (one vector for the whole batch) cannot be split by. The cost is
-one host op per table per step inside the step; tf.data still prefetches
-parsing ahead of it.
+Insertion runs in enqueue, not in a `dataset.map`, so TPUEmbedding code stays
+unchanged and a distributed dataset never has to split a batch's unique rows.
+See docs/tpu-embedding.md for the loop, the API mapping and the reasons.
 """
 
 from __future__ import annotations

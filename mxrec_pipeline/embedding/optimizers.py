@@ -2,32 +2,20 @@
 
 The classes hold TPUEmbedding's optimizer parameters (same names, order and
 defaults as tensorflow/python/tpu/tpu_embedding_v2_utils.py). `Embedding` turns
-each one into a HashOptimizer of the sparse core (mxrec_pipeline.optimizers):
-updates touch only the rows a step looked up (lazy, row-wise; duplicate ids
-summed first), run under tf.distribute strategies after the replicas'
-gradients are all-reduced, and their slots are checkpointed with the tables.
+each one into a HashOptimizer of the sparse core (mxrec_pipeline.optimizers)
+with TPUEmbedding's row math (tensorflow/core/protobuf/tpu/
+optimization_parameters.proto): updates touch only the rows a step looked up,
+after the replicas' gradients are summed; float32 tables run them as one pass
+of the fused native ops (MxSgdRows, MxAdagradRows, MxLazyAdamRows), other
+dtypes and non-lazy Adam as TF ops.
 
-The row math is TPUEmbedding's (tensorflow/core/protobuf/tpu/
-optimization_parameters.proto), per touched row r, g the summed gradient:
-
-  SGD:      w[r] -= lr * g
-  Adagrad:  a[r] += g^2;  w[r] -= lr * g / sqrt(a[r])
-  Adam:     m[r] = b1 m[r] + (1 - b1) g;  v[r] = b2 v[r] + (1 - b2) g^2
-            w[r] -= lr * m[r] / sqrt(v[r] + eps^2)   (sum_inside_sqrt=True)
-            w[r] -= lr * m[r] / (sqrt(v[r]) + eps)   (sum_inside_sqrt=False)
-
-float32 tables run the lazy updates as one pass of the fused native ops
-(MxSgdRows, MxAdagradRows, MxLazyAdamRows; native/core/row_optimizers.cc),
-other dtypes and non-lazy Adam as TF ops.
-
-TPUEmbedding's Adam has no bias correction: its docs fold it into a dynamic
-learning rate, `lr * sqrt(1 - b2^t) / (1 - b1^t)`, which works here too (pass
-a callable). `lazy_adam=False` updates every row every step, as TPU's non-lazy
-Adam does. `clipvalue` clips the summed gradient, `clip_weight_min/max` the
-updated rows. Not available (NotImplementedError naming the argument):
-weight_decay_factor, slot_variable_creation_fn. use_gradient_accumulation and
-low_dimensional_packing_status are TPU precision/memory-layout switches with
-no effect here (gradients are always summed exactly in float32).
+Parameters of every class: `clipvalue` clips the summed gradient,
+`clip_weight_min/max` the updated rows; `use_gradient_accumulation` and
+`low_dimensional_packing_status` (TPU precision/memory-layout switches) have no
+effect, gradients are always summed exactly in float32; `weight_decay_factor`
+and `slot_variable_creation_fn` raise NotImplementedError. Adam has no bias
+correction, as on TPU: a callable learning rate `lr * sqrt(1 - b2^t) /
+(1 - b1^t)` gives it. See docs/tpu-embedding.md#optimizers for the updates.
 """
 
 from __future__ import annotations

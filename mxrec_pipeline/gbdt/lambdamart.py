@@ -2,36 +2,20 @@
 
 The strong classical baseline of learning to rank: gradient-boosted trees
 trained with the LambdaRank gradients (Burges, "From RankNet to LambdaRank to
-LambdaMART: An Overview", MSR-TR-2010-82), as LightGBM implements them
-(objective "lambdarank"; its default label gains 2^label - 1 are NDCG's
-gains in tfr's metrics). It is trained with LightGBM's core API
-(`lightgbm.train`) and the parameters `lightgbm.LGBMRanker` passes it, so
-the trees are LGBMRanker's without its scikit-learn dependency. Trained on
-every list of the training file (whole lists, labels < 0 are padding), then scored on the same
-validation batches as the model and the simple baseline with
-`evaluation.evaluate_scores` (tfr's metrics).
-
-Features (`feature_layout`), from the ranker's ELWC feature specs:
-  - numeric: a FixedLenFeature of float32 or int64 that is not a sparse id
-    feature, one column per value (LETOR's `custom_features_*`, MovieLens'
-    age and year); context features are repeated for every document;
-  - categorical: a single-valued id feature (int64 or string; MovieLens'
-    user_id, item_id, gender, occupation, zip) or any single-valued string
-    feature: codes numbered as values first appear in the training file
-    (sorted within a batch); values never seen there are missing (NaN) in
-    validation;
-  - skipped (named in metrics.json): multi-valued features (RaggedFeature,
-    VarLenFeature or several ids per document: MovieLens' genres and title
-    tokens).
+LambdaMART: An Overview", MSR-TR-2010-82), as LightGBM's objective
+"lambdarank" implements them (its label gains 2^label - 1 are NDCG's gains in
+tfr's metrics), trained with `lightgbm.train` and the parameters
+`lightgbm.LGBMRanker` passes it (LGBMRanker's trees without scikit-learn).
+`evaluate` trains on every whole list of the training file and scores the same
+validation batches as the model with `evaluation.evaluate_scores`.
+`feature_layout` maps the ELWC feature specs to columns: dense numeric
+features, single-valued ids and strings as categorical, multi-valued ones
+skipped.
 
 LightGBM is an optional extra (`pip install 'mxrec-pipeline[lambdamart]'`),
 imported here only when a job trains LambdaMART; without it `evaluate` says
 why (`LIGHTGBM_MISSING`) and the job runs on.
-
-Example:
-
-    metrics, info = evaluate(train_batches, valid_batches, context_spec, example_spec,
-                             ["item_id"], LambdaMartConfig(), seed=1)
+See docs/configuration.md#lambdamart-optional-mxrec_pipelinegbdtconfigpy-lambdamartconfig.
 """
 
 from __future__ import annotations
@@ -111,7 +95,19 @@ class FeatureLayout:
 def feature_layout(
     context_spec: Mapping[str, object], example_spec: Mapping[str, object],
     id_features: Collection[str] = ()) -> FeatureLayout:
-  """Which ELWC features become which LambdaMART columns (see the module docstring).
+  """Which ELWC features become which LambdaMART columns.
+
+  - numeric: a FixedLenFeature of float32 or int64 that is not a sparse id
+    feature, one column per value (LETOR's `custom_features_*`, MovieLens'
+    age and year); context features are repeated for every document;
+  - categorical: a single-valued id feature (int64 or string; MovieLens'
+    user_id, item_id, gender, occupation, zip) or any single-valued string
+    feature: codes numbered as values first appear in the training file
+    (sorted within a batch); values never seen there are missing (NaN) in
+    validation;
+  - skipped (named in metrics.json): multi-valued features (RaggedFeature,
+    VarLenFeature or several ids per document: MovieLens' genres and title
+    tokens).
 
   Args:
     context_spec, example_spec: The ranker's ELWC feature specs (name ->
@@ -342,6 +338,11 @@ def evaluate(train_batches: Iterable, valid_dataset: tf.data.Dataset, context_sp
     (metrics keyed as RANKING_METRICS, info): info is `train`'s, or
     {"reason": one line} with metrics None (lightgbm missing, no usable
     feature, non-integer labels, ...).
+
+  Example:
+
+    metrics, info = evaluate(train_batches, valid_batches, context_spec, example_spec,
+                             ["item_id"], LambdaMartConfig(), seed=1)
   """
   try:
     layout = feature_layout(context_spec, example_spec, id_features)

@@ -2,30 +2,17 @@
 
 mxRec's "automatic graph modification" lets a TF1 script call
 `sparse_lookup(table, ids, modify_graph=True)` on plain id tensors straight
-from `iterator.get_next()`, then `modify_graph_and_start_emb_cache()` rewrites
+from `iterator.get_next()`; `modify_graph_and_start_emb_cache()` then rewrites
 the graph so those ids are inserted inside the dataset, ahead of the step, as
-with FeatureSpecs and get_asc_insert_func.
-
-How the rewrite works here, per iterator whose outputs feed such lookups:
-
-1. The dataset behind the iterator is found through its `MakeIterator` op and
-   re-read with `tf.data.experimental.from_variant`, as a flat tuple of its
-   (dense) components.
-2. A `map` adds the insertion results (per table: unique rows; per lookup:
-   restore indices), computed by the native op through the same `insert_ids`
-   layout as get_asc_insert_func, then `prefetch`.
-3. A new initializable iterator over that dataset replaces the old one: every
-   consumer of the old `get_next` outputs is rewired to the new outputs, and
-   the placeholders each deferred lookup was built on to the insertion results.
-   Gradient ops built before the rewrite are rewired too.
-4. `get_initializer(is_training)` gives the new iterators' initializer.
-
-Until the rewrite, the deferred lookups' placeholders hold an assertion that
-fails with a message saying to call modify_graph_and_start_emb_cache().
+with FeatureSpecs and get_asc_insert_func, and `get_initializer(is_training)`
+gives the new iterators' initializer. `GraphModifierHook` does both for
+Estimators. Until the rewrite, the deferred lookups fail with a message saying
+to call modify_graph_and_start_emb_cache().
 
 Limits: ids must be `get_next()` outputs (Identity ops allowed); the dataset's
 components must be dense tensors; the iterator must be initializable
 (`tf.compat.v1.data.make_initializable_iterator`, as in mxRec's examples).
+See docs/migrating-from-mxrec.md#what-differs.
 """
 
 from __future__ import annotations
@@ -53,8 +40,21 @@ def modify_graph_and_start_emb_cache(full_graph: tf.Graph | None = None,
                                      dump_graph: bool = False) -> None:
   """Rewrites the graph so deferred lookups' ids are inserted in their datasets.
 
-  See the module docstring. Call it once, after building the model and its
-  gradients (mxRec's rule), then run `get_initializer(True/False)` in the session.
+  Call it once, after building the model and its gradients (mxRec's rule), then
+  run `get_initializer(True/False)` in the session. Per iterator whose outputs
+  feed deferred lookups:
+
+  1. The dataset behind the iterator is found through its `MakeIterator` op and
+     re-read with `tf.data.experimental.from_variant`, as a flat tuple of its
+     (dense) components.
+  2. A `map` adds the insertion results (per table: unique rows; per lookup:
+     restore indices), computed by the native op through the same `insert_ids`
+     layout as get_asc_insert_func, then `prefetch`.
+  3. A new initializable iterator over that dataset replaces the old one: every
+     consumer of the old `get_next` outputs is rewired to the new outputs, and
+     the placeholders each deferred lookup was built on to the insertion
+     results. Gradient ops built before the rewrite are rewired too.
+  4. `get_initializer(is_training)` gives the new iterators' initializer.
 
   Args:
     full_graph: The graph to modify; the default graph when None.

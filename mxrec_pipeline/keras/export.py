@@ -1,29 +1,22 @@
 """SavedModel export that serves raw ids with plain TensorFlow.
 
-Each table is exported as a compact snapshot: the rows of its key index's keys
-plus a default row, [num_keys + 1, dim] (core/key_index.py
-`to_compact_table`), with a stock `tf.lookup.StaticHashTable` key -> position
-in it (num_keys, the default row, for absent keys). Flat and tiered tables
-(core/tiers.py, rows read from every tier) take the same path, so a table of
-capacity 5M with 100k keys exports 100k + 1 rows. The exported functions map raw
-ids to (unique positions, restore indices) with `tf.unique` and those tables,
-through the same `insert_ids` layout the input pipeline uses, then run the
-trained Keras model with training=False, so ids never trained read the default
-(zero) embedding, as in evaluation. The SavedModel holds the model's layers
-but not its tables' full variables, optimizers or metrics. Loading needs only
-`tensorflow`: no custom-op library, no import of this project.
-
-The export is written beside its directory and renamed into place
-(util/atomic_dir.py): a process killed while exporting leaves the previous
-export intact, and the next export removes the leftovers.
+`export_serving_model` exports each table as a compact snapshot: the rows of
+its key index's keys plus a default row, [num_keys + 1, dim] (core/key_index.py
+`to_compact_table`; flat and tiered tables alike), with a stock
+`tf.lookup.StaticHashTable` key -> position (absent keys: the default, zero,
+row). The exported functions map raw ids with `tf.unique` and those tables,
+through the input pipeline's `insert_ids` layout, then run the trained model
+with training=False. The SavedModel holds the model's layers but not its
+tables' full variables, optimizers or metrics, and loads with `tensorflow`
+alone. It is written beside its directory and renamed into place.
 
 Signatures:
   serving_default(examples: [batch_size] string, serialized ELWC protos)
       -> {"scores": [batch_size, list_size] float32}; padded positions score
       tfr's padding value.
   predict(<one input per feature, raw dtype; mask>) -> {"scores": ...}; only
-      when every feature is dense (a ragged multi-valued feature has no dense
-      raw-tensor form).
+      when every feature is dense (a ragged feature has no dense raw form).
+See docs/architecture.md#serving.
 """
 
 from __future__ import annotations

@@ -13,21 +13,7 @@ sparse core adds:
 * `SparseRankingModel`: the Keras model it builds. Its `train_step` gives dense
   variables to the compiled optimizer and table rows to a lazy hash optimizer.
 
-Example:
-
-  ```python
-  context_spec = {"user_id": tf.io.FixedLenFeature([1], tf.int64, default_value=0)}
-  example_spec = {"item_id": tf.io.FixedLenFeature([1], tf.int64, default_value=0),
-                  "year": tf.io.FixedLenFeature([1], tf.int64, default_value=0)}
-  builder = ModelBuilder(
-      input_creator=FeatureSpecInputCreator(context_spec, example_spec),
-      preprocessor={"year": lambda t: tf.cast(t, tf.float32) / 2000.0},
-      scorer=DNNScorer(hidden_layer_dims=[64, 32], output_units=1),
-      mask_feature_name="example_list_mask",
-      sparse_features=[SparseFeature("user_id", "user"), SparseFeature("item_id", "item")],
-      tables=[TableSpec("user", 16, 2000), TableSpec("item", 16, 4000)])
-  model = builder.build()  # after mxrec_pipeline.util.initialize.init()
-  ```
+See `ModelBuilder` for an example and docs/writing-a-ranker.md for a ranker.
 """
 
 from __future__ import annotations
@@ -151,6 +137,22 @@ class ModelBuilder(tfr.keras.model.ModelBuilder):
 
   Raises:
     ValueError: a sparse feature naming an unknown table or input.
+
+  Example:
+
+    ```python
+    context_spec = {"user_id": tf.io.FixedLenFeature([1], tf.int64, default_value=0)}
+    example_spec = {"item_id": tf.io.FixedLenFeature([1], tf.int64, default_value=0),
+                    "year": tf.io.FixedLenFeature([1], tf.int64, default_value=0)}
+    builder = ModelBuilder(
+        input_creator=FeatureSpecInputCreator(context_spec, example_spec),
+        preprocessor={"year": lambda t: tf.cast(t, tf.float32) / 2000.0},
+        scorer=DNNScorer(hidden_layer_dims=[64, 32], output_units=1),
+        mask_feature_name="example_list_mask",
+        sparse_features=[SparseFeature("user_id", "user"), SparseFeature("item_id", "item")],
+        tables=[TableSpec("user", 16, 2000), TableSpec("item", 16, 4000)])
+    model = builder.build()  # after mxrec_pipeline.util.initialize.init()
+    ```
   """
 
   def __init__(self, input_creator: Callable, preprocessor, scorer, mask_feature_name: str,

@@ -16,14 +16,6 @@ as either of:
 Duplicate addresses (one row looked up twice in a step) are summed before the
 update. Works eagerly, in tf.function and in tf.compat.v1 sessions, where
 `apply_gradients` returns the training op. Not under tf.distribute strategies.
-
-Subclasses give the slot names with their initial values and the fused update:
-
-  class Sgd(ByAddressOptimizer):
-    slot_initial_values = {}
-
-    def _apply_rows(self, store, rows, grad, step):
-      return store.apply_sgd(rows, grad, self.learning_rate, 0.0)
 """
 
 from __future__ import annotations
@@ -77,6 +69,14 @@ class ByAddressOptimizer(tf.Module):
   Raises:
     RuntimeError: init() was not called.
     ValueError: the run is not in dynamic-expansion mode, or learning_rate <= 0.
+
+  Subclasses give the slot names with their initial values and the fused update:
+
+    class Sgd(ByAddressOptimizer):
+      slot_initial_values = {}
+
+      def _apply_rows(self, store, rows, grad, step):
+        return store.apply_sgd(rows, grad, self.learning_rate, 0.0)
   """
 
   slot_initial_values: dict[str, float] = {}

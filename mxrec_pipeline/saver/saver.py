@@ -1,72 +1,20 @@
 """Saver, as mx_rec.saver.saver.Saver: dense checkpoint plus a per-key sparse part.
 
 `Saver` is a tf.compat.v1.train.Saver for TF1 graphs and sessions (also in an
-Estimator's Scaffold). `save(sess, save_path, global_step=i)` writes
+Estimator's Scaffold). `save(sess, "./saved-model/model-0", global_step=i)`
+writes the dense checkpoint of every variable but the tables' rows and
+optimizer slots and, beside it, `./saved-model/sparse-model-0-<i>/` with each
+table's keys, rows, embeddings and slots (`.npy` files and `meta.json`), so
+mxRec's quick start and its restore-if-present test work as they are. The
+sparse part is written first and renamed into place, so a crash at any point
+leaves the previous checkpoint whole. `restore` imports each table's keys at
+their saved rows, so later keys get the rows the saving run would have given.
 
-  <dir>/<name>-<i>.index / .data-*        dense part: every variable except the
-                                          tables' rows and their optimizer slots
-  <dir>/sparse-<name>-<i>/                sparse part, per table:
-      meta.json                           format, and per table its kind, dim,
-                                          capacity, slot names and initial values
-                                          (tiered tables: also host/SSD sizes)
-      table-<quoted name>/keys.npy        [n] int64, ascending
-      table-<quoted name>/rows.npy        [n] int64, the row of each key (tiered
-                                          tables: its global row)
-      table-<quoted name>/embeddings.npy  [n, dim], the rows of those keys
-      table-<quoted name>/slot-<i>.npy    [n, dim], slot i's rows (named in meta)
-
-so mxRec's quick start works as is: `saver.save(sess, "./saved-model/model-0",
-global_step=i)` writes `./saved-model/sparse-model-0-<i>`, and its
-restore-if-present test `os.path.exists("./saved-model/sparse-model-0-0")`
-finds it.
-
-Crash safety: the sparse part is written to a temporary directory beside it and
-renamed into place BEFORE the dense save writes its files and updates the
-`checkpoint` state file. A crash at any point leaves the state file naming the
-previous checkpoint, whose two parts are complete; a failing dense save removes
-the new sparse part again.
-
-Restore: every op and placeholder is built when the Saver is (so the graph can
-be finalized afterwards, as Estimators and MonitoredSession do). `restore()`
-checks the sparse part first (a missing or corrupt one raises naming the path,
-before anything changes), restores the dense part, then per table re-initializes
-its rows (see below) and slots, replaces its key index by the saved keys and
-scatters the saved rows and slots. Keys are imported at their saved rows, so the
-rows new keys get next are those the saving run would have given (row
-assignment is part of a reproducible run). Only when the restoring table has a
-smaller device_vocabulary_size than the saved rows need are the keys compacted
-to rows 0..n-1 in key order (lookups stay identical; later row assignment does
-not). Rows of keys not in the checkpoint hold initializer values, as in a fresh
-table: a table initialized in this session and not used yet (empty key index)
-keeps its rows, the initializer's first draw, which is what an uninterrupted
-run with the same seeds trains from (running a seeded stateful initializer
-again would draw other values); an uninitialized or used table is initialized
-again first.
-
-Optimizer slots of plain tables are found by their variable names,
-`<table>/<optimizer>/<slot>`, as the hash optimizers create them: build the
-Saver after the training op, as tf.compat.v1.train.Saver requires for its
-variables anyway.
-
-Tiered tables (create_table's host_vocabulary_size > 0, core/tiers.py; meta
-kind "tiered"): rows are the keys' global rows in [0, device + host + SSD
-rows), and the embeddings and slots (those of create_table's optimizer_list,
-named `<optimizer>/<slot>` as for plain tables) are read wherever each row lives
-(device cache, host memory or SSD; rows created by read-ahead but never trained
-read their initial values). Restore empties the cache and the host/SSD store,
-imports the keys at their saved global rows, puts the first
-device_vocabulary_size rows (in key order) in the device cache and the others in
-the host/SSD store. A restoring table with fewer total rows than the saved
-global rows need gets its keys compacted as above; with fewer total rows than
-saved keys, restore fails. Batches planned for the device cache before a
-restore (an iterator's read-ahead) must be planned again: initialize the
-training iterator after restoring. The tables' device rows, slots, key indexes
-and the tiers' own SaveableObjects (`<table>/tiers`) are all left out of the
-dense part.
-
-A plain table's checkpoint restores into a tiered table of the same dim and
-slots, and the other way round (switching a model to DDR/SSD mode and back):
-both hold keys, rows, embeddings and slots by name.
+Plain, tiered (core/tiers.py: rows read wherever they live) and
+dynamic-expansion (core/expansion.py) tables are saved; plain and tiered
+checkpoints restore into each other. Main names: `Saver`, `sparse_dir`.
+See docs/migrating-from-mxrec.md#sparse-checkpoint-files for the files and
+the restore rules.
 """
 
 from __future__ import annotations
@@ -399,8 +347,11 @@ def _tiered_slots(table) -> list[tuple[str, tf.Variable, float]]:
 class Saver(tf.compat.v1.train.Saver):
   """tf.compat.v1.train.Saver that writes the tables' sparse part beside the dense one.
 
-  See the module docstring for the layout, crash safety and restore. Build it in
-  the graph of the tables, after the training op.
+  Files, crash safety and restore: docs/migrating-from-mxrec.md#sparse-checkpoint-files.
+  Build it in the graph of the tables, after the training op: plain tables'
+  slots are found by their names, `<table>/<optimizer>/<slot>`. Every op and
+  placeholder is built here, so the graph can be finalized afterwards (as
+  Estimators and MonitoredSession do).
 
   Args:
     var_list: As tf.compat.v1.train.Saver's (None: all saveable objects); table

@@ -3,24 +3,18 @@
   mxrec-pipeline sweep configs/sweep_movielens.yaml [--n-trials N] [--n-jobs J]
       [--timeout S] [--storage URL] [--set key=value ...]
 
-The command (this process) validates the sweep config against its base job
+`run_sweep` (this process) validates the sweep config against its base job
 config, prepares the data once, creates or resumes the study, marks FAIL the
 trials its dead workers left RUNNING, starts J worker processes
-(mxrec_pipeline.sweep.worker; each runs one trial process at a time) and
-waits for them. Then it prints the trial table and writes the best config,
-the best model and the plots (mxrec_pipeline.sweep.reporting).
-
-Running the same command again resumes the study: finished trials stay, the
-workers run trials until the study has n_trials COMPLETE + PRUNED ones. Other
-machines join by running the same command with the same --storage URL (and
-so the same study_name).
-
-Ctrl-C (or SIGTERM) stops the workers, which terminate their trial processes
-and mark those trials FAIL; a second Ctrl-C kills them (the next run marks
-their trials FAIL). The report is printed either way.
+(mxrec_pipeline.sweep.worker) and waits for them. Then it prints the trial
+table and writes the best config, the best model and the plots
+(mxrec_pipeline.sweep.reporting). Running it again resumes the study; other
+machines join with the same --storage URL. Ctrl-C (or SIGTERM) stops the
+workers, which mark their trials FAIL; the report is printed either way.
 
 Exit status: 0 the study reached n_trials (or the timeout passed), 1 a worker
 stopped on consecutive failures or crashed, 2 a bad config, 130 interrupted.
+See docs/sweeps.md.
 """
 
 from __future__ import annotations

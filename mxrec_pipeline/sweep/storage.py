@@ -1,31 +1,21 @@
 """The study's storage: opening it, the trial-start lock, and failing dead trials.
 
-Any SQLAlchemy URL works (Optuna's RDBStorage): an SQLite file for one
-machine, PostgreSQL or MySQL for workers on many machines sharing one study.
-A bare `postgresql://` URL uses psycopg2, the driver installed with the
-project (SQLAlchemy 2 would pick psycopg 3); `check_storage` tries the URL
-before the first trial (driver, server, credentials, SQLite directory) and
-names it, password masked, when it fails.
+`open_storage` opens any SQLAlchemy URL (Optuna's RDBStorage): an SQLite file
+for one machine, PostgreSQL or MySQL for workers on many machines sharing one
+study (a bare `postgresql://` uses psycopg2); `check_storage` tries the URL
+before the first trial and names it, password masked, when it fails.
 
-Trial-start lock. `--n-trials N` means the study ends with N COMPLETE + PRUNED
-trials. A worker counts finished and running trials and starts one only if
-they fall short, under a lock held from the count to the new trial's creation,
-so parallel workers never start more trials than needed:
-  - SQLite: an fcntl lock on `<database>.lock` (SQLite serves one machine);
-  - PostgreSQL: a session advisory lock (pg_advisory_lock) on the study;
-  - MySQL/MariaDB: GET_LOCK on the study;
-  - other databases: none (parallel workers may then run up to one extra
-    trial each; a warning says so).
-Every lock is released by the operating system or the server when its holder
-dies.
+`trial_start_lock` is held from counting a study's trials to creating the new
+one, so parallel workers never start more than `--n-trials` needs: an fcntl
+lock on `<database>.lock` for SQLite, pg_advisory_lock on PostgreSQL, GET_LOCK
+on MySQL/MariaDB, none on other databases (a warning says so: each worker may
+then run one extra trial). The OS or the server releases a dead holder's lock.
 
-Dead trials. A trial left RUNNING by a worker that died (killed, machine
-crash) is marked FAIL, with the reason in its "error" user attribute:
-  - on the worker's own machine, at once: each trial records its worker's
-    host, pid and process start time, and a worker that no longer runs (or a
-    zombie) is dead;
-  - from any machine, by Optuna's heartbeat: `fail_stale_trials` fails trials
-    whose heartbeat is older than the grace period.
+`fail_dead_trials` marks FAIL the trials a dead worker left RUNNING, with the
+reason in their "error" user attribute: at once on the worker's own machine
+(each trial records its worker's host, pid and process start time), from any
+machine by Optuna's heartbeat (`fail_stale_trials`).
+See docs/sweeps.md#storage-and-many-machines.
 """
 
 from __future__ import annotations

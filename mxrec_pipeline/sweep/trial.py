@@ -3,11 +3,11 @@
   python -m mxrec_pipeline.sweep.trial TRIAL_DIR --report-fd W --control-fd R
 
 The worker (mxrec_pipeline.sweep.worker) writes TRIAL_DIR/trial.json: the base
-job config, the trial's `--set` overrides (the sweep's fixed overrides, the
-trial's parameters, `pipeline.model_dir=TRIAL_DIR`) and the objective metric.
-This process loads that config, trains it with `jobs.train` (so TRIAL_DIR
-gets config.yaml, checkpoints, exports and metrics.json) and talks to the
-worker over two pipes, one JSON object a line:
+job config, the trial's `--set` overrides and the objective metric. `main`
+trains it with `jobs.train` (TRIAL_DIR gets config.yaml, checkpoints, exports
+and metrics.json, as `mxrec-pipeline train BASE --set ...` would, without the
+LambdaMART baseline) and talks to the worker over two pipes, one JSON object
+a line:
 
   trial -> worker   {"epoch": 2, "value": 0.61}       after each epoch
   worker -> trial   {"prune": false}                   the pruner's answer
@@ -15,12 +15,8 @@ worker over two pipes, one JSON object a line:
                     {"pruned": 2}                      stopped by the pruner, or
                     {"error": "ConfigError: ..."}      failed (traceback in the log)
 
-A trial is the same job `mxrec-pipeline train` runs: reproduce it with
-`mxrec-pipeline train BASE --set ...` (trial.json has the exact list), except
-that a trial does not fit the LambdaMART baseline (the same in every trial).
-
-This module imports TensorFlow only in `main`, so the worker can import its
-names without it.
+TensorFlow is imported only in `main`, so the worker imports this module's
+names without it. See docs/sweeps.md#how-it-runs.
 """
 
 from __future__ import annotations

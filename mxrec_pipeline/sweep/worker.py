@@ -4,31 +4,17 @@
                                                  #  "index": 0, "deadline": null}
 
 `mxrec-pipeline sweep` starts `--n-jobs` of these (mxrec_pipeline.sweep.runner);
-machines sharing a study each run their own.
+machines sharing a study each run their own. TensorFlow and the native tables
+are process-wide state, so a trial never runs in the worker: each runs in its
+own `python -m mxrec_pipeline.sweep.trial` process, started from
+`study.optimize(objective, n_trials=1)`. The worker imports Optuna, never
+TensorFlow, and outlives whatever happens to the trial process (an exception,
+a segfault, the out-of-memory killer), so the trial is always told to the
+study: COMPLETE, PRUNED, or FAIL with its error. The pruner runs in the
+worker, answering the trial's per-epoch reports over a pipe.
 
-Process model: a worker process per job, a fresh process per trial. TensorFlow
-and the native tables are process-wide state (one run, one set of tables, one
-strategy, memory TF does not give back), so a trial never runs in the worker:
-each runs in its own `python -m mxrec_pipeline.sweep.trial` process, started
-from `study.optimize(objective, n_trials=1)` in the worker. The worker imports
-Optuna, never TensorFlow, and outlives whatever happens to the trial process:
-an exception, a segfault, the out-of-memory killer. So the trial is always
-told to the study (COMPLETE, PRUNED, or FAIL with its error), which a trial
-process that owned its own Optuna trial could not do when it died. The pruner
-runs in the worker: the trial process sends each epoch's validation metric
-over a pipe and waits for the answer (see mxrec_pipeline.sweep.trial).
-
-Each turn the worker, under the study's trial-start lock (see
-mxrec_pipeline.sweep.storage): fails the trials of dead workers, counts the
-trials, and when COMPLETE + PRUNED + RUNNING < n_trials queues a trial that
-carries its owner (host, pid) and runs it; when the running ones would be
-enough it waits for them (one may fail); it stops when COMPLETE + PRUNED
-reaches n_trials, after `max_consecutive_failures` failures of its own trials
-in a row, at the deadline (--timeout: no trial starts after it), or on
-SIGINT/SIGTERM (the running trial's process is terminated and the trial
-marked FAIL, so the study is left with no RUNNING trial).
-
-Exit status: ExitCode.
+Main names: `Worker`, `main`. Exit status: `ExitCode`.
+See docs/sweeps.md#how-it-runs.
 """
 
 from __future__ import annotations
@@ -99,6 +85,16 @@ def log(message: str) -> None:
 
 class Worker:
   """Runs trials of one study (see the module docstring).
+
+  Each turn, under the study's trial-start lock (mxrec_pipeline.sweep.storage),
+  the worker fails the trials of dead workers, counts the trials, and when
+  COMPLETE + PRUNED + RUNNING < n_trials queues a trial that carries its owner
+  (host, pid) and runs it; when the running ones would be enough it waits for
+  them (one may fail). It stops when COMPLETE + PRUNED reaches n_trials, after
+  `max_consecutive_failures` failures of its own trials in a row, at the
+  deadline (--timeout: no trial starts after it), or on SIGINT/SIGTERM (the
+  running trial's process is terminated and the trial marked FAIL, so the
+  study is left with no RUNNING trial).
 
   Args:
     config: The sweep.

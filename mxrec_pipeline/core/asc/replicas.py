@@ -1,26 +1,22 @@
 """Per-replica batches of inserted global batches: one host, N replicas.
 
-get_asc_insert_func inserts a GLOBAL batch once: deterministic key -> row
-assignment, admission counted once, one device-cache plan of a tiered table.
-Its per-table `unique_rows` vector belongs to the whole batch, so tf.distribute's
-own split along the batch axis (`experimental_distribute_dataset`) cannot split
-it. `split_batch` does: replica r of N gets examples [r * B // N, (r + 1) * B // N)
-of every batch-major tensor, and per table the distinct rows of its own ids
-(re-deduplicated, first-occurrence order) with restore indices into them; a
-tiered table's plan token goes to every replica unchanged (the plan covers the
-global batch; `TieredStorage.apply_plan` applies it once to every replica's copy).
+get_asc_insert_func inserts a GLOBAL batch once (deterministic key -> row
+assignment, admission counted once, one device-cache plan of a tiered table);
+its per-table `unique_rows` belong to the whole batch, so tf.distribute's own
+split along the batch axis cannot split them. `split_batch` does: replica r of
+N gets examples [r * B // N, (r + 1) * B // N) of every batch-major tensor
+and, per table, the distinct rows of its own ids (re-deduplicated,
+first-occurrence order) with restore indices into them; a tiered table's plan
+token goes to every replica unchanged. `distribute_dataset` hands the N
+elements `split_dataset` makes of each global batch to a strategy with
+`distribute_datasets_from_function`, whose one-host input pipeline gives
+element i to replica i % N (TF 2.15's OwnedMultiDeviceIterator), so they form
+one step. Every other tensor of a batch must be batch-major (dense,
+tf.RaggedTensor or tf.SparseTensor).
 
-`distribute_dataset` hands those per-replica batches to a strategy with
-`distribute_datasets_from_function`: with one input pipeline (one host) TF
-2.15's input_lib gives the dataset's elements to the replicas round-robin
-(`OwnedMultiDeviceIterator`: element i goes to replica i % N), so the N
-consecutive elements that `split_dataset` makes of a global batch form one
-step. Mirrors TPUEmbedding's "enqueue the global batch, dequeue per replica"
-and TorchRec's per-rank input split, on TF's input pipeline.
-
-Every tensor of a batch other than the insertion results (`unique_rows`, plan
-tokens) must be batch-major (dense, tf.RaggedTensor or tf.SparseTensor), as
-tf.distribute assumes for `experimental_distribute_dataset`.
+Mirrors TPUEmbedding's "enqueue the global batch, dequeue per replica" and
+TorchRec's per-rank input split, on TF's input pipeline.
+See docs/architecture.md#scale-out.
 """
 
 from __future__ import annotations
