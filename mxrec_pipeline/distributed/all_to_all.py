@@ -14,7 +14,7 @@ per step instead of exchange.py's W n (8 + 2 d s).
 all_to_all_v2 is not reachable through the public ReplicaContext in TF 2.15;
 its collectives are keyed by (group_key, instance_key), which every worker
 must give identically: `AllToAllKeys` hands them out per table and lookup.
-See docs/distributed.md#bytes-per-step.
+See docs/scaling.md#one-training-step.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ built from all-gathers, as TF 2.15's public replica context has no all_to_all
 and all_gather's gradient is defined: each worker moves every worker's ids and
 rows, W times the all-to-all volume (distributed/all_to_all.py).
 `ExchangeBytes` counts the payload; `exchange_lookup` lists the step.
-See docs/distributed.md#bytes-per-step.
+See docs/scaling.md#one-training-step.
 """
 
 from __future__ import annotations
