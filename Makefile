@@ -120,10 +120,14 @@ native-test: $(GTEST_BIN) $(ROW_STORE_TEST) $(TIER_STORE_TEST) $(DEVICE_CACHE_TE
 	$(DEVICE_CACHE_TEST)
 	$(ROW_INIT_TEST)
 
-# --durations: the 40 slowest tests in every run's log, to keep an eye on the
-# suite's time (the README's 90-minute budget for `make test`).
+# pytest-xdist runs the tests on PYTEST_JOBS processes (default: one per core),
+# each test file's tests spread by work stealing; --durations: the 40 slowest
+# tests in every run's log, to keep the suite inside its 25-minute budget.
+PYTEST_JOBS ?= $(shell nproc 2>/dev/null || echo 1)
+PYTEST_ARGS := -n $(PYTEST_JOBS) --dist worksteal
+
 pytest: native
-	$(PY) -m pytest -q --durations=40 -m "not lifecycle" tests
+	$(PY) -m pytest -q $(PYTEST_ARGS) --durations=40 -m "not lifecycle" tests
 
 # Every shipped config x fault point, killed then resumed by the CLI (docs/restarts.md);
 # LIFECYCLE_SEED picks the random kill point of each config.
@@ -141,11 +145,15 @@ lint: $(STAMP)
 format: $(STAMP)
 	$(VENV)/bin/yapf --in-place --recursive --parallel $(LINT_PATHS)
 
-test: lint native-test pytest
+# The style check, the GoogleTest builds and the op library build share the cores
+# (one make -j), then pytest.
+test: $(STAMP)
+	$(MAKE) $(NATIVE_J) lint native-test native
+	$(MAKE) pytest
 
 # The tests without markers slow, cluster, postgres and network (pyproject.toml).
 test-fast: native
-	$(PY) -m pytest -q -m "not slow and not cluster and not postgres and not network" tests
+	$(PY) -m pytest -q $(PYTEST_ARGS) -m "not slow and not cluster and not postgres and not network" tests
 
 DEMO_CONFIG := configs/movielens_listwise.yaml
 DEMO_DIR    := runs/movielens_listwise

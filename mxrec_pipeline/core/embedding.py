@@ -30,6 +30,7 @@ from mxrec_pipeline.core import expansion
 from mxrec_pipeline.core import initializers
 from mxrec_pipeline.core import key_index as key_index_lib
 from mxrec_pipeline.core import lookup
+from mxrec_pipeline.core import placement
 from mxrec_pipeline.core import tiers
 from mxrec_pipeline.core.asc import deferred
 from mxrec_pipeline.core.asc import feature_spec as fs
@@ -38,11 +39,6 @@ from mxrec_pipeline.util import initialize
 KEY_DTYPES = (tf.int32, tf.int64, tf.string)
 # The table name prefixes its variable's name, so it must be a valid TF root scope.
 _TABLE_NAME = re.compile(r"[A-Za-z0-9.][A-Za-z0-9_.\-]*(/[A-Za-z0-9_.\-]+)*")
-
-
-def default_device() -> str:
-  """`/GPU:0` when TensorFlow sees a GPU, else `/CPU:0`."""
-  return "/GPU:0" if tf.config.list_logical_devices("GPU") else "/CPU:0"
 
 
 class SparseEmbedding(tf.Module):
@@ -109,10 +105,9 @@ class SparseEmbedding(tf.Module):
         # NumPy array or a tensor built elsewhere.
         return tf.identity(initial_rows())
 
-    # Under a distribution strategy the strategy places the rows.
-    placement = (contextlib.nullcontext()
-                 if tf.distribute.has_strategy() else tf.device(device or default_device()))
-    with placement:
+    # create_table resolved `device` (core/placement.py); None under a
+    # distribution strategy, which places the rows.
+    with contextlib.nullcontext() if device is None else tf.device(device):
       self.variable = tf.compat.v1.Variable(initial_value, trainable=True, use_resource=True,
                                             name=f"{table_name}/embedding", dtype=value_dtype)
     if self.tiers is not None:
@@ -177,8 +172,12 @@ def create_table(key_dtype: tf.DType, dim: int | tf.TensorShape, name: str,
       model's compile does.
     init_param: Factor applied to the initial values (mxRec's init_param).
     value_dtype: Floating dtype of the rows.
-    device: Where the rows live; defaults to `/GPU:0` when present, else
-      `/CPU:0`. Ignored under a tf.distribute strategy, which places them.
+    device: Where the rows and the optimizer slots live, e.g. "/CPU:0";
+      None: `placement.table_device`'s rule, the device with a kernel for
+      every op that updates them in place, `/CPU:0` with today's CPU-only
+      native kernels even when a GPU is visible (the dense model still runs
+      on the GPU; see core/placement.py). A given device is checked the same
+      way. Ignored under a tf.distribute strategy, which places the rows.
     cache_policy: Tiered tables: "lru" or "lfu", how the device cache picks
       the rows that make room (an addition beyond mxRec).
 
@@ -190,7 +189,9 @@ def create_table(key_dtype: tf.DType, dim: int | tf.TensorShape, name: str,
     RuntimeError: init() was not called.
     ValueError: a bad argument, named with its value (dim <= 0, unsupported
       key_dtype, duplicate name, a missing or unwritable SSD directory, an
-      initializer a tiered table cannot draw per row, ...).
+      initializer a tiered table cannot draw per row, ...), a `device` that
+      is not a device string, not visible, or has no kernel for an op that
+      updates the table (naming table, device and op).
   """
   run = initialize.get_config_initializer()
   if not isinstance(name, str) or not _TABLE_NAME.fullmatch(name):
@@ -226,6 +227,11 @@ def create_table(key_dtype: tf.DType, dim: int | tf.TensorShape, name: str,
   tier_config = tiers.check_tier_args(name, device_vocabulary_size, host_vocabulary_size,
                                       ssd_vocabulary_size, ssd_data_path, cache_policy, value_dtype)
   optimizer_list = list(optimizer_list or [])
+  if tf.distribute.has_strategy():
+    device = None  # The strategy places the rows.
+  else:
+    expansion_rows = tier_config is None and run.config.use_dynamic_expansion
+    device = placement.table_device(name, device, value_dtype=value_dtype, expansion=expansion_rows)
   if tier_config is None:
     table_class = (expansion.ExpansionTable
                    if run.config.use_dynamic_expansion else SparseEmbedding)

@@ -46,6 +46,13 @@ class TableSpec:
     ssd_vocabulary_size: SSD rows (needs host_vocabulary_size > 0).
     ssd_data_path: Directories of the SSD files, used in order.
     cache_policy: "lru" or "lfu": which device rows make room.
+    device: Where the rows and optimizer slots live, e.g. "/CPU:0"; None
+      (the default): create_table's rule (core/placement.py), the host with
+      today's CPU-only native kernels, while the dense model runs on the GPU.
+      create_table checks it: a device without a kernel for an op that
+      updates the table fails naming table, device and op. Ignored under a
+      tf.distribute strategy (the pipeline's MirroredStrategy included),
+      which places the rows.
   """
 
   name: str
@@ -58,6 +65,7 @@ class TableSpec:
   ssd_vocabulary_size: int = 0
   ssd_data_path: tuple[str, ...] = ()
   cache_policy: str = "lru"
+  device: str | None = None
 
   @property
   def tiered(self) -> bool:
@@ -78,6 +86,9 @@ class TableSpec:
     if not self.initializer_stddev > 0:
       raise ValueError(f"TableSpec '{self.name}': `initializer_stddev` must be positive, "
                        f"got {self.initializer_stddev}")
+    if self.device is not None and not isinstance(self.device, str):
+      raise ValueError(f"TableSpec '{self.name}': `device` must be a device string such as "
+                       f"'/CPU:0' or None, got {self.device!r}")
     if self.initializer not in INITIALIZERS:
       raise ValueError(f"TableSpec '{self.name}': `initializer` must be one of {INITIALIZERS}, "
                        f"got {self.initializer!r}")
@@ -136,8 +147,9 @@ def get_or_create_table(spec: TableSpec, seed: int | None = None) -> embedding.S
                                   name=spec.name, emb_initializer=table_initializer(spec, seed),
                                   device_vocabulary_size=spec.device_vocabulary_size,
                                   host_vocabulary_size=spec.host_vocabulary_size,
-                                  ssd_vocabulary_size=spec.ssd_vocabulary_size, ssd_data_path=list(
-                                      spec.ssd_data_path), cache_policy=spec.cache_policy)
+                                  ssd_vocabulary_size=spec.ssd_vocabulary_size,
+                                  ssd_data_path=list(spec.ssd_data_path),
+                                  cache_policy=spec.cache_policy, device=spec.device)
   host_rows = table.tiers.config.host_vocabulary_size if table.is_tiered else 0
   if ((table.dim, table.device_vocabulary_size, host_rows)
       != (spec.dim, spec.device_vocabulary_size, spec.host_vocabulary_size)):

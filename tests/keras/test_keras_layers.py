@@ -79,3 +79,13 @@ def test_layer_config_round_trips():
   layer = layers.SparseLookup(layers.SparseFeature("f", "tok", "sqrtn"), TABLE, seed=7)
   clone = layers.SparseLookup.from_config(layer.get_config())
   assert clone.feature == layer.feature and clone.table_spec == TABLE and clone.seed == 7
+
+
+def test_table_spec_device_reaches_create_table():
+  initialize.init()
+  spec = dataclasses.replace(TABLE, device="/CPU:0")
+  assert layers.get_or_create_table(spec).variable.device.endswith("/device:CPU:0")
+  with pytest.raises(ValueError, match=r"table 'gpu_tok': device '/GPU:7' is not visible"):
+    layers.get_or_create_table(dataclasses.replace(TABLE, name="gpu_tok", device="/GPU:7"))
+  with pytest.raises(ValueError, match=r"TableSpec 'tok': `device` must be a device string"):
+    dataclasses.replace(TABLE, device=0)
