@@ -31,7 +31,8 @@ import tensorflow_ranking as tfr
 
 from builders.base import DataPaths, RankerBuilder, MASK_FEATURE
 from builders.ensemble import EnsembleMean
-from builders.movielens_config import RELEVANCES, MovieLensDataConfig, MovieLensModelConfig
+from builders.movielens_config import (RELEVANCES, MovieLensDataConfig, MovieLensModelConfig,
+                                       MovieLensTablesConfig)
 from mxrec_pipeline.data import fetch as fetch_lib
 from mxrec_pipeline.data import item_knn
 from mxrec_pipeline.data import matrix_factorization
@@ -205,17 +206,17 @@ class MovieLensScorer(tfr.keras.model.UnivariateScorer):
 
 def build_scorer(model: MovieLensModelConfig) -> MovieLensScorer:
   """The scorer of a model config (shared by the sparse and dense builders)."""
-  linear = movielens.RATING_STATISTICS_FEATURES if getattr(model, "rating_statistics", True) else ()
-  if getattr(model, "mf_rating", True):
+  linear = movielens.RATING_STATISTICS_FEATURES if model.rating_statistics else ()
+  if model.mf_rating:
     linear += movielens.MF_FEATURES
-  if getattr(model, "item_knn", True):
+  if model.item_knn:
     linear += movielens.ITEM_KNN_FEATURES
   return MovieLensScorer(model.hidden_layer_dims, dropout=model.dropout,
                          use_batch_norm=model.use_batch_norm, dot_product=model.dot_product,
                          id_l2=model.id_l2, linear_features=linear,
-                         num_attention_heads=getattr(model, "num_attention_heads", 0),
-                         attention_head_size=getattr(model, "attention_head_size", 16),
-                         ensemble_size=getattr(model, "ensemble_size", 1))
+                         num_attention_heads=model.num_attention_heads,
+                         attention_head_size=model.attention_head_size,
+                         ensemble_size=model.ensemble_size)
 
 
 class RelevanceDatasetBuilder(pipeline_lib.SimpleDatasetBuilder):
@@ -268,24 +269,23 @@ class MovieLensListwise(RankerBuilder):
   def feature_specs(self):
     return dict(CONTEXT_SPEC), dict(EXAMPLE_SPEC), LABEL_SPEC
 
-  def model_feature_specs(self, model) -> tuple[dict, dict]:
+  def model_feature_specs(self, model: MovieLensTablesConfig) -> tuple[dict, dict]:
     """(context, example) specs of the features `model` uses.
 
-    Per `user_history`, `rating_statistics`, `mf_rating` and `item_knn`; model configs
-    without the switches (e.g. movielens_dcn's) use every feature.
+    Per `user_history`, `rating_statistics`, `mf_rating` and `item_knn`.
     """
     context, example, _ = self.feature_specs()
-    if not getattr(model, "user_history", True):
+    if not model.user_history:
       context = {k: v for k, v in context.items() if k not in movielens.HISTORY_FEATURES}
-    if not getattr(model, "rating_statistics", True):
+    if not model.rating_statistics:
       example = {k: v for k, v in example.items() if k not in movielens.RATING_STATISTICS_FEATURES}
-    if not getattr(model, "mf_rating", True):
+    if not model.mf_rating:
       example = {k: v for k, v in example.items() if k not in movielens.MF_FEATURES}
-    if not getattr(model, "item_knn", True):
+    if not model.item_knn:
       example = {k: v for k, v in example.items() if k not in movielens.ITEM_KNN_FEATURES}
     return context, example
 
-  def sparse_features(self, model: MovieLensModelConfig):
+  def sparse_features(self, model: MovieLensTablesConfig):
     rows = model.device_vocabulary_size
     features = [
         SparseFeature("user_id", "user"),
@@ -296,18 +296,16 @@ class MovieLensListwise(RankerBuilder):
         SparseFeature("genres", "genre", combiner=model.combiner),
         SparseFeature("title_tokens", "title_token", combiner=model.combiner),
     ]
-    if getattr(model, "user_history", True):
+    if model.user_history:
       features += [
           SparseFeature("history_item_ids", "history_item", combiner=model.combiner),
           SparseFeature("history_genres", "genre", combiner=model.combiner),
       ]
-    # Model configs without tier fields (e.g. movielens_dcn's) keep flat tables.
-    id_tiers = dict(host_vocabulary_size=getattr(model, "host_vocabulary_size", 0),
-                    ssd_vocabulary_size=getattr(model, "ssd_vocabulary_size", 0),
-                    ssd_data_path=tuple(getattr(model, "ssd_data_path", ())),
-                    cache_policy=getattr(model, "cache_policy", "lru"))
-    initializer = getattr(model, "table_initializer", "truncated_normal")
-    id_rows = getattr(model, "id_device_vocabulary_size", None) or rows
+    id_tiers = dict(host_vocabulary_size=model.host_vocabulary_size,
+                    ssd_vocabulary_size=model.ssd_vocabulary_size,
+                    ssd_data_path=tuple(model.ssd_data_path), cache_policy=model.cache_policy)
+    initializer = model.table_initializer
+    id_rows = model.id_device_vocabulary_size or rows
     tables = [
         TableSpec("user", model.id_dim, id_rows, initializer=initializer, **id_tiers),
         TableSpec("item", model.id_dim, id_rows, initializer=initializer, **id_tiers),
@@ -318,7 +316,7 @@ class MovieLensListwise(RankerBuilder):
         TableSpec("title_token", model.attribute_dim, rows, key_dtype="string",
                   initializer=initializer),
     ]
-    if getattr(model, "user_history", True):
+    if model.user_history:
       tables.append(TableSpec("history_item", model.id_dim, rows, initializer=initializer))
     return features, tables
 

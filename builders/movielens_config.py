@@ -51,14 +51,18 @@ class MovieLensDataConfig:
       raise ValueError(f"data.relevance must be one of {RELEVANCES}, got {self.relevance!r}")
 
 
+# mxrec_pipeline.keras.layers.COMBINERS (a test keeps them equal).
+COMBINERS = ("sum", "mean", "sqrtn")
+
+
 @dataclasses.dataclass
-class MovieLensModelConfig:
-  """The ranker (MovieLensScorer) and its tables.
+class MovieLensTablesConfig:
+  """The MovieLens features a ranker uses and the tables of its id features.
+
+  Shared by every MovieLens ranker's ModelConfig (movielens_listwise's,
+  movielens_dcn's), so builders/movielens.py reads typed fields only.
 
   Attributes:
-    hidden_layer_dims: Units of the DNN's hidden layers.
-    dropout: Dropout rate of the DNN, in [0, 1).
-    use_batch_norm: Batch normalization in the DNN.
     id_dim: Embedding dim of user_id and item_id.
     attribute_dim: Embedding dim of the other id features.
     device_vocabulary_size: Rows of every table (distinct ids it can hold).
@@ -70,9 +74,6 @@ class MovieLensModelConfig:
     ssd_data_path: Directories of their SSD files.
     cache_policy: "lru" or "lfu": the device caches' policy.
     combiner: Combiner of genres and title tokens: mean, sum or sqrtn.
-    dot_product: Add the user_id . item_id embedding dot product to the logit.
-    id_l2: L2 penalty on the user_id and item_id embeddings, per occurrence:
-      `id_l2 * ||e||^2` averaged over the batch's (padded) examples, >= 0.
     table_initializer: Initial rows of every table: "truncated_normal" (the
       default) or "zeros" (TableSpec.initializer).
     user_history: Use the user's training movies and their genres
@@ -83,25 +84,13 @@ class MovieLensModelConfig:
       example features; mxrec_pipeline/data/movielens.py).
     mf_rating: Use biased matrix factorization's predicted rating of each
       (user, movie), fitted by ALS on the training ratings (cross-fitted for
-      training examples; a dense example feature, also in the linear term;
-      mxrec_pipeline/data/movielens.py).
+      training examples; a dense example feature, also in the linear term of
+      movielens_listwise's scorer; mxrec_pipeline/data/movielens.py).
     item_knn: Use item-based collaborative filtering's deviation of each
       (user, movie) (the user's ratings of the most similar training movies;
-      cross-fitted as mf_rating; dense, also in the linear term).
-    num_attention_heads: > 0: self-attention across the movies of each list
-      (tfr.keras.layers.DocumentInteractionAttention, `dropout` as the DNN's)
-      over the concatenated example features, its output joining the DNN's
-      input (builders/movielens.py `MovieLensScorer`); 0 (default): none.
-    attention_head_size: Units per attention head, > 0.
-    ensemble_size: Independently initialized DNN towers over the same
-      features and tables, >= 1; their logits are averaged
-      (builders/ensemble.py `EnsembleMean`), the linear and dot-product terms
-      shared. 1 (default): one DNN.
+      cross-fitted as mf_rating; dense, also in that linear term).
   """
 
-  hidden_layer_dims: list[int] = dataclasses.field(default_factory=lambda: [64, 32])
-  dropout: float = 0.0
-  use_batch_norm: bool = False
   id_dim: int = 16
   attribute_dim: int = 8
   device_vocabulary_size: int = 20_000
@@ -111,18 +100,51 @@ class MovieLensModelConfig:
   ssd_data_path: list[str] = dataclasses.field(default_factory=list)
   cache_policy: str = "lru"
   combiner: str = "mean"
-  dot_product: bool = True
-  id_l2: float = 4.0
   table_initializer: str = "truncated_normal"
   user_history: bool = True
   rating_statistics: bool = True
   mf_rating: bool = True
   item_knn: bool = True
+
+  def __post_init__(self):
+    if self.combiner not in COMBINERS:
+      raise ValueError(f"model.combiner must be one of {COMBINERS}, got {self.combiner!r}")
+
+
+@dataclasses.dataclass
+class MovieLensModelConfig(MovieLensTablesConfig):
+  """The ranker (MovieLensScorer); its features and tables as MovieLensTablesConfig.
+
+  Attributes:
+    hidden_layer_dims: Units of the DNN's hidden layers.
+    dropout: Dropout rate of the DNN, in [0, 1).
+    use_batch_norm: Batch normalization in the DNN.
+    dot_product: Add the user_id . item_id embedding dot product to the logit.
+    id_l2: L2 penalty on the user_id and item_id embeddings, per occurrence:
+      `id_l2 * ||e||^2` averaged over the batch's (padded) examples, >= 0.
+    num_attention_heads: > 0: self-attention across the movies of each list
+      (tfr.keras.layers.DocumentInteractionAttention, `dropout` as the DNN's)
+      over the concatenated example features, its output joining the DNN's
+      input (builders/movielens.py `MovieLensScorer`); 0 (default): none.
+    attention_head_size: Units per attention head, > 0.
+    ensemble_size: Independently initialized DNN towers over the same
+      features and tables, >= 1; their logits are averaged
+      (builders/ensemble.py `EnsembleMean`), the linear and dot-product terms
+      shared. 1 (default): one DNN.
+    (the rest): MovieLensTablesConfig's.
+  """
+
+  hidden_layer_dims: list[int] = dataclasses.field(default_factory=lambda: [64, 32])
+  dropout: float = 0.0
+  use_batch_norm: bool = False
+  dot_product: bool = True
+  id_l2: float = 4.0
   num_attention_heads: int = 0
   attention_head_size: int = 16
   ensemble_size: int = 1
 
   def __post_init__(self):
+    super().__post_init__()
     check_dnn_options(self.hidden_layer_dims, self.dropout)
     if self.num_attention_heads < 0 or self.attention_head_size <= 0:
       raise ValueError(f"model.num_attention_heads must be >= 0 and model.attention_head_size "

@@ -4,7 +4,7 @@ import tensorflow as tf
 import tensorflow_ranking as tfr
 
 import builders
-from builders import movielens_dcn_config
+from builders import movielens_config
 from mxrec_pipeline import hparams
 from mxrec_pipeline.keras import layers
 from mxrec_pipeline.keras import pipeline as pipeline_lib
@@ -24,8 +24,8 @@ def test_sparse_optimizer_keys_are_the_factorys():
   assert keys.SPARSE_OPTIMIZER_KEYS == set(factory._FACTORIES)  # pylint: disable=protected-access
 
 
-def test_dcn_combiners_are_the_layers():
-  assert movielens_dcn_config.COMBINERS == layers.COMBINERS
+def test_movielens_combiners_are_the_layers():
+  assert movielens_config.COMBINERS == layers.COMBINERS
 
 
 def test_pipeline_reexports_the_hparams():

@@ -11,6 +11,7 @@ import tensorflow as tf
 import builders_testlib as lib
 from builders import movielens_dcn
 from mxrec_pipeline import config as config_lib
+from mxrec_pipeline.data import movielens
 from mxrec_pipeline import jobs
 from mxrec_pipeline.util import initialize
 
@@ -82,6 +83,22 @@ def test_model_has_cross_layers_and_sparse_lookups():
   features, tables = ranker.sparse_features(config)
   assert {f"sparse_lookup_{f.name}" for f in features} <= set(names)
   assert len(model.table_variables) == len(tables)
+
+
+def test_feature_switches_and_tiers_are_typed_config_keys():
+  """DCN's config has movielens_listwise's feature and table keys (MovieLensTablesConfig)."""
+  ranker = movielens_dcn.MovieLensDcn()
+  default = movielens_dcn.DcnModelConfig()
+  lean = movielens_dcn.DcnModelConfig(user_history=False, item_knn=False, host_vocabulary_size=64,
+                                      device_vocabulary_size=32)
+  context, example = ranker.model_feature_specs(default)
+  lean_context, lean_example = ranker.model_feature_specs(lean)
+  assert "history_item_ids" in context and "history_item_ids" not in lean_context
+  assert set(example) - set(lean_example) == set(movielens.ITEM_KNN_FEATURES)
+  tables = {t.name: t for t in ranker.sparse_features(lean)[1]}
+  assert "history_item" not in tables
+  assert tables["user"].tiered and tables["item"].host_vocabulary_size == 64
+  assert not tables["genre"].tiered
 
 
 @pytest.mark.parametrize("override, key", [
