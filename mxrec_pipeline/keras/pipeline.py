@@ -1,11 +1,11 @@
-"""Pipelines and dataset builders, mirroring tfr.keras.pipeline.
+"""Pipelines, mirroring tfr.keras.pipeline: `SimplePipeline.train_and_validate`.
 
 tfr's `AbstractPipeline`, `AbstractDatasetBuilder` and `DatasetHparams` are
-reused as they are. The sparse core adds, on top of tfr's dataset builders,
-insertion of the sparse id features (get_asc_insert_func) followed by prefetch,
-and, on top of tfr's ModelFitPipeline, the run's init(), the table optimizer,
-checkpoints holding tables and key indexes, and a SavedModel export that maps
-raw ids with stock TF lookup tables.
+reused as they are. On top of tfr's ModelFitPipeline the sparse core adds the
+run's init(), the table optimizer, checkpoints holding tables and key indexes,
+and a SavedModel export that maps raw ids with stock TF lookup tables. The
+dataset builders (keras/datasets.py) and the strategy and table placement
+(keras/strategies.py) live in their own modules and are re-exported here.
 
 Example:
 
@@ -30,30 +30,41 @@ import tensorflow as tf
 import tensorflow_ranking as tfr
 
 from mxrec_pipeline.core.asc import feature_spec as fs
-from mxrec_pipeline.core.asc import helper
 from mxrec_pipeline.core.asc import replicas
 # Re-exported: users import PipelineHparams and RANKING_METRICS from here.
-from mxrec_pipeline.hparams import (  # pylint: disable=unused-import
-    MULTI_WORKER_MIRRORED, PARAMETER_SERVER, RANKING_METRICS, STRATEGIES, PipelineHparams,
-    WarmStart)
+from mxrec_pipeline.hparams import (MULTI_WORKER_MIRRORED, PARAMETER_SERVER, RANKING_METRICS,
+                                    STRATEGIES, PipelineHparams, WarmStart)
 from mxrec_pipeline.keras import callbacks as callbacks_lib
+# Re-exported: tfr users find the dataset builders in the pipeline module.
+from mxrec_pipeline.keras.datasets import (BaseDatasetBuilder, DatasetHparams, SimpleDatasetBuilder,
+                                           lists_with_relevant)
 # Re-exported: epoch_seed and epoch_steps were defined here.
-from mxrec_pipeline.keras.epochs import (  # pylint: disable=unused-import
-    EpochGate, epoch_groups, epoch_seed, epoch_steps)
+from mxrec_pipeline.keras.epochs import EpochGate, epoch_groups, epoch_seed, epoch_steps
 from mxrec_pipeline.keras import export as export_lib
 from mxrec_pipeline.keras import model as model_lib
 from mxrec_pipeline.keras import ps
 from mxrec_pipeline.keras import sharded
+# Re-exported: get_strategy was defined here.
+from mxrec_pipeline.keras.strategies import (TablePlacement, get_strategy, placement_for,
+                                             splits_batches)
 from mxrec_pipeline.keras import warm_start as warm_start_lib
 from mxrec_pipeline.distributed import checkpoint as checkpoint_lib
-from mxrec_pipeline.keras.layers import SparseFeature, TableSpec
+from mxrec_pipeline.keras.layers import TableSpec
 from mxrec_pipeline.optimizers import factory
 from mxrec_pipeline.util import faults as faults_lib
 from mxrec_pipeline.util import initialize
 
+# The module's API: tfr.keras.pipeline's names, plus what the sparse core adds.
+__all__ = [
+    "AbstractPipeline", "AbstractDatasetBuilder", "DatasetHparams", "BaseDatasetBuilder",
+    "SimpleDatasetBuilder", "ModelFitPipeline", "SimplePipeline", "PipelineHparams", "WarmStart",
+    "RANKING_METRICS", "STRATEGIES", "MULTI_WORKER_MIRRORED", "PARAMETER_SERVER", "get_strategy",
+    "TablePlacement", "placement_for", "lists_with_relevant", "epoch_seed", "epoch_steps",
+    "metric_name", "build_ranking_metrics"
+]
+
 AbstractPipeline = tfr.keras.pipeline.AbstractPipeline
 AbstractDatasetBuilder = tfr.keras.pipeline.AbstractDatasetBuilder
-DatasetHparams = tfr.keras.pipeline.DatasetHparams
 # TableSpec fields that shape a table's saved state; a checkpoint restores only onto the same.
 _SAVED_TABLE_FIELDS = ("dim", "key_dtype", "device_vocabulary_size", "host_vocabulary_size",
                        "ssd_vocabulary_size")
@@ -89,346 +100,6 @@ def _generator_rng(enabled: bool):
   finally:
     if not before:
       tf.keras.backend.experimental.disable_tf_random_generator()
-
-
-def lists_with_relevant(features: dict, labels: tf.Tensor, *weights: tf.Tensor):
-  """(features, labels[, weights]) of the lists of a batch with a relevant document (label > 0).
-
-  Args:
-    features: name -> [batch_size, ...] tensors (dense, batch first).
-    labels: [batch_size, list_size] float32, padding < 0.
-    *weights: [batch_size, ...] sample weights, if the dataset has them.
-
-  Returns:
-    The same structure with the batch cut to its k lists that have a label
-    > 0, in order: [k, ...] tensors (k may be 0).
-  """
-  keep = tf.reduce_any(labels > 0, axis=1)
-  return ({name: tf.boolean_mask(value, keep) for name, value in features.items()},
-          *(tf.boolean_mask(t, keep) for t in (labels, *weights)))
-
-
-def _data_sharded(dataset: tf.data.Dataset) -> tf.data.Dataset:
-  """`dataset` with tf.data's DATA auto-sharding: each worker keeps its part of every batch."""
-  options = tf.data.Options()
-  options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
-  return dataset.with_options(options)
-
-
-def _allow_tensor_op_seeds() -> None:
-  """Lets the graph being built take tensor op seeds under a global seed of 0.
-
-  TF 2.15's `random_seed.get_seed` compares (graph seed, op seed) with (0, 0)
-  in Python, so an op seed that is a graph tensor (a stream's per-epoch
-  shuffle seed) raises OperatorNotAllowedInGraphError when the graph-level
-  seed truncates to 0 (`tf.keras.utils.set_random_seed(0)`, e.g. from
-  `hparams.seed=0`). Called inside the stream's own function graph, this
-  clears that graph's seed in that case only: its ops then pair their seeds
-  with TF's default graph seed, as without a global seed. Other seeds and
-  other graphs are untouched.
-  """
-  graph = tf.compat.v1.get_default_graph()
-  if graph.seed is not None and graph.seed % (2**31 - 1) == 0:
-    graph.seed = None
-
-
-class BaseDatasetBuilder(tfr.keras.pipeline.BaseDatasetBuilder):
-  """tfr's BaseDatasetBuilder plus insertion of the sparse id features.
-
-  Batches come from tfr's ELWC parsing (`tfr.data.build_ranking_dataset`),
-  then `_features_and_labels`, then get_asc_insert_func for `sparse_features`
-  (training: new ids get rows; validation: they read the default embedding),
-  then prefetch, so insertion overlaps the training step.
-
-  Subclasses implement `_features_and_labels`, as in tfr. See
-  `tfr.keras.pipeline.BaseDatasetBuilder` for the other arguments.
-
-  Args:
-    sparse_features: The SparseFeatures to insert (name and table).
-  """
-
-  def __init__(self, context_feature_spec, example_feature_spec, training_only_example_spec,
-               mask_feature_name, hparams: DatasetHparams,
-               sparse_features: Sequence[SparseFeature] = (), training_only_context_spec=None):
-    super().__init__(context_feature_spec, example_feature_spec, training_only_example_spec,
-                     mask_feature_name, hparams, training_only_context_spec)
-    self.sparse_features = list(sparse_features)
-    # True when the model looks its tables up by raw ids (tables sharded over
-    # workers, keras/sharded.py): no insertion in tf.data. Set by the pipeline.
-    self.keep_raw_ids = False
-    # True: validation batches keep only their lists with a relevant document
-    # (`lists_with_relevant`; MetricsConfig.skip_queries_without_relevant).
-    self.skip_lists_without_relevant = False
-    known = {**context_feature_spec, **example_feature_spec}
-    for feature in self.sparse_features:
-      if feature.name not in known:
-        raise ValueError(f"sparse feature '{feature.name}' is not in the context or example "
-                         f"feature spec {sorted(known)}")
-
-  def _inserts(self) -> bool:
-    """Whether the batches get their ids inserted in tf.data (not when the model takes raw ids)."""
-    return bool(self.sparse_features) and not self.keep_raw_ids
-
-  def _insert(self, dataset: tf.data.Dataset, is_training: bool,
-              gate: EpochGate | None = None) -> tf.data.Dataset:
-    """`dataset` with its ids inserted (one sequential map), then prefetched.
-
-    With `gate` (only when inserting), `dataset` holds (epoch, index in the
-    epoch, batch) and the map first holds each epoch's first batch until the
-    gate releases it (`EpochGate.hold`), in the same function as the
-    insertion.
-    """
-    if self._inserts():
-      specs = [fs.FeatureSpec(f.name, table_name=f.table) for f in self.sparse_features]
-      insert_ids = helper.get_asc_insert_func(specs, is_training=is_training)
-      raw_ids = {f.name for f in self.sparse_features}
-
-      def insert(features, *rest):
-        inserted = insert_ids(features, *rest)
-        features = inserted[0] if rest else inserted
-        # The model reads the insertion results, not the raw ids.
-        return ({k: v for k, v in features.items() if k not in raw_ids}, *rest)
-
-      if gate is None:
-        dataset = dataset.map(insert)
-      else:
-        dataset = dataset.map(lambda epoch, index, batch: insert(*gate.hold(epoch, index, batch)))
-    # `build_train_epochs` wraps `_build_dataset` in flat_map, whose options
-    # do not reach the outer dataset: set DATA sharding again (see there).
-    return _data_sharded(dataset.prefetch(tf.data.AUTOTUNE))
-
-  def _build_dataset(self, file_pattern: str, batch_size: int, list_size: int | None = None,
-                     randomize_input: bool = True, num_epochs: int | None = None,
-                     shuffle_seed: int | None = None) -> tf.data.Dataset:
-    """tfr's `_build_dataset`, in a deterministic order.
-
-    tfr reads with sloppy ordering (batches in the order parallel readers
-    finish), which makes the key -> row assignment of insertion depend on
-    thread timing. Here files, records and batches keep their order; with
-    `shuffle_seed` the shuffles of files and lists are seeded too, so the
-    batch sequence is a function of the data and the seed.
-
-    Under MultiWorkerMirroredStrategy every worker builds this whole dataset
-    and keeps its part of each global batch (tf.data's DATA auto-sharding,
-    after the strategy splits every batch into one per replica): N workers
-    train on the batches one process would, with the same shuffles when
-    seeded. TF's default (AUTO: FILE sharding) would give the workers other
-    files, hence other batches, and fails with fewer files than workers.
-    """
-    dataset = tfr.data.build_ranking_dataset(
-        file_pattern=file_pattern, data_format=tfr.data.ELWC, batch_size=batch_size,
-        list_size=list_size,
-        context_feature_spec={**self._context_feature_spec, **self._training_only_context_spec},
-        example_feature_spec={**self._example_feature_spec, **self._training_only_example_spec
-                             }, mask_feature_name=self._mask_feature_name,
-        reader=self._hparams.dataset_reader, num_epochs=num_epochs, shuffle=randomize_input,
-        shuffle_buffer_size=1000, shuffle_seed=shuffle_seed, sloppy_ordering=False,
-        drop_final_batch=False, shuffle_examples=False)
-    return _data_sharded(dataset.map(self._features_and_labels,
-                                     num_parallel_calls=tf.data.AUTOTUNE))
-
-  def build_train_dataset(self, num_epochs: int | None = None) -> tf.data.Dataset:
-    """See `AbstractDatasetBuilder`. Shuffled; new ids get rows.
-
-    The pipeline trains on `build_train_epochs` instead, which bounds what
-    insertion runs ahead to the epoch being trained.
-
-    Args:
-      num_epochs: Passes over the training data; None repeats forever.
-    """
-    dataset = self._build_dataset(file_pattern=self._hparams.train_input_pattern,
-                                  batch_size=self._hparams.train_batch_size,
-                                  list_size=self._hparams.list_size, num_epochs=num_epochs)
-    return self._insert(dataset, is_training=True)
-
-  def build_train_epoch(self, epoch: int, num_steps: int | None = None,
-                        seed: int | None = None) -> tf.data.Dataset:
-    """The finite training data of epoch `epoch` (0-based), with insertion.
-
-    `build_train_epochs([epoch], num_steps, seed)`: one pass over the training
-    files (or the first `num_steps` batches of a stream of passes), shuffled
-    by `epoch_seed(seed, epoch)`; the dataset ends with the epoch, so
-    insertion, which runs ahead with prefetch, inserts only keys of batches
-    the epoch trains.
-    """
-    return self.build_train_epochs([epoch], num_steps, seed)
-
-  def build_train_epochs(self, epochs: Sequence[int], num_steps: int | None = None,
-                         seed: int | None = None, gate: EpochGate | None = None) -> tf.data.Dataset:
-    """The training data of `epochs` (0-based) in order, on one iterator, with insertion.
-
-    Epoch `e` is one pass over the training files without `num_steps`, or
-    with it the first `num_steps` batches of an endless stream of passes
-    (tfr's repeat-then-shuffle; every batch full). Its shuffles are seeded by
-    `epoch_seed(seed, e)`, so with a seed epoch `e` holds the same batches in
-    the same order in every run, whichever epochs share its dataset and
-    whether or not the run resumed from a checkpoint.
-
-    One dataset for several epochs is built, traced and started once (about a
-    second of CPU per epoch on the MovieLens job when each epoch had its own).
-    With `gate`, the stream holds each epoch's first batch before its
-    insertion until the gate releases that epoch (`EpochGate.on_epoch_begin`),
-    so insertion, which runs ahead with prefetch, never inserts keys of an
-    epoch before the previous one has been trained, validated and
-    checkpointed. Without a gate, give one epoch (or accept that insertion
-    runs ahead across epochs).
-
-    Args:
-      epochs: Epoch numbers, >= 0, usually consecutive.
-      num_steps: Batches per epoch, > 0, or None for one pass.
-      seed: The run's seed, or None for unseeded shuffles.
-      gate: The run's EpochGate, or None.
-
-    Returns:
-      A dataset of (features, labels) batches as `build_train_dataset`'s: the
-      batches of `epochs[0]`, then of `epochs[1]`, ...
-
-    Raises:
-      ValueError: `epochs` is empty.
-    """
-    epochs = [int(e) for e in epochs]
-    if not epochs:
-      raise ValueError("build_train_epochs: no epochs given")
-    hparams = self._hparams
-
-    # The epoch's dataset is built inside the stream (flat_map), once per
-    # epoch and iterator, so that every iterator reads the same batches:
-    # tfr's seeded shuffles reshuffle on each new iterator of one dataset
-    # object, and Keras 2.15's DataHandler makes an iterator twice when it
-    # recreates them per epoch.
-    def epoch_batches(epoch, shuffle_seed):
-      _allow_tensor_op_seeds()
-      dataset = self._build_dataset(file_pattern=hparams.train_input_pattern,
-                                    batch_size=hparams.train_batch_size,
-                                    list_size=hparams.list_size,
-                                    num_epochs=1 if num_steps is None else None,
-                                    shuffle_seed=None if seed is None else shuffle_seed)
-      if num_steps is not None:
-        dataset = dataset.take(num_steps)
-      if gate is not None:  # (epoch, index, batch) for the gate.
-        dataset = tf.data.Dataset.zip((tf.data.Dataset.from_tensors(epoch).repeat(),
-                                       tf.data.Dataset.range(tf.int64.max), dataset))
-      return dataset
-
-    if not self._inserts():
-      gate = None  # Nothing to hold: the model inserts (or takes raw ids) itself.
-    seeds = [epoch_seed(seed, e) or 0 for e in epochs]
-    dataset = tf.data.Dataset.from_tensor_slices(
-        (tf.constant(epochs, tf.int64), tf.constant(seeds, tf.int64)))
-    return self._insert(dataset.flat_map(epoch_batches), is_training=True, gate=gate)
-
-  def build_valid_dataset(self, num_epochs: int | None = None) -> tf.data.Dataset:
-    """See `AbstractDatasetBuilder`. Unseen ids take no rows.
-
-    Lists are cut or padded to `valid_list_size`; None pads each batch to
-    its longest list (whole lists). With `skip_lists_without_relevant`, each
-    batch keeps only its lists with a relevant document.
-
-    Args:
-      num_epochs: Passes over the validation data; None repeats forever.
-    """
-    return self._insert(self._valid_batches(num_epochs, all_lists=False), is_training=False)
-
-  def build_raw_valid_dataset(self, all_lists: bool = False) -> tf.data.Dataset:
-    """One pass over the validation batches without insertion: raw ids kept.
-
-    For scorers that read raw features (baselines); same batches and order as
-    `build_valid_dataset(num_epochs=1)`.
-
-    Args:
-      all_lists: Keep every list, even under `skip_lists_without_relevant`
-        (e.g. to count them).
-    """
-    return self._valid_batches(1, all_lists)
-
-  def _valid_batches(self, num_epochs: int | None, all_lists: bool) -> tf.data.Dataset:
-    dataset = self._build_dataset(file_pattern=self._hparams.valid_input_pattern,
-                                  batch_size=self._hparams.valid_batch_size,
-                                  list_size=self._hparams.valid_list_size, randomize_input=False,
-                                  num_epochs=num_epochs)
-    if self.skip_lists_without_relevant and not all_lists:
-      dataset = _data_sharded(dataset.map(lists_with_relevant))
-    return dataset
-
-  def count_batches(self, is_training: bool) -> int:
-    """Batches in one pass over the training (or validation) files, > 0.
-
-    ceil(records / batch size), as `_build_dataset` batches records keeping
-    the final partial batch. Reads the records without parsing them. Keras
-    needs the number of steps of a distributed dataset (N > 1 replicas).
-
-    Raises:
-      ValueError: the files hold no record (names the pattern).
-    """
-    hparams = self._hparams
-    pattern = hparams.train_input_pattern if is_training else hparams.valid_input_pattern
-    batch_size = hparams.train_batch_size if is_training else hparams.valid_batch_size
-    files = tf.data.Dataset.list_files(pattern, shuffle=False)
-    records = files.flat_map(hparams.dataset_reader)
-    count = int(records.reduce(tf.constant(0, tf.int64), lambda n, _: n + 1))
-    if count == 0:
-      raise ValueError(f"no records in '{pattern}'")
-    return -(-count // batch_size)
-
-  def build_signatures(self, model):
-    """Not used: ModelFitPipeline exports with `export.export_serving_model`."""
-    raise NotImplementedError("signatures are built by mxrec_pipeline.keras.export")
-
-
-class SimpleDatasetBuilder(BaseDatasetBuilder):
-  """tfr's SimpleDatasetBuilder (one label) with sparse id features.
-
-  Args:
-    context_feature_spec, example_feature_spec, mask_feature_name, label_spec,
-    hparams, sample_weight_spec: As in tfr.keras.pipeline.SimpleDatasetBuilder.
-    sparse_features: The SparseFeatures to insert.
-  """
-
-  def __init__(self, context_feature_spec, example_feature_spec, mask_feature_name: str, label_spec,
-               hparams: DatasetHparams, sparse_features: Sequence[SparseFeature] = (),
-               sample_weight_spec=None):
-    super().__init__(context_feature_spec, example_feature_spec,
-                     dict([label_spec] + ([sample_weight_spec] if sample_weight_spec else [])),
-                     mask_feature_name, hparams, sparse_features)
-    self._label_spec = label_spec
-    self._sample_weight_spec = sample_weight_spec
-
-  # tfr's SimpleDatasetBuilder._features_and_labels, reused unchanged.
-  _features_and_labels = tfr.keras.pipeline.SimpleDatasetBuilder._features_and_labels
-
-
-def get_strategy(name: str | None,
-                 collective_timeout_s: float | None = None) -> tf.distribute.Strategy:
-  """The strategy of PipelineHparams.strategy (hparams.STRATEGIES).
-
-  None -> the default strategy; "MirroredStrategy" -> every local GPU, else
-  every logical CPU (one unless the process split the CPU with
-  `tf.config.set_logical_device_configuration` before TensorFlow started, as
-  the replica tests do); "MultiWorkerMirroredStrategy" ->
-  tf.distribute.MultiWorkerMirroredStrategy over the cluster of the TF_CONFIG
-  environment variable (jobs.train checks it first with
-  mxrec_pipeline.cluster.tf_config), its collective ops failing after
-  `collective_timeout_s` seconds without their peers
-  (CommunicationOptions.timeout_seconds; None: no timeout);
-  "ParameterServerStrategy" -> tf.distribute.experimental.ParameterServerStrategy
-  over the TF_CONFIG cluster (this process is its chief, the coordinator;
-  jobs.train first waits until every ps and worker task is reachable).
-
-  Raises:
-    ValueError: an unknown name.
-  """
-  if name is None:
-    return tf.distribute.get_strategy()
-  if name == "MirroredStrategy":
-    devices = (tf.config.list_logical_devices("GPU") or tf.config.list_logical_devices("CPU"))
-    return tf.distribute.MirroredStrategy([d.name for d in devices])
-  if name == MULTI_WORKER_MIRRORED:
-    options = tf.distribute.experimental.CommunicationOptions(timeout_seconds=collective_timeout_s)
-    return tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
-  if name == PARAMETER_SERVER:
-    return tf.distribute.experimental.ParameterServerStrategy(
-        tf.distribute.cluster_resolver.TFConfigClusterResolver())
-  raise ValueError(f"unknown strategy {name!r}; supported: {list(STRATEGIES)}")
 
 
 class ModelFitPipeline(AbstractPipeline):
@@ -482,6 +153,10 @@ class ModelFitPipeline(AbstractPipeline):
     self.checkpoint = None
     self.history = None
     self._strategy_in_use = None
+    self._placement = TablePlacement.ONE_HOST  # Decided by train_and_validate (placement_for).
+    # The builder the batches come from: `dataset_builder`, or its raw-id copy
+    # when the tables are sharded (the model then looks them up by raw ids).
+    self._data = dataset_builder
     # Table name -> ShardedTable (sharded over workers) or PSShardedTable (over ps tasks).
     self._sharded_tables = None
 
@@ -559,6 +234,7 @@ class ModelFitPipeline(AbstractPipeline):
     ]
     strategy = tf.distribute.get_strategy()  # One replica: one shard holding every key.
     model = self._build_sharded_model(strategy, specs, build_slots=False)
+    self._placement = TablePlacement.WORKERS
     # The tables' rows and slots come from the shard files below, not this
     # checkpoint, so unmatched variables cannot be told from missing ones here.
     callbacks_lib.training_checkpoint(model, sharded=True).restore(checkpoint).expect_partial()
@@ -597,9 +273,9 @@ class ModelFitPipeline(AbstractPipeline):
     """Exports a SavedModel that scores raw ids; see export.export_serving_model."""
     builder = self._dataset_builder
     snapshots = None
-    if self._uses_ps(self._strategy_in_use):  # The coordinator reads every shard.
+    if self._placement is TablePlacement.PARAMETER_SERVERS:  # The coordinator reads every shard.
       snapshots = ps.ps_snapshots(self._sharded_tables)
-    elif self._sharded_tables:  # Every worker gathers; only the chief's export_to is kept.
+    elif self._placement is TablePlacement.WORKERS:  # Every worker gathers; the chief's is kept.
       snapshots = sharded.gathered_snapshots(self._strategy_in_use, self._sharded_tables)
     return export_lib.export_serving_model(
         model,
@@ -626,12 +302,11 @@ class ModelFitPipeline(AbstractPipeline):
     strategy = self._strategy_in_use
     return {
         "placement": {
-            "tables": ("parameter_servers" if self._uses_ps(strategy) else
-                       "workers" if self._sharded_tables else "one_host"),
+            "tables": self._placement.value,
             "replicas": strategy.num_replicas_in_sync if strategy is not None else 1
         },
         "table_rows": (warm_start_lib.row_keys(self.model)
-                       if self.model is not None and not self._sharded_tables else {}),
+                       if self.model is not None and not self._placement.sharded else {}),
         "tables": None if tables is None else {
             name: {field: getattr(spec, field) for field in _SAVED_TABLE_FIELDS}
             for name, spec in tables.items()
@@ -718,10 +393,11 @@ class ModelFitPipeline(AbstractPipeline):
       initialize.init()
     strategy = self._strategy or get_strategy(hparams.strategy, hparams.collective_timeout_s)
     self._strategy_in_use = strategy
-    on_ps = self._uses_ps(strategy)
+    self._placement = placement_for(strategy, self._has_sparse_features())
+    on_ps = self._placement is TablePlacement.PARAMETER_SERVERS
     if on_ps:
       model = self._build_ps_model(strategy)
-    elif self._shards_tables(strategy):
+    elif self._placement is TablePlacement.WORKERS:
       model = self._build_sharded_model(strategy)
     else:
       with strategy.scope(), _generator_rng(hparams.seed is not None):
@@ -731,7 +407,7 @@ class ModelFitPipeline(AbstractPipeline):
     if on_ps:
       shards = ps.PSShardCheckpoints(os.path.join(hparams.model_dir, "checkpoints"),
                                      self._sharded_tables)
-    elif self._sharded_tables:
+    elif self._placement is TablePlacement.WORKERS:
       shards = sharded.ShardCheckpoints(
           strategy, self._shard_checkpoint_dir or os.path.join(hparams.model_dir, "checkpoints"),
           self._sharded_tables, model.sparse_optimizer)
@@ -747,21 +423,18 @@ class ModelFitPipeline(AbstractPipeline):
     # One iterator per run of epochs with the same steps (Keras keeps a
     # dataset's iterator across the epochs of a fit when told its steps), the
     # gate releasing each epoch's insertion at its on_epoch_begin.
-    streams = isinstance(self._dataset_builder, BaseDatasetBuilder)
+    streams = isinstance(self._data, BaseDatasetBuilder)
     gate = EpochGate(len(plan)) if streams else None
     run_callbacks = callbacks_lib.RunCallbacks(
         ([gate] if gate else []) + self.build_callbacks(model) + list(callbacks), model, verbose,
         epochs=len(plan))
     valid = self._distribute(
-        strategy,
-        self._dataset_builder.build_valid_dataset(
-            num_epochs=None if hparams.num_valid_steps else 1))
-    split = self._splits_batches(strategy)
+        strategy, self._data.build_valid_dataset(num_epochs=None if hparams.num_valid_steps else 1))
+    split = splits_batches(strategy, self._placement, self._has_sparse_features())
     # Keras needs the steps of a distributed dataset.
-    valid_steps = hparams.num_valid_steps or (self._dataset_builder.count_batches(False)
-                                              if split else None)
+    valid_steps = hparams.num_valid_steps or (self._data.count_batches(False) if split else None)
     # ... and of a dataset whose iterator it keeps over several epochs.
-    one_pass = (self._dataset_builder.count_batches(True) if
+    one_pass = (self._data.count_batches(True) if
                 (split or streams) and None in plan[start_epoch:] else None)
     groups = (epoch_groups(plan, start_epoch)
               if streams else [(e, e + 1) for e in range(start_epoch, len(plan))])
@@ -783,7 +456,7 @@ class ModelFitPipeline(AbstractPipeline):
     self.history = run_callbacks.history
     self.export_saved_model(model, os.path.join(hparams.model_dir, "export", "latest_model"))
     results = model.evaluate(
-        self._distribute(strategy, self._dataset_builder.build_valid_dataset(num_epochs=1)),
+        self._distribute(strategy, self._data.build_valid_dataset(num_epochs=1)),
         steps=valid_steps if split and not hparams.num_valid_steps else None, return_dict=True,
         verbose=0)
     return _ranking_results(results)
@@ -802,7 +475,7 @@ class ModelFitPipeline(AbstractPipeline):
     validation = ps.CoordinatorValidation(self._evaluate_on_coordinator)
     run_callbacks = callbacks_lib.RunCallbacks([validation, *self.build_callbacks(model)] +
                                                list(callbacks), model, verbose, epochs=len(plan))
-    one_pass = (self._dataset_builder.count_batches(True) if None in plan[start_epoch:] else None)
+    one_pass = (self._data.count_batches(True) if None in plan[start_epoch:] else None)
     run_callbacks.begin_run()
     for epoch in range(start_epoch, len(plan)):
       run_callbacks.set_epoch_steps(plan[epoch] or one_pass)
@@ -819,14 +492,19 @@ class ModelFitPipeline(AbstractPipeline):
   def _evaluate_on_coordinator(self) -> dict[str, float]:
     """ps.evaluate_on_coordinator over the validation data (`num_valid_steps` batches or all)."""
     steps = self._hparams.num_valid_steps
-    dataset = self._dataset_builder.build_valid_dataset(num_epochs=None if steps else 1)
+    dataset = self._data.build_valid_dataset(num_epochs=None if steps else 1)
     if steps:
       dataset = dataset.take(steps)
     return ps.evaluate_on_coordinator(self.model, dataset, self.build_metrics())
 
-  def _uses_ps(self, strategy: tf.distribute.Strategy | None) -> bool:
-    """Whether training runs under ParameterServerStrategy (tables sharded over the ps tasks)."""
-    return isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy)
+  def _has_sparse_features(self) -> bool:
+    """Whether the dataset builder has sparse id features (tables to place)."""
+    return bool(getattr(self._dataset_builder, "sparse_features", None))
+
+  def _keep_raw_ids(self) -> None:
+    """Batches keep raw ids from now on: a copy of the dataset builder, the given one untouched."""
+    with_raw_ids = getattr(self._dataset_builder, "with_raw_ids", None)
+    self._data = with_raw_ids() if with_raw_ids is not None else self._dataset_builder
 
   def _build_ps_model(self, strategy: tf.distribute.Strategy) -> tf.keras.Model:
     """The compiled model with its tables sharded over the ps tasks (keras/ps.py).
@@ -847,18 +525,12 @@ class ModelFitPipeline(AbstractPipeline):
     sparse_optimizer = self._sparse_optimizer()
     tables = ps.create_ps_tables(strategy, self._model_builder.tables.values(), sparse_optimizer,
                                  self._model_builder.seed)
-    self._dataset_builder.keep_raw_ids = True
+    self._keep_raw_ids()
     self._sharded_tables = tables
     with strategy.scope(), _generator_rng(self._hparams.seed is not None):
       model = self._model_builder.build(sharded_tables=tables)
       self._compile(model, sparse_optimizer)
     return model
-
-  def _shards_tables(self, strategy: tf.distribute.Strategy) -> bool:
-    """Whether the tables are sharded over workers (MultiWorkerMirroredStrategy, N > 1)."""
-    return (isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy) and
-            strategy.num_replicas_in_sync > 1 and
-            bool(getattr(self._dataset_builder, "sparse_features", None)))
 
   def _build_sharded_model(self, strategy: tf.distribute.Strategy,
                            specs: Sequence[TableSpec] | None = None,
@@ -886,7 +558,7 @@ class ModelFitPipeline(AbstractPipeline):
     sparse_optimizer = self._sparse_optimizer()
     if build_slots:
       sparse_optimizer.build([table.variable for table in tables.values()])
-    self._dataset_builder.keep_raw_ids = True
+    self._keep_raw_ids()
     self._sharded_tables = tables
     with strategy.scope(), _generator_rng(hparams.seed is not None):
       model = self._model_builder.build(sharded_tables=tables)
@@ -917,7 +589,7 @@ class ModelFitPipeline(AbstractPipeline):
     Raises:
       ValueError: tables sharded over workers or ps tasks; see warm_start.apply.
     """
-    if self._sharded_tables:
+    if self._placement.sharded:
       raise ValueError("pipeline.warm_start fills the tables of a one-host run; this run shards "
                        f"them ({self._hparams.strategy}): warm start a one-host run first, then "
                        "resume it on the cluster")
@@ -934,21 +606,16 @@ class ModelFitPipeline(AbstractPipeline):
     inserted global batch with its own unique rows (core/asc/replicas.py);
     otherwise `dataset` as it is (Keras distributes it).
     """
-    if not self._splits_batches(strategy):
+    if not splits_batches(strategy, self._placement, self._has_sparse_features()):
       return dataset
     return replicas.distribute_dataset(
         strategy, dataset,
-        [fs.FeatureSpec(f.name, table_name=f.table) for f in self._dataset_builder.sparse_features])
-
-  def _splits_batches(self, strategy: tf.distribute.Strategy) -> bool:
-    """Whether global batches are split per replica (one host, N > 1, sparse features)."""
-    return (not self._shards_tables(strategy) and strategy.num_replicas_in_sync > 1 and
-            bool(getattr(self._dataset_builder, "sparse_features", None)))
+        [fs.FeatureSpec(f.name, table_name=f.table) for f in self._data.sparse_features])
 
   def _train_epochs(self, epochs: Sequence[int], num_steps: int | None,
                     gate: EpochGate | None = None) -> tf.data.Dataset:
     """The training batches of `epochs` (consecutive) on one iterator; see `build_train_epochs`."""
-    builder = self._dataset_builder
+    builder = self._data
     if isinstance(builder, BaseDatasetBuilder):
       return builder.build_train_epochs(epochs, num_steps, self._hparams.seed, gate)
     # Another AbstractDatasetBuilder (one epoch at a time): its data, bounded to the epoch.

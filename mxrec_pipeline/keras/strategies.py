@@ -1,0 +1,95 @@
+"""The Keras pipeline's strategy and where its tables live: the one place that decides.
+
+`get_strategy` builds the tf.distribute strategy PipelineHparams.strategy names;
+`placement_for` decides once, from the strategy, where a run's tables live
+(`TablePlacement`): in this process (one host, any number of replicas), sharded
+by key over MultiWorkerMirroredStrategy workers (keras/sharded.py), or over the
+ps tasks of ParameterServerStrategy (keras/ps.py). The pipeline branches on the
+placement, never on the strategy's type. See docs/distributed.md.
+"""
+
+from __future__ import annotations
+
+import enum
+
+import tensorflow as tf
+
+from mxrec_pipeline.hparams import MULTI_WORKER_MIRRORED, PARAMETER_SERVER, STRATEGIES
+
+
+class TablePlacement(str, enum.Enum):
+  """Where a run's tables live; its value is what checkpoint manifests record."""
+
+  ONE_HOST = "one_host"  # In this process; N > 1 replicas split each inserted batch.
+  WORKERS = "workers"  # Sharded by key over the workers (MultiWorkerMirroredStrategy, N > 1).
+  PARAMETER_SERVERS = "parameter_servers"  # Sharded over the ps tasks (ParameterServerStrategy).
+
+  @property
+  def sharded(self) -> bool:
+    """Whether the tables are sharded over tasks (the model then takes raw ids)."""
+    return self is not TablePlacement.ONE_HOST
+
+
+def placement_for(strategy: tf.distribute.Strategy, sparse_features: bool) -> TablePlacement:
+  """Where the tables of a run under `strategy` live.
+
+  Args:
+    strategy: The run's strategy (`get_strategy`, or one the user gave).
+    sparse_features: Whether the dataset has sparse id features; without them
+      a multi-worker run has nothing to shard and trains as one host's.
+
+  Returns:
+    PARAMETER_SERVERS under ParameterServerStrategy; WORKERS under
+    MultiWorkerMirroredStrategy with more than one worker and sparse features;
+    ONE_HOST otherwise.
+  """
+  if isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy):
+    return TablePlacement.PARAMETER_SERVERS
+  if (isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy) and
+      strategy.num_replicas_in_sync > 1 and sparse_features):
+    return TablePlacement.WORKERS
+  return TablePlacement.ONE_HOST
+
+
+def splits_batches(strategy: tf.distribute.Strategy, placement: TablePlacement,
+                   sparse_features: bool) -> bool:
+  """Whether each inserted global batch is split per replica (one host, N > 1, sparse features).
+
+  See core/asc/replicas.py.
+  """
+  return (placement is TablePlacement.ONE_HOST and strategy.num_replicas_in_sync > 1 and
+          sparse_features)
+
+
+def get_strategy(name: str | None,
+                 collective_timeout_s: float | None = None) -> tf.distribute.Strategy:
+  """The strategy of PipelineHparams.strategy (hparams.STRATEGIES).
+
+  None -> the default strategy; "MirroredStrategy" -> every local GPU, else
+  every logical CPU (one unless the process split the CPU with
+  `tf.config.set_logical_device_configuration` before TensorFlow started, as
+  the replica tests do); "MultiWorkerMirroredStrategy" ->
+  tf.distribute.MultiWorkerMirroredStrategy over the cluster of the TF_CONFIG
+  environment variable (jobs.train checks it first with
+  mxrec_pipeline.cluster.tf_config), its collective ops failing after
+  `collective_timeout_s` seconds without their peers
+  (CommunicationOptions.timeout_seconds; None: no timeout);
+  "ParameterServerStrategy" -> tf.distribute.experimental.ParameterServerStrategy
+  over the TF_CONFIG cluster (this process is its chief, the coordinator;
+  jobs.train first waits until every ps and worker task is reachable).
+
+  Raises:
+    ValueError: an unknown name.
+  """
+  if name is None:
+    return tf.distribute.get_strategy()
+  if name == "MirroredStrategy":
+    devices = (tf.config.list_logical_devices("GPU") or tf.config.list_logical_devices("CPU"))
+    return tf.distribute.MirroredStrategy([d.name for d in devices])
+  if name == MULTI_WORKER_MIRRORED:
+    options = tf.distribute.experimental.CommunicationOptions(timeout_seconds=collective_timeout_s)
+    return tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
+  if name == PARAMETER_SERVER:
+    return tf.distribute.experimental.ParameterServerStrategy(
+        tf.distribute.cluster_resolver.TFConfigClusterResolver())
+  raise ValueError(f"unknown strategy {name!r}; supported: {list(STRATEGIES)}")
