@@ -227,10 +227,12 @@ def create_table(key_dtype: tf.DType, dim: int | tf.TensorShape, name: str,
   tier_config = tiers.check_tier_args(name, device_vocabulary_size, host_vocabulary_size,
                                       ssd_vocabulary_size, ssd_data_path, cache_policy, value_dtype)
   optimizer_list = list(optimizer_list or [])
+  expansion_rows = tier_config is None and run.config.use_dynamic_expansion
   if tf.distribute.has_strategy():
-    device = None  # The strategy places the rows.
+    device = None  # The strategy places the rows: on devices with the kernels they need.
+    placement.check_strategy_devices(name, placement.strategy_variable_devices(),
+                                     value_dtype=value_dtype, expansion=expansion_rows)
   else:
-    expansion_rows = tier_config is None and run.config.use_dynamic_expansion
     device = placement.table_device(name, device, value_dtype=value_dtype, expansion=expansion_rows)
   if tier_config is None:
     table_class = (expansion.ExpansionTable

@@ -140,6 +140,55 @@ def table_device(
   return spec.to_string()
 
 
+def strategy_variable_devices() -> tuple[str, ...]:
+  """Where the current strategy places a variable created in its scope.
+
+  `parameter_devices` of Mirrored and MultiWorkerMirrored strategies (every
+  replica's device); () for strategies that do not say (ParameterServerStrategy
+  places variables on its ps tasks' CPUs).
+  """
+  try:
+    return tuple(tf.distribute.get_strategy().extended.parameter_devices)
+  except (NotImplementedError, RuntimeError, AttributeError):
+    return ()
+
+
+def check_strategy_devices(
+    table_name: str, devices: Sequence[str], *, value_dtype: tf.DType = tf.float32,
+    expansion: bool = False,
+    kernel_device_types: Callable[[str, tf.DType], Iterable[str]] | None = None) -> None:
+  """Checks that a strategy's replica devices can hold the table's rows.
+
+  Under a `tf.distribute` strategy the strategy places the rows (a mirrored
+  variable on every replica device), so the ops that update them in place
+  must have kernels there: with today's CPU-only native kernels, a
+  MirroredStrategy over GPUs cannot train a table.
+
+  Args:
+    table_name: The table, named in the error.
+    devices: Where the strategy places variables (`strategy_variable_devices`).
+    value_dtype, expansion, kernel_device_types: As for `table_device`.
+
+  Raises:
+    ValueError: a device type without a kernel for one of the table's ops,
+      naming the table, the device and the op, and what to do instead.
+  """
+  if kernel_device_types is None:
+    kernel_device_types = registered_device_types
+  needed = table_ops(value_dtype, expansion=expansion)
+  for device in devices:
+    device_type = tf.DeviceSpec.from_string(device).device_type or "CPU"
+    missing = _missing_kernel(device_type, needed,
+                              lambda op: set(kernel_device_types(op, value_dtype)))
+    if missing:
+      raise ValueError(
+          f"table '{table_name}': the distribution strategy places its rows on {device}, where "
+          f"{missing} (which updates them in place) has no kernel; the native kernels run on "
+          f"{sorted(kernel_device_types(missing, value_dtype)) or 'no device'}. Train without a "
+          "strategy (pipeline.strategy: null: rows on the host, the dense model on the GPU) or "
+          "give the strategy host devices")
+
+
 def _parse(table_name: str, requested) -> tf.DeviceSpec:
   where = f"table '{table_name}': `device`"
   if not isinstance(requested, str):

@@ -144,3 +144,26 @@ def test_create_table_checks_its_device():
   with pytest.raises(ValueError, match=r"table 't': device '/GPU:0' is not visible"):
     embedding.create_table(key_dtype=tf.int64, dim=4, name="t", device_vocabulary_size=8,
                            emb_initializer=tf.zeros_initializer(), device="/GPU:0")
+
+
+def test_strategy_on_host_devices_passes_the_check():
+  placement.check_strategy_devices("t", ["/job:localhost/replica:0/task:0/device:CPU:0"],
+                                   kernel_device_types=_kernels())
+  placement.check_strategy_devices("t", ["/device:GPU:0", "/device:GPU:1"],
+                                   kernel_device_types=_kernels(ALL_FLOAT32_OPS))
+
+
+def test_strategy_over_gpus_without_gpu_kernels_names_table_device_and_fix():
+  with pytest.raises(
+      ValueError, match=r"table 't': the distribution strategy places its rows on "
+      r"/device:GPU:0, where MxLazyAdamRows .*pipeline.strategy: null"):
+    placement.check_strategy_devices("t", ["/device:GPU:0"], kernel_device_types=_kernels())
+
+
+def test_create_table_under_a_host_strategy_is_checked_and_passes():
+  init()
+  strategy = tf.distribute.MirroredStrategy(["/CPU:0"])
+  with strategy.scope():
+    table = embedding.create_table(key_dtype=tf.int64, dim=4, name="t", device_vocabulary_size=8,
+                                   emb_initializer=tf.zeros_initializer())
+  assert "CPU" in table.variable.device
