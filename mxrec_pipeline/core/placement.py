@@ -140,6 +140,12 @@ def table_device(
   return spec.to_string()
 
 
+def accelerator_holds_rows(value_dtype: tf.DType = tf.float32) -> bool:
+  """Whether a GPU has a kernel for every op that updates a `value_dtype` table in place."""
+  return _missing_kernel("GPU", table_ops(value_dtype),
+                         lambda op: set(registered_device_types(op, value_dtype))) is None
+
+
 def strategy_variable_devices() -> tuple[str, ...]:
   """Where the current strategy places a variable created in its scope.
 

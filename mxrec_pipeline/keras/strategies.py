@@ -14,6 +14,7 @@ import enum
 
 import tensorflow as tf
 
+from mxrec_pipeline.core import placement
 from mxrec_pipeline.hparams import MULTI_WORKER_MIRRORED, PARAMETER_SERVER, STRATEGIES
 
 
@@ -61,6 +62,21 @@ def splits_batches(strategy: tf.distribute.Strategy, placement: TablePlacement,
           sparse_features)
 
 
+def mirrored_devices(gpus: list[str], cpus: list[str], rows_on_gpu: bool) -> list[str]:
+  """The devices of PipelineHparams.strategy "MirroredStrategy"; [] for the default strategy.
+
+  Every GPU, else every logical CPU. One GPU whose device has no kernels for
+  the table rows' in-place updates (`rows_on_gpu` false: today's CPU-only
+  native kernels) gives [] instead: a single replica needs no mirroring, and
+  without a strategy the tables stay on the host while the dense model runs
+  on the GPU (core/placement.py). Several such GPUs stay a MirroredStrategy,
+  whose tables create_table then refuses, naming the fix.
+  """
+  if len(gpus) == 1 and not rows_on_gpu:
+    return []
+  return gpus or cpus
+
+
 def get_strategy(name: str | None,
                  collective_timeout_s: float | None = None) -> tf.distribute.Strategy:
   """The strategy of PipelineHparams.strategy (hparams.STRATEGIES).
@@ -68,7 +84,7 @@ def get_strategy(name: str | None,
   None -> the default strategy; "MirroredStrategy" -> every local GPU, else
   every logical CPU (one unless the process split the CPU with
   `tf.config.set_logical_device_configuration` before TensorFlow started, as
-  the replica tests do); "MultiWorkerMirroredStrategy" ->
+  the replica tests do), see `mirrored_devices` for one GPU; "MultiWorkerMirroredStrategy" ->
   tf.distribute.MultiWorkerMirroredStrategy over the cluster of the TF_CONFIG
   environment variable (jobs.train checks it first with
   mxrec_pipeline.cluster.tf_config), its collective ops failing after
@@ -84,8 +100,10 @@ def get_strategy(name: str | None,
   if name is None:
     return tf.distribute.get_strategy()
   if name == "MirroredStrategy":
-    devices = (tf.config.list_logical_devices("GPU") or tf.config.list_logical_devices("CPU"))
-    return tf.distribute.MirroredStrategy([d.name for d in devices])
+    devices = mirrored_devices([d.name for d in tf.config.list_logical_devices("GPU")],
+                               [d.name for d in tf.config.list_logical_devices("CPU")],
+                               placement.accelerator_holds_rows())
+    return tf.distribute.MirroredStrategy(devices) if devices else tf.distribute.get_strategy()
   if name == MULTI_WORKER_MIRRORED:
     options = tf.distribute.experimental.CommunicationOptions(timeout_seconds=collective_timeout_s)
     return tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)

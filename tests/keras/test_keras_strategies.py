@@ -7,6 +7,7 @@ from unittest import mock
 import pytest
 import tensorflow as tf
 
+from mxrec_pipeline.core import placement
 from mxrec_pipeline.keras import datasets
 from mxrec_pipeline.keras import strategies
 from mxrec_pipeline.keras.layers import SparseFeature
@@ -59,6 +60,22 @@ def test_only_one_host_replicas_split_inserted_batches(replicas, placement, spar
 
 def test_placement_values_are_the_manifest_names():
   assert [p.value for p in Placement] == ["one_host", "workers", "parameter_servers"]
+
+
+@pytest.mark.parametrize(
+    "gpus, rows_on_gpu, expected",
+    [
+        ([], False, ["/device:CPU:0"]),
+        (["/device:GPU:0"], False, []),  # One replica: no strategy, rows on the host.
+        (["/device:GPU:0"], True, ["/device:GPU:0"]),
+        (["/device:GPU:0", "/device:GPU:1"], False, ["/device:GPU:0", "/device:GPU:1"]),
+    ])
+def test_mirrored_devices(gpus, rows_on_gpu, expected):
+  assert strategies.mirrored_devices(gpus, ["/device:CPU:0"], rows_on_gpu) == expected
+
+
+def test_native_row_kernels_are_host_only_today():
+  assert not placement.accelerator_holds_rows()
 
 
 def test_unknown_strategy_name_is_named():
