@@ -24,6 +24,10 @@ REGISTRY = RankerRegistry({
     "letor_dasalc": RankerEntry(ranker="builders.letor_dasalc:LetorDasalc",
                                 data_config="builders.mslr_config:MslrDataConfig",
                                 model_config="builders.letor_dasalc_config:DasalcModelConfig"),
+    "book_crossing_listwise": RankerEntry(
+        ranker="builders.book_crossing:BookCrossingListwise",
+        data_config="builders.book_crossing_config:BookCrossingDataConfig",
+        model_config="builders.book_crossing_config:BookCrossingModelConfig"),
 })
 
 # Imported from builders.base (and so TensorFlow) on first use, by __getattr__.

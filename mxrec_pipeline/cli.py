@@ -6,7 +6,7 @@
   mxrec-pipeline predict MODEL_DIR --input lists.json|lists.tfrecord
   mxrec-pipeline sweep configs/sweep_movielens.yaml [--n-trials N] [--n-jobs J] [--timeout S]
                  [--storage URL] [--set pipeline.num_epochs=3 ...]
-  mxrec-pipeline data fetch movielens_100k|mslr_5k
+  mxrec-pipeline data fetch movielens_100k|mslr_5k|book_crossing
 
 Exit status 2 on a bad config or argument, an unusable checkpoint, a model_dir
 in use by another job or a full disk, with the culprit named on stderr;
@@ -149,7 +149,7 @@ def build_parser() -> argparse.ArgumentParser:
   sweep.set_defaults(fn=_sweep)
   data = commands.add_parser("data", help="data sets").add_subparsers(dest="action", required=True)
   fetch = data.add_parser("fetch", help="fetch a data set into the cache, print its directory")
-  fetch.add_argument("name", help="movielens_100k or mslr_5k")
+  fetch.add_argument("name", help="movielens_100k, mslr_5k or book_crossing")
   fetch.set_defaults(fn=_fetch)
   return parser
 

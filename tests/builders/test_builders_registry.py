@@ -24,7 +24,8 @@ def test_job_config_validates(path):
   assert config.builder in builders.REGISTRY
 
 
-@pytest.mark.parametrize("name", ["mslr_dnn", "movielens_dcn", "letor_dasalc"])
+@pytest.mark.parametrize("name",
+                         ["mslr_dnn", "movielens_dcn", "letor_dasalc", "book_crossing_listwise"])
 def test_ranker_has_a_config(name):
   assert name in {config_lib.load(str(path)).builder for path in JOB_CONFIGS}
 

@@ -96,7 +96,7 @@ def test_fetch_installs_then_uses_the_cache(tmp_path, monkeypatch):
 def test_unknown_name_lists_supported():
   with pytest.raises(
       ValueError, match=r"Unsupported data set 'ml-1m'; "
-      r"supported: \['movielens_100k', 'mslr_5k'\]"):
+      r"supported: \['book_crossing', 'movielens_100k', 'mslr_5k'\]"):
     fetch_lib.fetch("ml-1m")
 
 
