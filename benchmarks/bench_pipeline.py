@@ -396,10 +396,10 @@ def child_train(variant: str, seed: int, epochs: int | None, steps_per_epoch: in
 # ----------------------------------------------------------------------------
 
 
-def run_child(args: list[str]) -> dict:
-  """Runs `--child ARGS` in a fresh process; returns its JSON result."""
+def run_child(args: list[str], script: str = __file__) -> dict:
+  """Runs `script --child ARGS` in a fresh process; returns its JSON result."""
   with tempfile.NamedTemporaryFile(suffix=".json") as out:
-    cmd = [sys.executable, __file__, "--child", out.name, *args]
+    cmd = [sys.executable, script, "--child", out.name, *args]
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=str(ROOT))
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
     if proc.returncode != 0:
@@ -419,8 +419,10 @@ def main(argv=None) -> int:
       "--set", action="append", default=[], metavar="KEY=VALUE",
       help="override a value of the config in every trial, e.g. "
       "pipeline.strategy=null")
-  parser.add_argument("--only", choices=("movielens", "zipf"),
-                      help="run only the MovieLens trials (1, 2) or the Zipf ones (3)")
+  parser.add_argument(
+      "--only", choices=("movielens", "zipf", "book_crossing"),
+      help="run only the MovieLens trials (1, 2) or the Zipf ones (3); "
+      "book_crossing: benchmarks/bench_book_crossing.py instead (issue #36)")
   parser.add_argument(
       "--profile", type=int, default=0, metavar="STEPS",
       help="also trace STEPS steps of the second epoch of each MovieLens trial with "
@@ -434,6 +436,9 @@ def main(argv=None) -> int:
     pathlib.Path(out).write_text(json.dumps(result))
     return 0
 
+  if args.only == "book_crossing":
+    import bench_book_crossing  # pylint: disable=import-outside-toplevel
+    return bench_book_crossing.main(["--json", args.json] if args.json else [])
   plan = QUICK if args.quick else FULL
   start = time.perf_counter()
   load = os.getloadavg()

@@ -84,18 +84,23 @@ class DenseTable(tf.keras.layers.Layer):
 
 
 def table_vocabularies(train_path: str, features: Sequence[SparseFeature],
-                       tables: Sequence[TableSpec]) -> dict[str, list]:
+                       tables: Sequence[TableSpec],
+                       feature_specs: tuple[dict, dict] | None = None) -> dict[str, list]:
   """Distinct ids of each table in the training ELWC file, sorted.
 
   Args:
     train_path: Training ELWC TFRecord file (pattern).
     features: The SparseFeatures (name -> table).
     tables: Their TableSpecs.
+    feature_specs: (context, example) feature specs of the file; default
+      MovieLens's.
 
   Returns:
     Table name -> sorted ids (ints, or bytes for string tables).
   """
-  context, example, _ = movielens.MovieLensListwise().feature_specs()
+  if feature_specs is None:
+    feature_specs = movielens.MovieLensListwise().feature_specs()[:2]
+  context, example = feature_specs
   by_name = {f.name: f.table for f in features}
   vocab: dict[str, set] = {t.name: set() for t in tables}
   dataset = tf.data.TFRecordDataset(
