@@ -25,6 +25,7 @@ import dataclasses
 from typing import Callable, ClassVar, Mapping
 
 import tensorflow as tf
+import tensorflow_ranking as tfr
 
 from builders.base_config import DatasetConfig
 from mxrec_pipeline.data import elwc
@@ -110,3 +111,48 @@ class RankerBuilder(abc.ABC):
   def dataset_builder_class(self) -> type:
     """The dataset builder class; override to transform labels."""
     return pipeline_lib.SimpleDatasetBuilder
+
+
+def item_mean_baseline(train_pattern: str, item_feature: str, item_spec, label_spec: tuple):
+  """A baseline scorer: each item's mean training rating, else the global mean.
+
+  The simple baseline of the MovieLens and Book-Crossing jobs.
+
+  Args:
+    train_pattern: The training ELWC files (tf.io.gfile.glob pattern).
+    item_feature: The example feature naming the item (e.g. "item_id", "isbn").
+    item_spec: Its tf.io.FixedLenFeature spec.
+    label_spec: (label name, its spec); padding labels (< 0) are left out.
+
+  Returns:
+    (score, means, global_mean): `score(features)` gives [batch, list_size]
+    float32 scores from `features[item_feature]`; `means` maps each rated
+    item (int or bytes) to its mean rating.
+
+  Raises:
+    ValueError: no rated item in the files.
+  """
+  totals: dict = {}
+  spec = {item_feature: item_spec, label_spec[0]: label_spec[1]}
+  dataset = tf.data.TFRecordDataset(tf.io.gfile.glob(train_pattern)).batch(256).map(
+      lambda serialized: tfr.data.parse_from_example_list(serialized, example_feature_spec=spec))
+  for batch in dataset:
+    for item, rating in zip(batch[item_feature].numpy().ravel(),
+                            batch[label_spec[0]].numpy().ravel()):
+      if rating >= 0:
+        total = totals.setdefault(item.item() if hasattr(item, "item") else item, [0.0, 0])
+        total[0] += float(rating)
+        total[1] += 1
+  if not totals:
+    raise ValueError(f"{train_pattern}: no rated item")
+  means = {item: total / count for item, (total, count) in totals.items()}
+  global_mean = sum(total for total, _ in totals.values()) / sum(n for _, n in totals.values())
+  table = tf.lookup.StaticHashTable(
+      tf.lookup.KeyValueTensorInitializer(tf.constant(list(means), item_spec.dtype),
+                                          tf.constant(list(means.values()), tf.float32)),
+      default_value=global_mean)
+
+  def score(features):
+    return tf.squeeze(table.lookup(features[item_feature]), -1)
+
+  return score, means, global_mean

@@ -20,9 +20,8 @@ import json
 import pathlib
 
 import tensorflow as tf
-import tensorflow_ranking as tfr
 
-from builders.base import DataPaths, RankerBuilder, MASK_FEATURE
+from builders.base import DataPaths, RankerBuilder, MASK_FEATURE, item_mean_baseline
 from builders.book_crossing_config import BookCrossingDataConfig, BookCrossingModelConfig
 from builders.movielens import MovieLensScorer
 from mxrec_pipeline.data import book_crossing_lists as lists_lib
@@ -142,41 +141,16 @@ class BookCrossingListwise(RankerBuilder):
         name="book_crossing_listwise")
 
   def build_baseline(self, paths: DataPaths, data: BookCrossingDataConfig):
-    """Mean training rating of each ISBN (from the training ELWC file); see `isbn_means`."""
-    means, global_mean = isbn_means(paths.train)
-    table = tf.lookup.StaticHashTable(
-        tf.lookup.KeyValueTensorInitializer(tf.constant(list(means), tf.string),
-                                            tf.constant(list(means.values()), tf.float32)),
-        default_value=global_mean)
-
-    def score(features):
-      return tf.squeeze(table.lookup(features["isbn"]), -1)
-
-    return score
+    """Mean training rating of each ISBN (from the training ELWC file)."""
+    return item_mean_baseline(paths.train, "isbn", EXAMPLE_SPEC["isbn"], LABEL_SPEC)[0]
 
 
 def isbn_means(train_pattern: str) -> tuple[dict[bytes, float], float]:
   """({ISBN: mean rating}, global mean) of the training lists (padding left out).
 
-  Args:
-    train_pattern: The training ELWC files (tf.io.gfile.glob pattern).
-
   Raises:
     ValueError: no rated book in the files.
   """
-  totals: dict[bytes, list[float]] = {}
-  spec = {"isbn": EXAMPLE_SPEC["isbn"], LABEL_SPEC[0]: LABEL_SPEC[1]}
-  files = tf.io.gfile.glob(train_pattern)
-  dataset = tf.data.TFRecordDataset(files).batch(256).map(
-      lambda serialized: tfr.data.parse_from_example_list(serialized, example_feature_spec=spec))
-  for batch in dataset:
-    for isbn, rating in zip(batch["isbn"].numpy().ravel(), batch[LABEL_SPEC[0]].numpy().ravel()):
-      if rating >= 0:
-        totals.setdefault(isbn, [0.0, 0])
-        totals[isbn][0] += float(rating)
-        totals[isbn][1] += 1
-  if not totals:
-    raise ValueError(f"{train_pattern}: no rated book")
-  num = sum(count for _, count in totals.values())
-  global_mean = sum(total for total, _ in totals.values()) / num
-  return {isbn: total / count for isbn, (total, count) in totals.items()}, global_mean
+  _, means, global_mean = item_mean_baseline(train_pattern, "isbn", EXAMPLE_SPEC["isbn"],
+                                             LABEL_SPEC)
+  return means, global_mean

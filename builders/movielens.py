@@ -29,7 +29,7 @@ from typing import Sequence
 import tensorflow as tf
 import tensorflow_ranking as tfr
 
-from builders.base import DataPaths, RankerBuilder, MASK_FEATURE
+from builders.base import DataPaths, RankerBuilder, MASK_FEATURE, item_mean_baseline
 from builders.ensemble import EnsembleMean
 from builders.movielens_config import (RELEVANCES, MovieLensDataConfig, MovieLensModelConfig,
                                        MovieLensTablesConfig)
@@ -339,26 +339,4 @@ class MovieLensListwise(RankerBuilder):
 
   def build_baseline(self, paths: DataPaths, data: MovieLensDataConfig):
     """Mean training rating of each movie (from the training ELWC file)."""
-    totals: dict[int, list[float]] = {}
-    spec = {"item_id": EXAMPLE_SPEC["item_id"], LABEL_SPEC[0]: LABEL_SPEC[1]}
-    dataset = tf.data.TFRecordDataset(
-        paths.train).batch(256).map(lambda serialized: _parse_items(serialized, spec))
-    for items, ratings in dataset:
-      for item, rating in zip(items.numpy().ravel(), ratings.numpy().ravel()):
-        if rating >= 0:
-          totals.setdefault(int(item), []).append(float(rating))
-    keys = tf.constant(list(totals), tf.int64)
-    means = tf.constant([sum(v) / len(v) for v in totals.values()], tf.float32)
-    global_mean = float(sum(sum(v) for v in totals.values()) / sum(len(v) for v in totals.values()))
-    table = tf.lookup.StaticHashTable(tf.lookup.KeyValueTensorInitializer(keys, means),
-                                      default_value=global_mean)
-
-    def score(features):
-      return tf.squeeze(table.lookup(features["item_id"]), -1)
-
-    return score
-
-
-def _parse_items(serialized, spec):
-  features = tfr.data.parse_from_example_list(serialized, example_feature_spec=spec)
-  return features["item_id"], features[LABEL_SPEC[0]]
+    return item_mean_baseline(paths.train, "item_id", EXAMPLE_SPEC["item_id"], LABEL_SPEC)[0]
