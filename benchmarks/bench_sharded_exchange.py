@@ -39,7 +39,8 @@ def _worker(args) -> None:
 
   strategy = tf.distribute.MultiWorkerMirroredStrategy()
   initialize.init()
-  table = sharded_table.ShardedTable(strategy, name="item", dim=args.dim, rows_per_shard=args.keys,
+  table = sharded_table.ShardedTable(strategy, name="item", dim=args.dim,
+                                     device_vocabulary_size=args.keys,
                                      emb_initializer=tf.keras.initializers.Constant(0.01),
                                      routing=args.routing)
   optimizer = lazy_adam.create_hash_optimizer(0.01)

@@ -42,7 +42,7 @@ from mxrec_pipeline.gbdt import lambdamart
 from mxrec_pipeline.keras import callbacks as callbacks_lib
 from mxrec_pipeline.keras import manifest
 from mxrec_pipeline.keras import pipeline as pipeline_lib
-from mxrec_pipeline.keras import sharded
+from mxrec_pipeline.keras import table_checkpoints
 from mxrec_pipeline.util import initialize
 from mxrec_pipeline.util import model_dir_lock
 
@@ -349,7 +349,7 @@ def export(config: config_lib.JobConfig, export_dir: str | None = None,
 
 def _checkpoint_to_export(checkpoint_dir: str, checkpoint: str | None) -> str:
   """The path prefix of the checkpoint `export` reads; see there."""
-  shards = lambda number: sharded.shards_path(checkpoint_dir, number)  # noqa: E731
+  shards = lambda number: table_checkpoints.shards_path(checkpoint_dir, number)  # noqa: E731
   if checkpoint is None:
     latest, _, skipped = callbacks_lib.restorable_checkpoint(checkpoint_dir, shards)
     for prefix, reason in skipped:
@@ -367,8 +367,9 @@ def _checkpoint_to_export(checkpoint_dir: str, checkpoint: str | None) -> str:
     raise FileNotFoundError(f"no checkpoint {prefix}; kept in {checkpoint_dir}: {kept or 'none'}")
   if tf.io.gfile.exists(manifest.path(prefix)) or not callbacks_lib.is_legacy(prefix):
     reason = manifest.problem(
-        prefix, sharded.shards_path(os.path.dirname(prefix),
-                                    callbacks_lib.checkpoint_number(prefix)))
+        prefix,
+        table_checkpoints.shards_path(os.path.dirname(prefix),
+                                      callbacks_lib.checkpoint_number(prefix)))
     if reason is not None:
       raise ValueError(f"checkpoint {prefix} cannot be exported: {reason}")
   return prefix

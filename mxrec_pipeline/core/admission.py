@@ -134,9 +134,12 @@ def evict(table, idle_s: int, optimizers=()) -> tf.Tensor:
   table their initial values (`HashOptimizer.slot_initial_values`).
 
   Args:
-    table: A SparseEmbedding.
+    table: A shard of the table protocol (core/table_protocol.TableShard):
+      a SparseEmbedding, a worker's shard or a ps shard (call it under the
+      shard's device).
     idle_s: Seconds, >= 0.
-    optimizers: HashOptimizers whose slots of `table` to reset.
+    optimizers: HashOptimizers whose slots of `table` to reset (one without
+      slots of it is skipped).
 
   Returns:
     freed rows: [num_evicted] int64, ascending. In a graph, running it evicts
@@ -155,11 +158,12 @@ def evict(table, idle_s: int, optimizers=()) -> tf.Tensor:
   initial = tf.gather(table.initial_rows(), freed)
   updates = [variable.scatter_update(tf.IndexedSlices(initial, freed))]
   for optimizer in optimizers:
+    try:
+      slots = table.slot_variables(optimizer)
+    except KeyError:  # The optimizer has not trained this table.
+      continue
     for name, initial_value in optimizer.slot_initial_values.items():
-      try:
-        slot = optimizer.get_slot(table.table_name, name)
-      except KeyError:  # The optimizer has not trained this table.
-        continue
+      slot = slots[name]
       value = tf.cast(initial_value, slot.dtype)
       fill = tf.fill([tf.size(freed), table.dim], value)
       updates.append(slot.scatter_update(tf.IndexedSlices(fill, freed)))

@@ -55,6 +55,9 @@ class SparseEmbedding(tf.Module):
     device_vocabulary_size: Rows of the table: the most distinct ids it holds.
     variable: [device_vocabulary_size, dim] value_dtype rows.
     key_index: The KeyIndex mapping ids to rows.
+    shard_id, num_shards: 0 and 1, or the worker's shard of a ShardedTable
+      (`as_shard`). A SparseEmbedding is a core/table_protocol.Table and
+      TableShard.
   """
 
   def __init__(self, *, table_name: str, dim: int, key_dtype: tf.DType, value_dtype: tf.DType,
@@ -66,6 +69,7 @@ class SparseEmbedding(tf.Module):
     self.dim = dim
     self.key_dtype = key_dtype
     self.device_vocabulary_size = device_vocabulary_size
+    self.shard_id, self.num_shards = 0, 1
     # Tiered: the index hands out global rows of the whole table; the cache maps
     # them to device rows (core/tiers.py).
     self.tiers = None
@@ -129,6 +133,68 @@ class SparseEmbedding(tf.Module):
   def initial_rows(self) -> tf.Tensor:
     """[device_vocabulary_size, dim] initial rows: emb_initializer's values x init_param."""
     return self._initial_rows()
+
+  # The table protocol (core/table_protocol.py): a single-process table is its one shard.
+
+  @property
+  def device(self) -> None:
+    """None: the rows' placement was resolved at creation (core/placement.py)."""
+    return None
+
+  def as_shard(self, shard_id: int, num_shards: int) -> "SparseEmbedding":
+    """Marks this table as shard `shard_id` of `num_shards` (a ShardedTable's worker shard)."""
+    self.shard_id, self.num_shards = int(shard_id), int(num_shards)
+    return self
+
+  def local_shards(self) -> list["SparseEmbedding"]:
+    """[self]: a single-process table is its own one shard."""
+    return [self]
+
+  def slot_variables(self, optimizer, create: bool = False) -> dict[str, tf.Variable]:
+    """Slot name -> `optimizer`'s slot of this table (`create`: building it first).
+
+    Raises:
+      KeyError: the optimizer has no slots of this table and `create` is false.
+    """
+    if create:
+      optimizer.build([self.variable])
+    return {
+        name: optimizer.get_slot(self.table_name, name) for name in optimizer.slot_initial_values
+    }
+
+  def iterations(self, optimizer) -> tf.Variable:
+    """The optimizer's own step count: one per optimizer, whatever tables it trains."""
+    return optimizer.iterations
+
+  def evict(self, optimizers=None) -> list[tf.Tensor]:
+    """[freed rows]: core/admission.evict with the table's eviction_threshold_s.
+
+    Args:
+      optimizers: HashOptimizers whose slots to reset; None: every hash
+        optimizer of the run.
+
+    Raises:
+      ValueError: the table has no eviction threshold (naming it).
+    """
+    config = admission.config_of(self.table_name)
+    if config is None or config.eviction_threshold_s is None:
+      raise ValueError(f"table '{self.table_name}': evict needs an eviction_threshold_s")
+    if optimizers is None:
+      optimizers = initialize.get_config_initializer().hash_optimizers
+    return [admission.evict(self, config.eviction_threshold_s, optimizers)]
+
+  def gather_rows(self):
+    """(keys [n] int64 increasing, rows [n, dim]) as NumPy arrays (eagerly; tiered: all tiers)."""
+    keys, rows = self.key_index.export()
+    order = tf.argsort(keys)
+    keys, rows = tf.gather(keys, order), tf.gather(rows, order)
+    values = (tf.gather(self.variable, rows) if self.tiers is None else self.tiers.read_rows(
+        self.variable, rows)[:, :self.dim])
+    return keys.numpy(), values.numpy()
+
+  def stats(self) -> dict[str, int]:
+    """core/table_protocol.STAT_NAMES -> this table's key-index counters."""
+    return {name: int(value) for name, value in admission.table_stats(self).items()}
 
   def __repr__(self):
     tiers_repr = "" if self.tiers is None else (

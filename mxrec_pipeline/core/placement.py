@@ -10,6 +10,9 @@ GPU (the "embeddings on host, dense on the accelerator" layout of TorchRec's
 embedding offloading and HugeCTR's host-memory parameter server). Under a
 `tf.distribute` strategy the strategy places the rows (see `create_table`).
 
+Every decision on a strategy's type is made here (`table_placement`,
+`gradient_route`); other modules branch on their results.
+
 Example:
   >>> table_device("item")        # CPU-only kernels, GPU visible or not
   '/CPU:0'
@@ -19,6 +22,7 @@ See docs/architecture.md#what-runs-where.
 
 from __future__ import annotations
 
+import enum
 from typing import Callable, Iterable, Sequence
 
 import tensorflow as tf
@@ -38,6 +42,72 @@ STOCK_ROW_OPS = ("ResourceGather", "ResourceScatterUpdate", "ResourceScatterSub"
 # Dynamic-expansion tables keep their rows in the native host store.
 EXPANSION_ROW_OPS = ("MxRowStoreLookup", "MxRowStoreApplyAdam", "MxRowStoreApplyAdagrad",
                      "MxRowStoreApplySgd")
+
+
+class TablePlacement(str, enum.Enum):
+  """Where a run's tables live; its value is what checkpoint manifests record."""
+
+  ONE_HOST = "one_host"  # In this process; N > 1 replicas split each inserted batch.
+  WORKERS = "workers"  # Sharded by key over the workers (MultiWorkerMirroredStrategy, N > 1).
+  PARAMETER_SERVERS = "parameter_servers"  # Sharded over the ps tasks (ParameterServerStrategy).
+
+  @property
+  def sharded(self) -> bool:
+    """Whether the tables are sharded over tasks (the model then takes raw ids)."""
+    return self is not TablePlacement.ONE_HOST
+
+
+def table_placement(strategy: tf.distribute.Strategy | None,
+                    sparse_features: bool = True) -> TablePlacement:
+  """Where the tables of a run under `strategy` live: the one decision on its type.
+
+  Args:
+    strategy: The run's strategy, or None (no strategy: one host).
+    sparse_features: Whether the run has sparse id features; without them a
+      multi-worker run has nothing to shard and trains as one host's.
+
+  Returns:
+    PARAMETER_SERVERS under ParameterServerStrategy; WORKERS under
+    MultiWorkerMirroredStrategy with more than one worker and sparse features;
+    ONE_HOST otherwise.
+  """
+  if isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy):
+    return TablePlacement.PARAMETER_SERVERS
+  if (isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy) and
+      strategy.num_replicas_in_sync > 1 and sparse_features):
+    return TablePlacement.WORKERS
+  return TablePlacement.ONE_HOST
+
+
+class GradientRoute(enum.Enum):
+  """How a hash optimizer applies table gradients it gets in a replica context."""
+
+  LOCAL = "local"  # A worker's own shard: its gradient is complete, no aggregation.
+  CONCAT = "concat"  # One host's replicas: their rows concatenated in merge_call.
+  ALL_REDUCE = "all_reduce"  # Any other strategy: all-reduced, then applied once.
+
+
+def gradient_route(strategy: tf.distribute.Strategy, mirrored_variables: bool) -> GradientRoute:
+  """The GradientRoute of table gradients under `strategy` (in its replica context).
+
+  Args:
+    strategy: The strategy of the replica context.
+    mirrored_variables: Whether any of the table variables is a
+      tf.distribute.DistributedValues (created in the strategy's scope).
+      MultiWorkerMirroredStrategy with plain variables means a ShardedTable's
+      worker shards (distributed/sharded_table.py); under MirroredStrategy a
+      plain variable is shared by the replicas, whose gradients still sum.
+
+  MirroredStrategy concatenates rather than all-reduces: its collective
+  all-reduce of IndexedSlices fails inside a tf.while_loop once the number of
+  rows changes between iterations (TensorFlow fixes a collective's shape for
+  the whole function call).
+  """
+  if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy) and not mirrored_variables:
+    return GradientRoute.LOCAL
+  if isinstance(strategy, tf.distribute.MirroredStrategy):
+    return GradientRoute.CONCAT
+  return GradientRoute.ALL_REDUCE
 
 
 def table_ops(value_dtype: tf.DType = tf.float32, *, expansion: bool = False) -> tuple[str, ...]:

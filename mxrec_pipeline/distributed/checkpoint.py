@@ -7,9 +7,11 @@ capacity), their rows, the hash optimizers' slots and step counts and the
 admission/eviction state. `restore_shard` reads every `shard-*-of-<W>` file
 of the table and keeps the keys this process owns by
 `sharding.owner(key, num_shards)` of the restoring job: onto W' != W workers,
-onto one process, or onto the same W. A single-process table (create_table)
-saves and restores with the same functions as shard 0 of 1; dense variables
-are checkpointed by the user's tf.train.Checkpoint as under any strategy.
+onto one process, or onto the same W. Written against the table protocol
+(core/table_protocol.py): `save_table`/`restore_table` handle every shard a
+process holds, so a single-process table (shard 0 of 1), a worker's shard and
+every ps shard save and restore with the same code; dense variables are
+checkpointed by the user's tf.train.Checkpoint as under any strategy.
 
 Tiered tables (core/tiers.py, distributed/ps_tiers.py) save the rows and slots
 of every tier in the same format, so the bundles restore onto tiered or flat
@@ -19,6 +21,7 @@ docs/distributed.md#checkpoints-and-export.
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 import re
@@ -34,12 +37,50 @@ _KEY_STATE = ("last_seen",)
 _PENDING = ("pending_keys", "pending_counts", "pending_last_seen")
 
 
-def _shard_parts(table):
-  """(SparseEmbedding, shard_id, num_shards) of a ShardedTable or a plain table."""
-  shard = getattr(table, "shard", None)
-  if shard is not None:
-    return shard, table.shard_id, table.num_shards
-  return table, 0, 1
+def _one_shard(table):
+  """The one local shard of `table` (a table of the protocol, or a shard itself)."""
+  shards = table.local_shards() if hasattr(table, "local_shards") else [table]
+  if len(shards) != 1:
+    raise ValueError(f"table '{table.table_name}': this process holds {len(shards)} shards; "
+                     "save_table / restore_table save and restore each")
+  return shards[0]
+
+
+def _on_device(shard):
+  """The shard's device scope (a ps shard's ops run on its ps task)."""
+  return contextlib.nullcontext() if shard.device is None else tf.device(shard.device)
+
+
+def save_table(directory: str, table, optimizers=()) -> list[str]:
+  """save_shard of every shard this process holds (core/table_protocol.Table.local_shards).
+
+  One worker's shard of a ShardedTable, every ps shard of a PSShardedTable
+  (read from their ps tasks), or a single-process table as shard 0 of 1.
+
+  Returns:
+    The bundles' prefixes, in local-shard order.
+  """
+  prefixes = []
+  for shard in table.local_shards():
+    with _on_device(shard):
+      prefixes.append(save_shard(directory, shard, optimizers))
+  return prefixes
+
+
+def restore_table(directory: str, table, optimizers=()) -> list[int]:
+  """restore_shard of every shard this process holds: the checkpoint re-sharded by owner.
+
+  Returns:
+    The number of keys restored into each local shard.
+
+  Raises:
+    FileNotFoundError, ValueError: as restore_shard.
+  """
+  counts = []
+  for shard in table.local_shards():
+    with _on_device(shard):
+      counts.append(restore_shard(directory, shard, optimizers))
+  return counts
 
 
 def shard_prefix(directory: str, table_name: str, shard_id: int, num_shards: int) -> str:
@@ -66,21 +107,22 @@ def save_shard(directory: str, table, optimizers=()) -> str:
   Args:
     directory: Checkpoint directory, shared by the workers (or each worker's
       files copied into one directory before a restore).
-    table: A ShardedTable, or a single-process SparseEmbedding (shard 0 of 1).
+    table: A shard (core/table_protocol.TableShard), or a table with one
+      local shard: a ShardedTable, a single-process SparseEmbedding (shard 0
+      of 1). Under the shard's device (save_table places it).
     optimizers: The hash optimizers training the table (their slots and step
       counts are saved).
 
   Returns:
     The bundle's prefix.
   """
-  shard, shard_id, num_shards = _shard_parts(table)
+  shard = _one_shard(table)
   state = shard.key_index.export_state()
   order = tf.argsort(state["keys"])
   keys, rows = tf.gather(state["keys"], order), tf.gather(state["rows"], order)
   tiers = shard.tiers if shard.is_tiered else None
-  for optimizer in optimizers:
-    # Before reading a tiered table's rows: building attaches its slots to the tiers.
-    optimizer.build([shard.variable])
+  # Before reading a tiered table's rows: building attaches its slots to the tiers.
+  slots = [shard.slot_variables(optimizer, create=True) for optimizer in optimizers]
   # A tiered table's rows are global rows: read each tier's, [n, dim * (1 + slots)].
   whole = None if tiers is None else tiers.read_rows(shard.variable, rows)
 
@@ -96,13 +138,13 @@ def save_shard(directory: str, table, optimizers=()) -> str:
       "counters": state["counters"],
   }
   tensors.update({name: state[name] for name in _PENDING})
-  for optimizer in optimizers:
-    for slot_name in optimizer.slot_initial_values:
-      slot = optimizer.get_slot(shard.table_name, slot_name)
+  for optimizer, optimizer_slots in zip(optimizers, slots):
+    for slot_name, slot in optimizer_slots.items():
       tensors[f"slot/{optimizer.optimizer_name}/{slot_name}"] = gather(
           slot, 0 if tiers is None else tiers.slot_block(slot))
-    tensors[f"iterations/{optimizer.optimizer_name}"] = tf.convert_to_tensor(optimizer.iterations)
-  prefix = shard_prefix(directory, shard.table_name, shard_id, num_shards)
+    tensors[f"iterations/{optimizer.optimizer_name}"] = tf.convert_to_tensor(
+        shard.iterations(optimizer))
+  prefix = shard_prefix(directory, shard.table_name, shard.shard_id, shard.num_shards)
   os.makedirs(os.path.dirname(prefix), exist_ok=True)
   names = sorted(tensors)
   # Written under a temporary prefix, then renamed data first, index last: a
@@ -222,7 +264,7 @@ def restore_shard(directory: str, table, optimizers=()) -> int:
 
   Args:
     directory: As given to save_shard.
-    table: A ShardedTable or a single-process SparseEmbedding.
+    table: A shard, or a table with one local shard (as save_shard's).
     optimizers: The hash optimizers training the table, as saved.
 
   Returns:
@@ -233,7 +275,8 @@ def restore_shard(directory: str, table, optimizers=()) -> int:
     ValueError: the shard's rows cannot hold its keys, or the saved rows
       have another dim (both naming the table).
   """
-  shard, shard_id, num_shards = _shard_parts(table)
+  shard = _one_shard(table)
+  shard_id, num_shards = shard.shard_id, shard.num_shards
   name = shard.table_name
   saved = read_all_shards(directory, name, optimizers)
   keep = sharding.owner_numpy(saved["keys"], num_shards) == shard_id
@@ -268,14 +311,14 @@ def restore_shard(directory: str, table, optimizers=()) -> int:
   shard.variable.assign(
       tf.tensor_scatter_nd_update(shard.initial_rows(), indices, saved["values"][keep][order]))
   for optimizer in optimizers:
-    optimizer.build([shard.variable])
+    slots = shard.slot_variables(optimizer, create=True)
     for slot_name, initial in optimizer.slot_initial_values.items():
-      slot = optimizer.get_slot(name, slot_name)
+      slot = slots[slot_name]
       values = saved[f"slot/{optimizer.optimizer_name}/{slot_name}"][keep][order]
       slot.assign(
           tf.tensor_scatter_nd_update(tf.fill(tf.shape(slot), tf.cast(initial, slot.dtype)),
                                       indices, values))
-    optimizer.iterations.assign(saved[f"iterations/{optimizer.optimizer_name}"])
+    shard.iterations(optimizer).assign(saved[f"iterations/{optimizer.optimizer_name}"])
   return int(keys.size)
 
 
@@ -285,15 +328,14 @@ def _restore_tiers(shard, tiers, saved, keep, order, rows: np.ndarray, optimizer
   Slots of optimizers not given keep their initial values.
   """
   dim = shard.dim
-  for optimizer in optimizers:
-    # Before fresh_rows: building attaches the optimizer's slots to the tiers.
-    optimizer.build([shard.variable])
+  # Before fresh_rows: building attaches the optimizer's slots to the tiers.
+  slots = [shard.slot_variables(optimizer, create=True) for optimizer in optimizers]
   whole = tiers.fresh_rows(tf.constant(rows, tf.int64)).numpy()
   whole[:, :dim] = saved["values"][keep][order]
-  for optimizer in optimizers:
-    for slot_name in optimizer.slot_initial_values:
-      block = tiers.slot_block(optimizer.get_slot(shard.table_name, slot_name))
+  for optimizer, optimizer_slots in zip(optimizers, slots):
+    for slot_name, slot in optimizer_slots.items():
+      block = tiers.slot_block(slot)
       whole[:, block * dim:(block + 1) *
             dim] = (saved[f"slot/{optimizer.optimizer_name}/{slot_name}"][keep][order])
-    optimizer.iterations.assign(saved[f"iterations/{optimizer.optimizer_name}"])
+    shard.iterations(optimizer).assign(saved[f"iterations/{optimizer.optimizer_name}"])
   tiers.import_rows(shard.variable, tf.constant(rows, tf.int64), tf.constant(whole))

@@ -19,28 +19,18 @@ from __future__ import annotations
 
 from typing import Sequence
 
-import numpy as np
-import tensorflow as tf
-
 from mxrec_pipeline.distributed import checkpoint
 from mxrec_pipeline.distributed import export
 from mxrec_pipeline.distributed.ps_table import PSShardedTable
-from mxrec_pipeline.distributed.ps_table import ShardOptimizerView
-from mxrec_pipeline.distributed.ps_table import ShardView
 
 
 def save(directory: str, table: PSShardedTable) -> list[str]:
-  """Saves every shard of `table` (its keys, rows, slots and step) under `directory`.
+  """Saves every shard of `table` (its keys, rows, slots and step): checkpoint.save_table.
 
   Returns:
     The bundles' prefixes, shard 0 first.
   """
-  prefixes = []
-  for i, device in enumerate(table.devices):
-    with tf.device(device):
-      prefixes.append(
-          checkpoint.save_shard(directory, ShardView(table, i), [ShardOptimizerView(table, i)]))
-  return prefixes
+  return checkpoint.save_table(directory, table, [table.optimizer])
 
 
 def restore(directory: str, table: PSShardedTable) -> list[int]:
@@ -53,24 +43,10 @@ def restore(directory: str, table: PSShardedTable) -> list[int]:
     FileNotFoundError, ValueError: as checkpoint.restore_shard (no or missing
       shards, a shard too small for its keys, another dim, another optimizer).
   """
-  counts = []
-  for i, device in enumerate(table.devices):
-    with tf.device(device):
-      counts.append(
-          checkpoint.restore_shard(directory, ShardView(table, i), [ShardOptimizerView(table, i)]))
-  return counts
-
-
-def gather(table: PSShardedTable) -> tuple[np.ndarray, np.ndarray]:
-  """(keys [n] int64 in increasing order, rows [n, dim]) of every shard of `table`."""
-  parts = [table.export_shard(i) for i in range(table.num_shards)]
-  keys = np.concatenate([p["keys"] for p in parts])
-  values = np.concatenate([p["values"] for p in parts])
-  order = np.argsort(keys, kind="stable")
-  return keys[order], values[order]
+  return checkpoint.restore_table(directory, table, [table.optimizer])
 
 
 def snapshot_tables(tables: Sequence[PSShardedTable], default_row=0.0) -> export.TableSnapshot:
   """The stock-TF serving snapshot (export.TableSnapshot) of every shard of each table."""
-  return export.TableSnapshot([(t.table_name, t.key_dtype, *gather(t)) for t in tables],
+  return export.TableSnapshot([(t.table_name, t.key_dtype, *t.gather_rows()) for t in tables],
                               default_row=default_row)

@@ -118,7 +118,7 @@ class PSEmbedding(tf.Module):
         hash_optimizers[table_optimizer] = table_optimizer.build_hash_optimizer(
             f"{kind}_{len(hash_optimizers)}" if hash_optimizers else kind)
       tables[name] = ps_table.PSShardedTable(strategy, name=name, dim=config.dim,
-                                             rows_per_shard=config.vocabulary_size,
+                                             device_vocabulary_size=config.vocabulary_size,
                                              optimizer=hash_optimizers[table_optimizer],
                                              emb_initializer=config.initializer)
     self.tables = tables

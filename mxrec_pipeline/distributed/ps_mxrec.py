@@ -132,9 +132,9 @@ def create_table(strategy: tf.distribute.Strategy | None, key_dtype: tf.DType,
 
   try:
     table = ps_table.PSShardedTable(strategy, name=name, dim=dim,
-                                    rows_per_shard=device_vocabulary_size, optimizer=optimizers[0],
-                                    emb_initializer=initializer, key_dtype=key_dtype,
-                                    value_dtype=tf.as_dtype(value_dtype),
+                                    device_vocabulary_size=device_vocabulary_size,
+                                    optimizer=optimizers[0], emb_initializer=initializer,
+                                    key_dtype=key_dtype, value_dtype=tf.as_dtype(value_dtype),
                                     access_threshold=access_threshold,
                                     eviction_threshold_s=eviction_threshold_s, tiers=tier_config)
   except TypeError as e:  # tf.as_dtype of a bad dtype.

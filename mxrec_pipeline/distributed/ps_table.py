@@ -1,8 +1,8 @@
 """A table sharded by key over the parameter servers of a ParameterServerStrategy.
 
-`PSShardedTable`: shard i of a table lives on "/job:ps/task:i" (its native key
-index, its [rows_per_shard, dim] rows and the hash optimizer's slots of those
-rows); key k belongs to shard `sharding.owner(k, num_ps)`. In a step the
+`PSShardedTable`: shard i of a table is a `PSShard` on "/job:ps/task:i" (its
+native key index, its [device_vocabulary_size, dim] rows and the hash
+optimizer's slots of those rows); key k belongs to shard `sharding.owner(k, num_ps)`. In a step the
 ClusterCoordinator scheduled, a worker splits the batch's keys by owner,
 inserts and gathers each part on its owner ps (ops under tf.device: TF's
 remote execution, so only the touched rows travel), stitches the rows back in
@@ -30,6 +30,8 @@ from mxrec_pipeline.core import admission
 from mxrec_pipeline.core import initializers
 from mxrec_pipeline.core import key_index as key_index_lib
 from mxrec_pipeline.core import lookup as lookup_lib
+from mxrec_pipeline.core import placement
+from mxrec_pipeline.core import table_protocol
 from mxrec_pipeline.core import tiers as tiers_lib
 from mxrec_pipeline.distributed import ps_tiers
 from mxrec_pipeline.distributed import sharding
@@ -53,7 +55,7 @@ def ps_devices(strategy: tf.distribute.Strategy | None) -> list[str]:
   """
   if strategy is None:
     return [LOCAL_DEVICE]
-  if not isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy):
+  if placement.table_placement(strategy) is not placement.TablePlacement.PARAMETER_SERVERS:
     raise ValueError(f"PSShardedTable needs a ParameterServerStrategy, got "
                      f"{type(strategy).__name__} (MultiWorkerMirroredStrategy: use ShardedTable)")
   # The strategy connected this process to the cluster: the ps tasks' CPUs are logical devices.
@@ -68,26 +70,115 @@ def ps_devices(strategy: tf.distribute.Strategy | None) -> list[str]:
   return [f"/job:ps/task:{i}/device:CPU:0" for i in range(num_ps)]
 
 
+class PSShard(tf.Module):
+  """Shard `shard_id` of a PSShardedTable: key index, rows, slots and tiers on one ps task.
+
+  A core/table_protocol.TableShard: checkpoints (distributed/checkpoint.py),
+  eviction (core/admission.py) and statistics read it as they read a
+  single-process table, with their ops under `tf.device(shard.device)`.
+
+  Attributes:
+    device: "/job:ps/task:<i>/device:CPU:0" (or the local CPU).
+    key_index: Its core/key_index.KeyIndex (the table's name in CONTAINER).
+    variable: [device_vocabulary_size, dim] rows.
+    slots: Slot name -> [device_vocabulary_size, dim] variable of the table's
+      optimizer.
+    tiers: Its distributed/ps_tiers.TieredShard, or None.
+  """
+
+  def __init__(self, table: "PSShardedTable", shard_id: int, device: str, emb_initializer,
+               value_dtype: tf.DType, capacity: int):
+    super().__init__(name=None)
+    self.table_name, self.dim = table.table_name, table.dim
+    self.device_vocabulary_size = table.device_vocabulary_size
+    self.shard_id, self.num_shards = shard_id, table.num_shards
+    self._device = device
+    self._optimizer = table.optimizer
+    self._step = table.step
+    self._initial = lambda: tf.convert_to_tensor(
+        emb_initializer(shape=[self.device_vocabulary_size, self.dim], dtype=value_dtype),
+        value_dtype)
+    name = self.table_name
+    with tf.device(device):
+      self.key_index = key_index_lib.KeyIndex(CONTAINER, name, capacity)
+      self.variable = tf.Variable(self._initial(), name=f"{name}/shard_{shard_id}")
+      self.slots = {
+          slot: tf.Variable(
+              tf.fill([self.device_vocabulary_size, self.dim],
+                      tf.constant(initial, value_dtype)), trainable=False,
+              name=f"{name}/shard_{shard_id}/{self._optimizer.optimizer_name}/{slot}")
+          for slot, initial in self._optimizer.slot_initial_values.items()
+      }
+      self.tiers = None
+      if table.tiers is not None:
+        self.tiers = ps_tiers.TieredShard(
+            name, self.dim, ps_tiers.shard_config(table.tiers,
+                                                  shard_id), emb_initializer, CONTAINER,
+            self.variable, [(self.slots[slot], initial)
+                            for slot, initial in self._optimizer.slot_initial_values.items()])
+
+  @property
+  def device(self) -> str:
+    return self._device
+
+  @property
+  def is_tiered(self) -> bool:
+    return self.tiers is not None
+
+  def initial_rows(self) -> tf.Tensor:
+    """[device_vocabulary_size, dim] initial rows (emb_initializer's values)."""
+    return self._initial()
+
+  def slot_variables(self, optimizer, create: bool = False) -> dict[str, tf.Variable]:
+    """The shard's slots, created beside it at construction for the table's optimizer.
+
+    Raises:
+      KeyError: `optimizer` is another optimizer than the table's.
+    """
+    del create  # The table created its slots.
+    if optimizer.optimizer_name != self._optimizer.optimizer_name:
+      raise KeyError(f"PSShardedTable('{self.table_name}') is trained by "
+                     f"{self._optimizer.optimizer_name!r}, not {optimizer.optimizer_name!r}")
+    return dict(self.slots)
+
+  def iterations(self, optimizer) -> tf.Variable:
+    """The table's step count on ps 0 (the t of its row updates)."""
+    del optimizer
+    return self._step
+
+  def rows_of(self, rows: tf.Tensor) -> dict[str, tf.Tensor]:
+    """{"values": [n, dim], slot name: [n, dim]} of global rows `rows` (every tier)."""
+    if self.tiers is not None:  # Rows of every tier: [n, dim * (1 + slots)].
+      whole = self.tiers.read_rows(self.variable, rows)
+      blocks = tf.split(whole, 1 + len(self.slots), axis=1)
+      return {"values": blocks[0]} | dict(zip(self.slots, blocks[1:]))
+    out = {"values": tf.gather(self.variable, rows)}
+    out.update({slot: tf.gather(variable, rows) for slot, variable in self.slots.items()})
+    return out
+
+
 class PSShardedTable(tf.Module):
-  """Key index, rows and optimizer slots of a table, shard i on ps task i.
+  """A table sharded by key over the ps tasks: one PSShard per ps task, key k on shard owner(k).
 
   Create it on the coordinator (the chief) OUTSIDE `strategy.scope()` (its
   variables are placed with tf.device on their shard's ps task); call
   `lookup` and `apply_gradients` inside a tf.function that
-  `ClusterCoordinator.schedule` runs on the workers.
+  `ClusterCoordinator.schedule` runs on the workers. A
+  core/table_protocol.Table: `local_shards()` are every shard (the
+  coordinator saves, restores and evicts them all).
 
   Args:
     strategy: The ParameterServerStrategy (one shard per ps task), or None:
       one shard on this process's CPU (the single-process reference).
     name: Table name (the key index's shared name on each PS).
     dim: Embedding dimension, >= 1.
-    rows_per_shard: Rows of each shard: the most distinct keys a PS owns; a
-      full shard fails naming the table (MxKeyIndexInsert's error).
+    device_vocabulary_size: Rows of each shard: the most distinct keys a PS
+      owns; a full shard fails naming the table (MxKeyIndexInsert's error).
     optimizer: A row-wise hash optimizer (mxrec_pipeline.optimizers: lazy
       Adam, Adagrad, SGD, FTRL); its slots are created beside each shard.
     emb_initializer: Initializer of each shard's rows, called with
-      (shape=[rows_per_shard, dim], dtype); rows are drawn per shard, so a
-      random one gives other initial rows than one process would.
+      (shape=[device_vocabulary_size, dim], dtype); rows are drawn per shard,
+      so a random one gives other initial rows than one process would.
     key_dtype: dtype of the raw ids: tf.int64, tf.int32 or tf.string
       (fingerprinted by core/key_index.to_keys); the export's signature
       takes ids of this dtype.
@@ -100,7 +191,7 @@ class PSShardedTable(tf.Module):
       `evict` removes keys unseen for more than this many seconds of the
       batches' timestamps (`lookup(..., timestamp=)`); None never evicts.
     tiers: Host/SSD tiers of each shard (core/tiers.TierConfig, per-shard
-      sizes; its device_vocabulary_size must equal rows_per_shard, and
+      sizes; its device_vocabulary_size must equal this one, and
       ssd_data_path directories get a `shard_<i>` directory per shard), or
       None: all rows in the shard variable. Tiered rows are float32 and start
       from the RowInitializer of `emb_initializer` (by global row of the
@@ -109,22 +200,22 @@ class PSShardedTable(tf.Module):
   Attributes:
     devices: The shards' devices, shard i first.
     num_shards: len(devices).
-    shard_variables: [num_shards] [rows_per_shard, dim] rows variables.
-    slots: [num_shards] dicts slot name -> [rows_per_shard, dim] variable.
+    shards: [num_shards] PSShard.
+    shard_variables: [num_shards] [device_vocabulary_size, dim] rows variables.
     step: int64 scalar variable on shard 0: apply_gradients calls so far.
     admit_evict: The table's admission.AdmitEvictConfig.
     tiered_shards: [num_shards] ps_tiers.TieredShard, or None (not tiered).
 
   Raises:
-    ValueError: created inside a strategy scope, bad dim/rows_per_shard/
+    ValueError: created inside a strategy scope, bad dim/device_vocabulary_size/
       key_dtype/access_threshold/eviction_threshold_s, an optimizer that is
       not a HashOptimizer, a strategy that ps_devices refuses, tiers whose
-      device_vocabulary_size is not rows_per_shard, a non-float32 tiered
-      table or an initializer without a per-row form (all naming the table).
+      device_vocabulary_size is another, a non-float32 tiered table or an
+      initializer without a per-row form (all naming the table).
   """
 
   def __init__(self, strategy: tf.distribute.Strategy | None, *, name: str, dim: int,
-               rows_per_shard: int, optimizer: HashOptimizer,
+               device_vocabulary_size: int, optimizer: HashOptimizer,
                emb_initializer: Callable = tf.keras.initializers.Zeros(),
                key_dtype: tf.DType = tf.int64, value_dtype: tf.DType = tf.float32,
                access_threshold: int | None = None, eviction_threshold_s: int | None = None,
@@ -134,7 +225,7 @@ class PSShardedTable(tf.Module):
       raise ValueError(f"PSShardedTable('{name}'): create it outside strategy.scope(): "
                        "ParameterServerStrategy places variables created in its scope round-robin "
                        "over the ps tasks, a shard's rows and slots must sit beside its key index")
-    for arg, value in (("dim", dim), ("rows_per_shard", rows_per_shard)):
+    for arg, value in (("dim", dim), ("device_vocabulary_size", device_vocabulary_size)):
       if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
         raise ValueError(f"PSShardedTable('{name}'): `{arg}` must be a positive int, got {value!r}")
     if not isinstance(optimizer, HashOptimizer):
@@ -142,7 +233,7 @@ class PSShardedTable(tf.Module):
                        f"of mxrec_pipeline.optimizers, got {type(optimizer).__name__}")
     self.table_name = name
     self.dim = int(dim)
-    self.rows_per_shard = int(rows_per_shard)
+    self.device_vocabulary_size = int(device_vocabulary_size)
     self.optimizer = optimizer
     self.key_dtype = tf.as_dtype(key_dtype)
     if self.key_dtype not in (tf.int64, tf.int32, tf.string):
@@ -153,57 +244,47 @@ class PSShardedTable(tf.Module):
     except ValueError as e:
       raise ValueError(f"PSShardedTable('{name}'): {e}") from None
     if tiers is not None:
-      if tiers.device_vocabulary_size != self.rows_per_shard:
+      if tiers.device_vocabulary_size != self.device_vocabulary_size:
         raise ValueError(f"PSShardedTable('{name}'): tiers.device_vocabulary_size="
-                         f"{tiers.device_vocabulary_size} must equal rows_per_shard="
-                         f"{self.rows_per_shard} (the shard variable is the device cache)")
+                         f"{tiers.device_vocabulary_size} must equal device_vocabulary_size="
+                         f"{self.device_vocabulary_size} (the shard variable is the device cache)")
       if tf.as_dtype(value_dtype) != tf.float32:
         raise ValueError(f"PSShardedTable('{name}'): a tiered table's value_dtype must be "
                          f"float32, got {tf.as_dtype(value_dtype).name}")
       emb_initializer = initializers.row_initializer(emb_initializer, name)
     self.tiers = tiers
-    self._emb_initializer = emb_initializer
-    self._value_dtype = value_dtype
     self.devices = ps_devices(strategy)
     self.num_shards = len(self.devices)
-    self._key_indexes = []
-    self.shard_variables = []
-    self.slots = []
-    self.tiered_shards = None if tiers is None else []
-    capacity = self.rows_per_shard if tiers is None else tiers.total_rows
-    for i, device in enumerate(self.devices):
-      with tf.device(device):
-        index = key_index_lib.KeyIndex(CONTAINER, name, capacity)
-      self._key_indexes.append(index)
-      with tf.device(device):
-        self.shard_variables.append(
-            tf.Variable(emb_initializer(shape=[self.rows_per_shard, self.dim], dtype=value_dtype),
-                        name=f"{name}/shard_{i}"))
-        self.slots.append({
-            slot: tf.Variable(
-                tf.fill([self.rows_per_shard, self.dim], tf.constant(initial, value_dtype)),
-                trainable=False, name=f"{name}/shard_{i}/{optimizer.optimizer_name}/"
-                f"{slot}") for slot, initial in optimizer.slot_initial_values.items()
-        })
-        if i == 0:
-          self.step = tf.Variable(tf.constant(0, tf.int64), trainable=False, name=f"{name}/step")
-        if tiers is not None:
-          self.tiered_shards.append(
-              ps_tiers.TieredShard(name, self.dim, ps_tiers.shard_config(tiers, i), emb_initializer,
-                                   CONTAINER, self.shard_variables[i],
-                                   [(self.slots[i][slot], initial)
-                                    for slot, initial in optimizer.slot_initial_values.items()]))
+    with tf.device(self.devices[0]):
+      self.step = tf.Variable(tf.constant(0, tf.int64), trainable=False, name=f"{name}/step")
+    capacity = self.device_vocabulary_size if tiers is None else tiers.total_rows
+    self.shards = [
+        PSShard(self, i, device, emb_initializer, value_dtype, capacity)
+        for i, device in enumerate(self.devices)
+    ]
+
+  @property
+  def shard_variables(self) -> list[tf.Variable]:
+    """[num_shards] the shards' rows, the variables a step differentiates."""
+    return [shard.variable for shard in self.shards]
 
   @property
   def key_indexes(self) -> list[key_index_lib.KeyIndex]:
     """[num_shards] the shards' key indexes (each on its shard's device)."""
-    return list(self._key_indexes)
+    return [shard.key_index for shard in self.shards]
 
-  def initial_rows(self) -> tf.Tensor:
-    """[rows_per_shard, dim] initial rows of a shard (emb_initializer's values)."""
-    return tf.convert_to_tensor(
-        self._emb_initializer(shape=[self.rows_per_shard, self.dim], dtype=self._value_dtype),
-        self._value_dtype)
+  @property
+  def tiered_shards(self) -> list[ps_tiers.TieredShard] | None:
+    """[num_shards] the shards' tiers, or None (not tiered)."""
+    return None if self.tiers is None else [shard.tiers for shard in self.shards]
+
+  def local_shards(self) -> list[PSShard]:
+    """Every shard: the coordinator saves, restores and evicts them all."""
+    return list(self.shards)
+
+  def stats(self) -> dict[str, int]:
+    """core/table_protocol.STAT_NAMES -> the shards' key-index counters, summed."""
+    return table_protocol.summed_stats(self.shards)
 
   def _split(self, keys: tf.Tensor):
     """(keys per shard, their positions in `keys`): [num_shards] lists of [n_i] tensors."""
@@ -212,7 +293,7 @@ class PSShardedTable(tf.Module):
     return (tf.dynamic_partition(keys, owners, self.num_shards),
             tf.dynamic_partition(positions, owners, self.num_shards))
 
-  def lookup(self, ids: tf.Tensor, training: bool = True, default_value=0.0,
+  def lookup(self, ids: tf.Tensor, training: bool = True, default_value=None,
              timestamp: tf.Tensor | None = None) -> tf.Tensor:
     """Rows of `ids`, each read on its owner PS (inserted there first when training).
 
@@ -222,7 +303,7 @@ class PSShardedTable(tf.Module):
         admission, once their count reaches access_threshold); False reads
         `default_value` for them and inserts and counts nothing.
       default_value: Scalar or [dim] row read by absent keys (eval) and, in
-        training, by keys not admitted yet.
+        training, by keys not admitted yet (zeros by default).
       timestamp: int64 scalar, the batch's time in seconds
         (core/admission.batch_timestamp), recorded by the owners as the
         keys' last-seen time; required in training when the table has
@@ -250,21 +331,21 @@ class PSShardedTable(tf.Module):
     admitting = training and self.admit_evict.admits
     key_parts, position_parts = self._split(keys)
     parts = []
-    for i, device in enumerate(self.devices):
-      with tf.device(device):
+    for shard, shard_keys in zip(self.shards, key_parts):
+      with tf.device(shard.device):
         handle = key_index_lib.handle(CONTAINER, self.table_name)
         # Each occurrence counts once, as one process counts the batch. Every occurrence
         # goes to its owner anyway, so counting adds only the timestamp scalar to a step's bytes.
         if counting:
           unique_rows, restore, _ = key_index_lib.insert_admit(
-              handle, key_parts[i], tf.ones_like(key_parts[i]), timestamp,
+              handle, shard_keys, tf.ones_like(shard_keys), timestamp,
               self.admit_evict.access_threshold or 0)
         else:
-          unique_rows, restore, _ = key_index_lib.insert(handle, key_parts[i], training)
-        if self.tiered_shards is not None:
-          values = self.tiered_shards[i].lookup(unique_rows, training, default_value, admitting)
+          unique_rows, restore, _ = key_index_lib.insert(handle, shard_keys, training)
+        if shard.tiers is not None:
+          values = shard.tiers.lookup(unique_rows, training, default_value, admitting)
         else:
-          values = lookup_lib.gather_rows(self.shard_variables[i], unique_rows, training=training,
+          values = lookup_lib.gather_rows(shard.variable, unique_rows, training=training,
                                           default_value=default_value, admitting=admitting)
       parts.append(tf.gather(values, restore))
     stitched = tf.dynamic_stitch(position_parts, parts)
@@ -287,22 +368,22 @@ class PSShardedTable(tf.Module):
     with tf.device(self.devices[0]):
       step = self.step.assign_add(1)
     updates = []
-    for i, grad in enumerate(grads):
+    for shard, grad in zip(self.shards, grads):
       shard_updates = []
       if grad is not None and not isinstance(grad, tf.IndexedSlices):
-        raise ValueError(f"PSShardedTable('{self.table_name}'): the gradient of shard {i} is "
-                         f"{type(grad).__name__}, expected IndexedSlices (tape.gradient of "
-                         "lookup's rows); a dense gradient would update every row")
-      with tf.device(self.devices[i]):
+        raise ValueError(
+            f"PSShardedTable('{self.table_name}'): the gradient of shard "
+            f"{shard.shard_id} is {type(grad).__name__}, expected IndexedSlices "
+            "(tape.gradient of lookup's rows); a dense gradient would update every row")
+      with tf.device(shard.device):
         if grad is not None:
-          shard_updates = self.optimizer.apply_sparse(self.shard_variables[i], self.slots[i], grad,
-                                                      step)
-        if self.tiered_shards is not None:  # The step's rows stop being pinned.
-          shard_updates = shard_updates + self.tiered_shards[i].finish(shard_updates)
+          shard_updates = self.optimizer.apply_sparse(shard.variable, shard.slots, grad, step)
+        if shard.tiers is not None:  # The step's rows stop being pinned.
+          shard_updates = shard_updates + shard.tiers.finish(shard_updates)
       updates += shard_updates
     return tf.group(updates)
 
-  def evict(self) -> list[tf.Tensor]:
+  def evict(self, optimizers=None) -> list[tf.Tensor]:
     """Removes every shard's keys idle longer than eviction_threshold_s, on their PS.
 
     core/admission.evict on each shard: a key (or a pending count) last
@@ -310,6 +391,9 @@ class PSShardedTable(tf.Module):
     its owner saw is removed; its row gets the shard's initial row again and
     its optimizer slots their initial values. Call it from the coordinator
     (eagerly) or inside a scheduled tf.function.
+
+    Args:
+      optimizers: Whose slots to reset; None: the table's optimizer.
 
     Returns:
       [num_shards] [num_evicted] int64: the freed rows of each shard.
@@ -319,13 +403,20 @@ class PSShardedTable(tf.Module):
     """
     if self.admit_evict.eviction_threshold_s is None:
       raise ValueError(f"PSShardedTable('{self.table_name}'): evict needs eviction_threshold_s")
+    optimizers = [self.optimizer] if optimizers is None else optimizers
     freed = []
-    for i, device in enumerate(self.devices):
-      with tf.device(device):
-        freed.append(
-            admission.evict(ShardView(self, i), self.admit_evict.eviction_threshold_s,
-                            [ShardOptimizerView(self, i)]))
+    for shard in self.shards:
+      with tf.device(shard.device):
+        freed.append(admission.evict(shard, self.admit_evict.eviction_threshold_s, optimizers))
     return freed
+
+  def gather_rows(self) -> tuple[np.ndarray, np.ndarray]:
+    """(keys [n] int64 increasing, rows [n, dim]) of every shard, read from the ps tasks."""
+    parts = [self.export_shard(i) for i in range(self.num_shards)]
+    keys = np.concatenate([p["keys"] for p in parts])
+    values = np.concatenate([p["values"] for p in parts])
+    order = np.argsort(keys, kind="stable")
+    return keys[order], values[order]
 
   def export_shard(self, shard: int) -> dict[str, np.ndarray]:
     """Eagerly, on the coordinator: shard `shard`'s keys and their rows and slots.
@@ -334,57 +425,10 @@ class PSShardedTable(tf.Module):
       {"keys": [n] int64, "values": [n, dim], and one [n, dim] array per slot
        name}, in the key index's export order.
     """
-    keys, rows = self._key_indexes[shard].export()
-    with tf.device(self.devices[shard]):
-      if self.tiered_shards is not None:  # Rows of every tier: [n, dim * (1 + slots)].
-        whole = self.tiered_shards[shard].read_rows(self.shard_variables[shard], rows).numpy()
-        blocks = np.split(whole, 1 + len(self.slots[shard]), axis=1)
-        slots = dict(zip(self.slots[shard], blocks[1:]))
-        return {"keys": keys.numpy(), "values": blocks[0]} | slots
-      out = {"keys": keys.numpy(), "values": tf.gather(self.shard_variables[shard], rows).numpy()}
-      for slot, variable in self.slots[shard].items():
-        out[slot] = tf.gather(variable, rows).numpy()
-    return out
-
-
-class ShardView:
-  """Shard `shard_id` of a PSShardedTable as the core reads a flat table.
-
-  What distributed/checkpoint.py reads of a ShardedTable (shard_id,
-  num_shards, `shard`) and core/admission.evict of a SparseEmbedding
-  (key_index, variable, initial_rows, is_tiered, tiers). Use its ops under
-  `tf.device(table.devices[shard_id])`.
-  """
-
-  def __init__(self, table: PSShardedTable, shard_id: int):
-    self.shard = self
-    self.shard_id, self.num_shards = shard_id, table.num_shards
-    self.table_name, self.dim = table.table_name, table.dim
-    self.device_vocabulary_size = table.rows_per_shard
-    # A tiered shard's tiers (ps_tiers.TieredShard: read_rows, import_rows,
-    # release as core/tiers.TieredStorage's), or None.
-    self.is_tiered = table.tiered_shards is not None
-    self.tiers = table.tiered_shards[shard_id] if self.is_tiered else None
-    self.key_index = table.key_indexes[shard_id]
-    self.variable = table.shard_variables[shard_id]
-    self.initial_rows = table.initial_rows
-
-
-class ShardOptimizerView:
-  """The table's optimizer on shard `shard_id` as the core reads a hash optimizer (its slots)."""
-
-  def __init__(self, table: PSShardedTable, shard_id: int):
-    self.optimizer_name = table.optimizer.optimizer_name
-    self.slot_initial_values = table.optimizer.slot_initial_values
-    self.iterations = table.step  # The step count t of the update, as optimizer.iterations.
-    self._slots = table.slots[shard_id]
-
-  def build(self, var_list) -> None:
-    del var_list  # The table created its slots.
-
-  def get_slot(self, table_name: str, slot_name: str) -> tf.Variable:
-    del table_name  # One table.
-    return self._slots[slot_name]
+    part = self.shards[shard]
+    keys, rows = part.key_index.export()
+    with tf.device(part.device):
+      return {"keys": keys.numpy()} | {k: v.numpy() for k, v in part.rows_of(rows).items()}
 
 
 # Bytes of one key (int64) and of one restore index (int32).

@@ -30,10 +30,11 @@ from mxrec_pipeline.core import key_index as key_index_lib
 from mxrec_pipeline.core import lookup
 from mxrec_pipeline.distributed import all_to_all
 from mxrec_pipeline.distributed import exchange
+from mxrec_pipeline.distributed import export
 from mxrec_pipeline.util import initialize
 
 # What must agree across workers, in the order compared.
-CONFIG_FIELDS = ("name", "dim", "rows_per_shard", "key_dtype", "value_dtype", "num_shards",
+CONFIG_FIELDS = ("name", "dim", "device_vocabulary_size", "key_dtype", "value_dtype", "num_shards",
                  "access_threshold", "eviction_threshold_s", "routing")
 # How a lookup reaches the owners: distributed/exchange.py (all-gathers, the
 # public ReplicaContext API) or distributed/all_to_all.py (all-to-alls).
@@ -78,9 +79,9 @@ class ShardedTable(tf.Module):
       single-replica strategy gives one shard holding every key.
     name: Table name, as create_table's (the shard is registered under it).
     dim: Embedding dimension.
-    rows_per_shard: Rows of each worker's shard (create_table's
-      device_vocabulary_size): the most distinct keys a worker owns; a full
-      shard fails naming the table.
+    device_vocabulary_size: Rows of each worker's shard (as create_table's):
+      the most distinct keys a worker owns; a full shard fails naming the
+      table.
     emb_initializer: As create_table's; rows are drawn per shard, so a
       random initializer gives other initial rows than one process would
       (a constant one, or a restored checkpoint, gives the same).
@@ -116,11 +117,12 @@ class ShardedTable(tf.Module):
       worker (naming the table, the field and both values).
   """
 
-  def __init__(self, strategy: tf.distribute.Strategy, *, name: str, dim: int, rows_per_shard: int,
-               emb_initializer: Callable, key_dtype: tf.DType = tf.int64,
-               value_dtype: tf.DType = tf.float32, init_param: float = 1.0,
-               access_threshold: int | None = None, eviction_threshold_s: int | None = None,
-               routing: str = "all_gather", collective_timeout_s: float = 0.0):
+  def __init__(self, strategy: tf.distribute.Strategy, *, name: str, dim: int,
+               device_vocabulary_size: int, emb_initializer: Callable,
+               key_dtype: tf.DType = tf.int64, value_dtype: tf.DType = tf.float32,
+               init_param: float = 1.0, access_threshold: int | None = None,
+               eviction_threshold_s: int | None = None, routing: str = "all_gather",
+               collective_timeout_s: float = 0.0):
     super().__init__(name=None)
     if tf.distribute.has_strategy():
       raise ValueError(f"ShardedTable('{name}'): create it outside strategy.scope(): its rows are "
@@ -135,10 +137,12 @@ class ShardedTable(tf.Module):
     self._all_to_all_keys = (all_to_all.AllToAllKeys(len(
         initialize.get_config_initializer().tables)) if routing == "all_to_all" else None)
     self.shard_id, self.num_shards = shard_of_worker(strategy)
+    self._strategy = strategy
     self.shard = embedding.create_table(key_dtype=key_dtype, dim=dim, name=name,
                                         emb_initializer=emb_initializer,
-                                        device_vocabulary_size=rows_per_shard,
-                                        init_param=init_param, value_dtype=value_dtype)
+                                        device_vocabulary_size=device_vocabulary_size,
+                                        init_param=init_param, value_dtype=value_dtype).as_shard(
+                                            self.shard_id, self.num_shards)
     if access_threshold is not None or eviction_threshold_s is not None:
       admission.configure(name, admission.AdmitEvictConfig(access_threshold, eviction_threshold_s),
                           f"ShardedTable('{name}')")
@@ -155,8 +159,30 @@ class ShardedTable(tf.Module):
     return self.shard.dim
 
   @property
+  def key_dtype(self) -> tf.DType:
+    return self.shard.key_dtype
+
+  @property
+  def device_vocabulary_size(self) -> int:
+    """Rows of each worker's shard."""
+    return self.shard.device_vocabulary_size
+
+  def local_shards(self) -> list[embedding.SparseEmbedding]:
+    """[shard]: this worker's core table (core/table_protocol.py)."""
+    return [self.shard]
+
+  def stats(self) -> dict[str, int]:
+    """core/table_protocol.STAT_NAMES -> this worker's shard's key-index counters."""
+    return self.shard.stats()
+
+  def gather_rows(self) -> tuple[np.ndarray, np.ndarray]:
+    """(keys [n] int64 increasing, rows [n, dim]) of every shard, all-gathered onto every
+    worker (distributed/export.gather_shards; eagerly, all workers call it)."""
+    return export.gather_shards(self._strategy, self)
+
+  @property
   def variable(self) -> tf.Variable:
-    """[rows_per_shard, dim] rows of this worker's shard (a plain, per-worker variable)."""
+    """[device_vocabulary_size, dim] rows of this worker's shard (a plain, per-worker variable)."""
     return self.shard.variable
 
   def config(self) -> dict:
@@ -164,7 +190,7 @@ class ShardedTable(tf.Module):
     return {
         "name": self.shard.table_name,
         "dim": self.shard.dim,
-        "rows_per_shard": self.shard.device_vocabulary_size,
+        "device_vocabulary_size": self.shard.device_vocabulary_size,
         "key_dtype": self.shard.key_dtype.name,
         "value_dtype": self.shard.variable.dtype.name,
         "num_shards": self.num_shards,
@@ -187,24 +213,25 @@ class ShardedTable(tf.Module):
       return -1
     return config.eviction_threshold_s
 
-  def evict(self, optimizers=()) -> tf.Tensor:
+  def evict(self, optimizers=None) -> list[tf.Tensor]:
     """Evicts this shard's idle keys (core/admission.evict); every worker calls it.
 
     No collective: each owner knows its keys' last-seen times, the global
     batches' timestamps (see `lookup`).
 
     Args:
-      optimizers: The hash optimizers whose slots of the table to reset.
+      optimizers: The hash optimizers whose slots of the table to reset;
+        None: every hash optimizer of the run.
 
     Returns:
-      [num_evicted] int64 freed rows of this shard.
+      [freed]: [num_evicted] int64 freed rows of this worker's shard.
 
     Raises:
       ValueError: the table has no eviction_threshold_s.
     """
     if self.eviction_threshold_s < 0:
       raise ValueError(f"ShardedTable('{self.table_name}'): evict needs eviction_threshold_s")
-    return admission.evict(self.shard, self.eviction_threshold_s, optimizers)
+    return self.shard.evict(optimizers)
 
   def lookup(self, ids, training: bool = True, default_value=None,
              timestamp: tf.Tensor | None = None) -> tf.Tensor:
@@ -316,7 +343,7 @@ def _config_vector(config: dict) -> np.ndarray:
   name_code = int.from_bytes(digest[:8], "little", signed=True)
   dtypes = [tf.as_dtype(config[f]).as_datatype_enum for f in ("key_dtype", "value_dtype")]
   return np.array([
-      name_code, config["dim"], config["rows_per_shard"], *dtypes, config["num_shards"],
+      name_code, config["dim"], config["device_vocabulary_size"], *dtypes, config["num_shards"],
       config["access_threshold"], config["eviction_threshold_s"],
       ROUTINGS.index(config["routing"])
   ], np.int64)

@@ -31,7 +31,7 @@ def training_checkpoint(model, sharded: bool = False, **extra) -> tf.train.Check
     model: A compiled SparseRankingModel.
     sharded: The tables are sharded over workers (keras/sharded.py): their
       rows, key indexes and the hash optimizer are saved per shard
-      (keras/sharded.ShardCheckpoints), not here.
+      (keras/table_checkpoints.py), not here.
     **extra: More trackables to save with it (e.g. an epoch counter).
   """
   if sharded:
@@ -160,7 +160,7 @@ class TrainingCheckpoint:
     model: A compiled SparseRankingModel.
     directory: The checkpoint directory, e.g. `model_dir/checkpoints`.
     max_to_keep: Checkpoints kept.
-    shards: Tables sharded over workers: their keras/sharded.ShardCheckpoints,
+    shards: Sharded tables: their keras/table_checkpoints.TableCheckpoints,
       saved and restored with every checkpoint (`shards-<N>` beside `ckpt-<N>`).
     run_info: JSON-able description of the run recorded in every manifest;
       its "tables" (name -> spec fields) are compared on restore.

@@ -59,7 +59,7 @@ class SparseRankingModel(tf.keras.Model):
     super().__init__(*args, **kwargs)
     self._sparse_layers = list(sparse_layers)
     # distributed.PSShardedTable objects; untracked (their shards are saved
-    # per ps task, keras/ps.PSShardCheckpoints).
+    # per ps task, keras/table_checkpoints.py).
     object.__setattr__(self, "_ps_tables", list(ps_tables))
     self.sparse_optimizer = None
 

@@ -44,6 +44,7 @@ from mxrec_pipeline.keras import export as export_lib
 from mxrec_pipeline.keras import model as model_lib
 from mxrec_pipeline.keras import ps
 from mxrec_pipeline.keras import sharded
+from mxrec_pipeline.keras import table_checkpoints
 # Re-exported: get_strategy was defined here.
 from mxrec_pipeline.keras.strategies import (TablePlacement, get_strategy, placement_for,
                                              splits_batches)
@@ -194,10 +195,10 @@ class ModelFitPipeline(AbstractPipeline):
     tasks: its tables in `shards-<N>` beside `ckpt-<N>`) restores the dense
     model into the raw-id model those runs train (ShardedLookup layers) and
     every table's shards, whatever their number, into one ShardedTable each
-    (distributed/checkpoint.restore_shard onto one shard; as many rows as
+    (distributed/checkpoint.restore_table onto one shard; as many rows as
     the checkpoint's keys, at least the spec's; a tiered table's rows of
     every tier all on that flat shard). `export_saved_model` then
-    gathers them as the run's own export does (sharded.gathered_snapshots),
+    gathers them as the run's own export does (sharded.snapshots),
     so it writes the same SavedModel.
 
     Call after init(). Every table's shards are checked before anything is
@@ -215,7 +216,7 @@ class ModelFitPipeline(AbstractPipeline):
         its checkpoint lacks are not detected.)
     """
     number = int(checkpoint.rsplit("-", 1)[1])
-    shards_dir = sharded.shards_path(os.path.dirname(checkpoint), number)
+    shards_dir = table_checkpoints.shards_path(os.path.dirname(checkpoint), number)
     if not os.path.isdir(shards_dir):
       model = self.build_compiled_model()
       _restore_every_variable(callbacks_lib.training_checkpoint(model), checkpoint)
@@ -239,7 +240,7 @@ class ModelFitPipeline(AbstractPipeline):
     # checkpoint, so unmatched variables cannot be told from missing ones here.
     callbacks_lib.training_checkpoint(model, sharded=True).restore(checkpoint).expect_partial()
     for table in self._sharded_tables.values():
-      checkpoint_lib.restore_shard(shards_dir, table)
+      checkpoint_lib.restore_table(shards_dir, table)
     self._strategy_in_use = strategy
     return model
 
@@ -273,10 +274,8 @@ class ModelFitPipeline(AbstractPipeline):
     """Exports a SavedModel that scores raw ids; see export.export_serving_model."""
     builder = self._dataset_builder
     snapshots = None
-    if self._placement is TablePlacement.PARAMETER_SERVERS:  # The coordinator reads every shard.
-      snapshots = ps.ps_snapshots(self._sharded_tables)
-    elif self._placement is TablePlacement.WORKERS:  # Every worker gathers; the chief's is kept.
-      snapshots = sharded.gathered_snapshots(self._strategy_in_use, self._sharded_tables)
+    if self._placement.sharded:  # Every worker gathers (the chief's is kept); or the coordinator.
+      snapshots = sharded.snapshots(self._sharded_tables)
     return export_lib.export_serving_model(
         model,
         export_to,
@@ -404,13 +403,10 @@ class ModelFitPipeline(AbstractPipeline):
         model = self.build_compiled_model()
     self.model = model
     shards = None
-    if on_ps:
-      shards = ps.PSShardCheckpoints(os.path.join(hparams.model_dir, "checkpoints"),
-                                     self._sharded_tables)
-    elif self._placement is TablePlacement.WORKERS:
-      shards = sharded.ShardCheckpoints(
+    if self._placement.sharded:
+      shards = table_checkpoints.TableCheckpoints(
           strategy, self._shard_checkpoint_dir or os.path.join(hparams.model_dir, "checkpoints"),
-          self._sharded_tables, model.sparse_optimizer)
+          self._sharded_tables, [model.sparse_optimizer])
     self.checkpoint = callbacks_lib.TrainingCheckpoint(
         model, os.path.join(hparams.model_dir, "checkpoints"), shards=shards,
         run_info=self.run_info(), faults=self._faults)

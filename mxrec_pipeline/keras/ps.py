@@ -12,22 +12,20 @@ SparseRankingModel.train_step hands each table its shard gradients
 owner ps). See docs/distributed.md "Parameter servers".
 
 Also here: each worker's training data (`per_worker_dataset`, Keras'
-DatasetCreator), the tables' part of the checkpoints (`PSShardCheckpoints`),
-validation on the coordinator (`evaluate_on_coordinator`,
-`CoordinatorValidation`) and the serving snapshots (`ps_snapshots`).
+DatasetCreator) and validation on the coordinator (`evaluate_on_coordinator`,
+`CoordinatorValidation`). Checkpoints (keras/table_checkpoints.py) and serving
+snapshots (keras/sharded.snapshots) take any table of the protocol.
 """
 
 from __future__ import annotations
 
-from typing import Callable, Iterable, Mapping, Sequence
+from typing import Callable, Iterable, Sequence
 
 import tensorflow as tf
 
 from mxrec_pipeline.core import tiers as tiers_lib
-from mxrec_pipeline.distributed import ps_checkpoint
 from mxrec_pipeline.distributed.ps_table import PSShardedTable
 from mxrec_pipeline.keras import layers
-from mxrec_pipeline.keras import sharded
 
 
 def create_ps_tables(strategy: tf.distribute.Strategy, specs: Iterable[layers.TableSpec], optimizer,
@@ -64,7 +62,7 @@ def create_ps_tables(strategy: tf.distribute.Strategy, specs: Iterable[layers.Ta
                                             spec.host_vocabulary_size, spec.ssd_vocabulary_size,
                                             list(spec.ssd_data_path), spec.cache_policy, tf.float32)
     tables[spec.name] = PSShardedTable(strategy, name=spec.name, dim=spec.dim,
-                                       rows_per_shard=spec.device_vocabulary_size,
+                                       device_vocabulary_size=spec.device_vocabulary_size,
                                        optimizer=optimizer,
                                        emb_initializer=layers.table_initializer(spec, seed),
                                        key_dtype=tf.as_dtype(spec.key_dtype), tiers=tier_config)
@@ -93,55 +91,6 @@ def per_worker_dataset(
     return build_epoch().shard(context.num_input_pipelines, context.input_pipeline_id).repeat()
 
   return tf.keras.utils.experimental.DatasetCreator(dataset_fn)
-
-
-class PSShardCheckpoints:
-  """The tables' part of a ParameterServerStrategy run's checkpoints (as keras/sharded.py's).
-
-  Beside each `ckpt-<N>` of the TrainingCheckpoint (dense model, dense
-  optimizer, epoch), the coordinator saves every table's shards, read from
-  their ps tasks, as `<directory>/shards-<N>/<table>/shard-<i>-of-<P>`
-  (distributed/ps_checkpoint.py). Restoring re-shards the keys by owner, so a
-  run resumes onto another ps count, and the bundles restore into one
-  process or onto MultiWorkerMirroredStrategy workers too
-  (distributed/checkpoint.restore_shard).
-
-  Args:
-    directory: The checkpoint directory.
-    tables: Table name -> PSShardedTable.
-  """
-
-  def __init__(self, directory: str, tables: Mapping[str, PSShardedTable]):
-    self.directory = directory
-    self._tables = dict(tables)
-
-  def path(self, number: int) -> str:
-    """`<directory>/shards-<number>`: the shards of checkpoint ckpt-<number>."""
-    return sharded.shards_path(self.directory, number)
-
-  def save(self, number: int) -> None:
-    """Saves every shard of every table as checkpoint `number` (call once the steps joined)."""
-    for table in self._tables.values():
-      ps_checkpoint.save(self.path(number), table)
-
-  def prune(self, kept: Iterable[int]) -> None:
-    """Removes the shards of checkpoints other than `kept`."""
-    sharded.prune_shard_dirs(self.directory, kept)
-
-  def restore(self, number: int) -> None:
-    """Restores every table from checkpoint `number`, re-sharded onto this job's ps tasks.
-
-    Raises:
-      FileNotFoundError, ValueError: as ps_checkpoint.restore (missing
-        shards, a shard too small, another dim or optimizer).
-    """
-    for table in self._tables.values():
-      ps_checkpoint.restore(self.path(number), table)
-
-
-def ps_snapshots(tables: Mapping[str, PSShardedTable]) -> dict[str, sharded.Snapshot]:
-  """Every table's serving snapshot, its shards read from the ps tasks (eagerly, coordinator)."""
-  return {name: sharded.snapshot(name, *ps_checkpoint.gather(t)) for name, t in tables.items()}
 
 
 def evaluate_on_coordinator(model: tf.keras.Model, dataset: tf.data.Dataset,

@@ -11,8 +11,8 @@ table gradient comes back to each owner as IndexedSlices on its shard, which
 the hash optimizer applies locally (optimizers/base.py). Single-process
 modules (core, keras/layers.py) stay unaware of sharding.
 
-Serving: `gathered_snapshots` all-gathers every shard
-(distributed/export.gather_shards) into the compact snapshot a single-process
+Serving: `snapshots` gathers every shard (the table protocol's
+`gather_rows`) into the compact snapshot a single-process
 table exports (rows in key order + a default row, a stock StaticHashTable
 key -> position); `ShardedLookup.serving_rows`/`serving_positions` then read
 it, so the SavedModel serves raw ids with plain TensorFlow.
@@ -21,17 +21,12 @@ it, so the SavedModel serves raw ids with plain TensorFlow.
 from __future__ import annotations
 
 import dataclasses
-import glob
-import os
-import shutil
 from typing import Iterable, Mapping
 
 import numpy as np
 import tensorflow as tf
 
 from mxrec_pipeline.core import key_index as key_index_lib
-from mxrec_pipeline.distributed import checkpoint as checkpoint_lib
-from mxrec_pipeline.distributed import export as distributed_export
 from mxrec_pipeline.distributed.ps_table import PSShardedTable
 from mxrec_pipeline.distributed.sharded_table import ShardedTable
 from mxrec_pipeline.keras import layers
@@ -70,7 +65,7 @@ def create_sharded_tables(strategy: tf.distribute.Strategy, specs: Iterable[laye
                        "ParameterServerStrategy (tiers per ps shard) or MirroredStrategy on one "
                        "host")
     tables[spec.name] = ShardedTable(strategy, name=spec.name, dim=spec.dim,
-                                     rows_per_shard=spec.device_vocabulary_size,
+                                     device_vocabulary_size=spec.device_vocabulary_size,
                                      emb_initializer=layers.table_initializer(spec, seed),
                                      key_dtype=tf.as_dtype(spec.key_dtype),
                                      collective_timeout_s=collective_timeout_s)
@@ -153,17 +148,15 @@ class Snapshot:
   positions: tf.lookup.StaticHashTable
 
 
-def gathered_snapshots(strategy: tf.distribute.Strategy,
-                       tables: Mapping[str, ShardedTable]) -> dict[str, Snapshot]:
-  """Every sharded table's serving snapshot, on every worker (all workers call it, eagerly).
+def snapshots(tables: Mapping[str, object]) -> dict[str, Snapshot]:
+  """Every table's serving snapshot (eagerly; sharded over workers, every worker calls it).
 
   The same compact form as KeyIndex.to_compact_table of a single-process
-  table: the keys in increasing order, their rows, and a zero default row.
+  table: the keys in increasing order, their rows (`gather_rows` of the table
+  protocol: all-gathered over the workers, read from the ps tasks), and a
+  zero default row.
   """
-  return {
-      name: snapshot(name, *distributed_export.gather_shards(strategy, table))
-      for name, table in tables.items()
-  }
+  return {name: snapshot(name, *table.gather_rows()) for name, table in tables.items()}
 
 
 def snapshot(name: str, keys: np.ndarray, rows: np.ndarray) -> Snapshot:
@@ -180,78 +173,3 @@ def snapshot(name: str, keys: np.ndarray, rows: np.ndarray) -> Snapshot:
   return Snapshot(
       tf.Variable(np.concatenate([rows, default]), trainable=False, name=f"{name}_serving_rows"),
       positions)
-
-
-class ShardCheckpoints:
-  """The per-shard part of a sharded run's training checkpoints (distributed/checkpoint.py).
-
-  Beside each `ckpt-<N>` of the TrainingCheckpoint (dense model, dense
-  optimizer, epoch), every worker saves its shard of every table, with the
-  hash optimizer's slots and step count, as
-  `<directory>/shards-<N>/<table>/shard-<i>-of-<W>`. `directory` must be the
-  chief's checkpoint directory on storage every worker writes (non-chief
-  workers' own model_dir is a temporary one, jobs.worker_config). Restoring
-  re-shards the keys by owner, so a run resumes onto another number of
-  workers (or one process restores with distributed/checkpoint.restore_shard).
-
-  Args:
-    strategy: The run's MultiWorkerMirroredStrategy.
-    directory: The shared checkpoint directory.
-    tables: Table name -> ShardedTable.
-    optimizer: The tables' hash optimizer.
-  """
-
-  def __init__(self, strategy: tf.distribute.Strategy, directory: str,
-               tables: Mapping[str, ShardedTable], optimizer):
-    self._strategy = strategy
-    self.directory = directory
-    self._tables = dict(tables)
-    self._optimizer = optimizer
-
-  def path(self, number: int) -> str:
-    """`<directory>/shards-<number>`: the shards of checkpoint ckpt-<number>."""
-    return shards_path(self.directory, number)
-
-  def save(self, number: int) -> None:
-    """Saves this worker's shards as checkpoint `number` (every worker calls it).
-
-    Returns once every worker has saved (a collective barrier), so the
-    chief's `ckpt-<number>`, written after it, never lacks a shard.
-    """
-    for table in self._tables.values():
-      checkpoint_lib.save_shard(self.path(number), table, [self._optimizer])
-    _barrier(self._strategy)
-
-  def prune(self, kept: Iterable[int]) -> None:
-    """The chief removes the shards of checkpoints other than `kept` (others do nothing)."""
-    if next(iter(self._tables.values())).shard_id != 0:
-      return
-    prune_shard_dirs(self.directory, kept)
-
-  def restore(self, number: int) -> None:
-    """Restores this worker's shards (keys it owns now) of checkpoint `number`.
-
-    Raises:
-      FileNotFoundError: a table's shards are missing (naming table and file).
-    """
-    for table in self._tables.values():
-      checkpoint_lib.restore_shard(self.path(number), table, [self._optimizer])
-
-
-def shards_path(directory: str, number: int) -> str:
-  """`<directory>/shards-<number>`: the table shards of checkpoint ckpt-<number>."""
-  return os.path.join(directory, f"shards-{number}")
-
-
-def prune_shard_dirs(directory: str, kept: Iterable[int]) -> None:
-  """Removes the `shards-<N>` directories of `directory` whose N is not in `kept`."""
-  keep = {shards_path(directory, n) for n in kept}
-  for path in glob.glob(os.path.join(glob.escape(directory), "shards-*")):
-    if path not in keep:
-      shutil.rmtree(path, ignore_errors=True)
-
-
-def _barrier(strategy: tf.distribute.Strategy) -> None:
-  """Returns once every worker reached it: an all-reduce of one number."""
-  strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(lambda: tf.constant(1, tf.int32)),
-                  axis=None).numpy()

@@ -1,55 +1,27 @@
 """The Keras pipeline's strategy and where its tables live: the one place that decides.
 
 `get_strategy` builds the tf.distribute strategy PipelineHparams.strategy names;
-`placement_for` decides once, from the strategy, where a run's tables live
-(`TablePlacement`): in this process (one host, any number of replicas), sharded
-by key over MultiWorkerMirroredStrategy workers (keras/sharded.py), or over the
-ps tasks of ParameterServerStrategy (keras/ps.py). The pipeline branches on the
-placement, never on the strategy's type. See docs/distributed.md.
+`placement_for` (core/placement.table_placement) decides once, from the
+strategy, where a run's tables live (`TablePlacement`): in this process (one
+host, any number of replicas), sharded by key over MultiWorkerMirroredStrategy
+workers (keras/sharded.py), or over the ps tasks of ParameterServerStrategy
+(keras/ps.py). The pipeline branches on the placement, never on the strategy's
+type. See docs/distributed.md.
 """
 
 from __future__ import annotations
-
-import enum
 
 import tensorflow as tf
 
 from mxrec_pipeline.core import placement
 from mxrec_pipeline.hparams import MULTI_WORKER_MIRRORED, PARAMETER_SERVER, STRATEGIES
 
-
-class TablePlacement(str, enum.Enum):
-  """Where a run's tables live; its value is what checkpoint manifests record."""
-
-  ONE_HOST = "one_host"  # In this process; N > 1 replicas split each inserted batch.
-  WORKERS = "workers"  # Sharded by key over the workers (MultiWorkerMirroredStrategy, N > 1).
-  PARAMETER_SERVERS = "parameter_servers"  # Sharded over the ps tasks (ParameterServerStrategy).
-
-  @property
-  def sharded(self) -> bool:
-    """Whether the tables are sharded over tasks (the model then takes raw ids)."""
-    return self is not TablePlacement.ONE_HOST
+TablePlacement = placement.TablePlacement
 
 
 def placement_for(strategy: tf.distribute.Strategy, sparse_features: bool) -> TablePlacement:
-  """Where the tables of a run under `strategy` live.
-
-  Args:
-    strategy: The run's strategy (`get_strategy`, or one the user gave).
-    sparse_features: Whether the dataset has sparse id features; without them
-      a multi-worker run has nothing to shard and trains as one host's.
-
-  Returns:
-    PARAMETER_SERVERS under ParameterServerStrategy; WORKERS under
-    MultiWorkerMirroredStrategy with more than one worker and sparse features;
-    ONE_HOST otherwise.
-  """
-  if isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy):
-    return TablePlacement.PARAMETER_SERVERS
-  if (isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy) and
-      strategy.num_replicas_in_sync > 1 and sparse_features):
-    return TablePlacement.WORKERS
-  return TablePlacement.ONE_HOST
+  """Where the tables of a run under `strategy` live: core/placement.table_placement."""
+  return placement.table_placement(strategy, sparse_features)
 
 
 def splits_batches(strategy: tf.distribute.Strategy, placement: TablePlacement,

@@ -24,7 +24,7 @@ import tensorflow as tf
 from mxrec_pipeline.hparams import WarmStart
 from mxrec_pipeline.keras import callbacks as callbacks_lib
 from mxrec_pipeline.keras import manifest
-from mxrec_pipeline.keras import sharded
+from mxrec_pipeline.keras import table_checkpoints
 from mxrec_pipeline.distributed import checkpoint as checkpoint_lib
 
 SLOTS_PATH = "sparse_optimizer/_slots/{table}/{slot}/.ATTRIBUTES/VARIABLE_VALUE"
@@ -46,7 +46,7 @@ def resolve(source: str) -> str:
   for directory in (source, os.path.join(source, "checkpoints")):
     if tf.io.gfile.isdir(directory):
       prefix = callbacks_lib.restorable_checkpoint(
-          directory, lambda n, d=directory: sharded.shards_path(d, n))[0]
+          directory, lambda n, d=directory: table_checkpoints.shards_path(d, n))[0]
       if prefix is not None:
         return prefix
   raise FileNotFoundError(f"warm_start.from: no checkpoint at {source}")
@@ -77,7 +77,8 @@ def read_table(prefix: str, table: str, optimizer, slots: bool) -> dict[str, np.
     ValueError: the checkpoint lacks the table, its rows' location (a
       checkpoint of a version before manifests) or its slots (named).
   """
-  shards_dir = sharded.shards_path(os.path.dirname(prefix), callbacks_lib.checkpoint_number(prefix))
+  shards_dir = table_checkpoints.shards_path(os.path.dirname(prefix),
+                                             callbacks_lib.checkpoint_number(prefix))
   slot_names = list(optimizer.slot_initial_values) if slots else []
   if tf.io.gfile.isdir(shards_dir):
     if not tf.io.gfile.isdir(os.path.join(shards_dir, table)):

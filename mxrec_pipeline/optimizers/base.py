@@ -22,6 +22,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from mxrec_pipeline.core import embedding
+from mxrec_pipeline.core import placement
 from mxrec_pipeline.util import initialize
 
 
@@ -127,24 +128,17 @@ class HashOptimizer(tf.Module):
     self.build([v for _, v in pairs])
     with tf.name_scope(name or self.optimizer_name):
       in_replica = tf.distribute.has_strategy() and not tf.distribute.in_cross_replica_context()
-      if (in_replica and
-          isinstance(tf.distribute.get_strategy(), tf.distribute.MultiWorkerMirroredStrategy) and
-          not any(isinstance(v, tf.distribute.DistributedValues) for _, v in pairs)):
-        # Each worker's own variables (a shard of distributed.ShardedTable):
-        # their gradients are already complete at the owner, so neither
-        # all-reduce nor merge_call; slots and `iterations` must be plain too.
-        # (Under MirroredStrategy a plain variable is shared by the replicas:
-        # their gradients are still summed below.)
-        return self._apply_local(pairs, tables, global_step)
       if in_replica:
         context = tf.distribute.get_replica_context()
+        route = placement.gradient_route(
+            context.strategy, any(isinstance(v, tf.distribute.DistributedValues) for _, v in pairs))
+        if route is placement.GradientRoute.LOCAL:
+          # Each worker's own variables (a shard of distributed.ShardedTable):
+          # their gradients are already complete at the owner, so neither
+          # all-reduce nor merge_call; slots and `iterations` must be plain too.
+          return self._apply_local(pairs, tables, global_step)
         grads = [g for g, _ in pairs]
-        # MirroredStrategy (one machine): the replicas' rows are concatenated in
-        # merge_call. Its collective all-reduce of IndexedSlices fails inside a
-        # tf.while_loop (e.g. `for _ in tf.range(n)` steps in one tf.function) once
-        # the number of rows changes between iterations: TensorFlow fixes a
-        # collective's shape for the whole function call.
-        concat = isinstance(context.strategy, tf.distribute.MirroredStrategy)
+        concat = route is placement.GradientRoute.CONCAT
         if not concat:
           grads = context.all_reduce(tf.distribute.ReduceOp.SUM, grads)
         return context.merge_call(self._distributed_apply,

@@ -60,8 +60,8 @@ def main(out: str, steps: int, local: bool = False, restore: str = "", save: str
     device_rows, host_rows = (int(n) for n in tiers.split(","))
     tier_config = tiers_lib.TierConfig(device_rows, host_rows)
   table = ps_table.PSShardedTable(
-      strategy, name=lib.TABLE, dim=lib.DIM,
-      rows_per_shard=lib.ROWS if tier_config is None else tier_config.device_vocabulary_size,
+      strategy, name=lib.TABLE, dim=lib.DIM, device_vocabulary_size=lib.ROWS
+      if tier_config is None else tier_config.device_vocabulary_size,
       optimizer=lazy_adam.create_hash_optimizer(LEARNING_RATE),
       emb_initializer=tf.keras.initializers.Constant(INITIAL), access_threshold=access_threshold,
       eviction_threshold_s=eviction_threshold_s, tiers=tier_config)

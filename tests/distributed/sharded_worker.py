@@ -71,7 +71,8 @@ def main():
           timeout_seconds=args.timeout_s))
   initialize.init()
   table = sharded_table.ShardedTable(strategy, name=lib.TABLE, dim=args.dim,
-                                     rows_per_shard=lib.ROWS, emb_initializer=lib.initializer(),
+                                     device_vocabulary_size=lib.ROWS,
+                                     emb_initializer=lib.initializer(),
                                      access_threshold=args.access_threshold,
                                      eviction_threshold_s=args.eviction_threshold_s,
                                      routing=args.routing, collective_timeout_s=args.timeout_s)
@@ -79,7 +80,8 @@ def main():
   if args.second_table_routing:
     tables.append(
         sharded_table.ShardedTable(strategy, name=lib.SECOND_TABLE, dim=args.dim,
-                                   rows_per_shard=lib.ROWS, emb_initializer=lib.initializer(),
+                                   device_vocabulary_size=lib.ROWS,
+                                   emb_initializer=lib.initializer(),
                                    routing=args.second_table_routing,
                                    collective_timeout_s=args.timeout_s))
   optimizer = factory.get_optimizer(args.optimizer, **lib.OPTIMIZERS[args.optimizer])

@@ -151,7 +151,7 @@ def test_one_process_to_two_ps_and_back_keeps_counts_rows_and_slots(tmp_path):
 
 
 def _table(name: str, **kwargs) -> ps_table.PSShardedTable:
-  return ps_table.PSShardedTable(None, name=name, dim=2, rows_per_shard=8,
+  return ps_table.PSShardedTable(None, name=name, dim=2, device_vocabulary_size=8,
                                  optimizer=lazy_adam.create_hash_optimizer(),
                                  emb_initializer=tf.keras.initializers.Constant(0.5), **kwargs)
 

@@ -61,10 +61,10 @@ def test_unreachable_ps_is_named_by_the_coordinator(tmp_path):
 def test_table_refuses_a_strategy_scope_and_a_keras_optimizer():
   with tf.distribute.OneDeviceStrategy("/cpu:0").scope():
     with pytest.raises(ValueError, match=r"PSShardedTable\('t'\): create it outside"):
-      ps_table.PSShardedTable(None, name="t", dim=2, rows_per_shard=4,
+      ps_table.PSShardedTable(None, name="t", dim=2, device_vocabulary_size=4,
                               optimizer=lazy_adam.create_hash_optimizer())
   with pytest.raises(ValueError, match="must be a row-wise hash optimizer"):
-    ps_table.PSShardedTable(None, name="t", dim=2, rows_per_shard=4,
+    ps_table.PSShardedTable(None, name="t", dim=2, device_vocabulary_size=4,
                             optimizer=tf.keras.optimizers.Adam())
   with pytest.raises(ValueError, match="needs a ParameterServerStrategy, got MirroredStrategy"):
     ps_table.ps_devices(tf.distribute.MirroredStrategy(["/cpu:0"]))

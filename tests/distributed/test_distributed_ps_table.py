@@ -108,7 +108,7 @@ def test_two_workers_two_ps_async_keys_on_owners_loss_falls(tmp_path):
 
 
 def test_eval_lookup_reads_the_default_for_absent_ids_and_inserts_nothing():
-  table = ps_table.PSShardedTable(None, name="ps_eval", dim=2, rows_per_shard=8,
+  table = ps_table.PSShardedTable(None, name="ps_eval", dim=2, device_vocabulary_size=8,
                                   optimizer=lazy_adam.create_hash_optimizer(),
                                   emb_initializer=tf.keras.initializers.Constant(0.5))
   np.testing.assert_array_equal(

@@ -33,7 +33,7 @@ INIT = initializers.RowInitializer("truncated_normal", stddev=0.1, seed=11)
 
 
 def _table(name, tiers=None, rows=DEVICE_ROWS, optimizer=None):
-  return ps_table.PSShardedTable(None, name=name, dim=DIM, rows_per_shard=rows,
+  return ps_table.PSShardedTable(None, name=name, dim=DIM, device_vocabulary_size=rows,
                                  optimizer=optimizer or lazy_adam.create_hash_optimizer(0.05),
                                  emb_initializer=INIT, tiers=tiers)
 
@@ -130,22 +130,22 @@ def test_tiered_checkpoint_restores_every_tier_onto_tiered_and_flat_tables(tmp_p
   small = _table("tiers_ckpt4", tiers_lib.TierConfig(DEVICE_ROWS, 2))
   (tmp_path / "tiers_ckpt4").symlink_to(tmp_path / "tiers_ckpt")
   with pytest.raises(ValueError, match="tiers_ckpt4.*more than its 10 rows"):
-    checkpoint.restore_shard(str(tmp_path), ps_table.ShardView(small, 0),
-                             [ps_table.ShardOptimizerView(small, 0)])
+    checkpoint.restore_table(str(tmp_path), small, [small.optimizer])
 
 
 def test_tiered_table_arguments_are_checked():
   with pytest.raises(ValueError,
-                     match="ps_bad.*device_vocabulary_size=8 must equal rows_per_shard=9"):
+                     match="ps_bad.*device_vocabulary_size=8 must equal device_vocabulary_size=9"):
     _table("ps_bad", _tiers(), rows=9)
   with pytest.raises(ValueError, match="ps_bad.*float32"):
-    ps_table.PSShardedTable(None, name="ps_bad", dim=DIM, rows_per_shard=DEVICE_ROWS,
+    ps_table.PSShardedTable(None, name="ps_bad", dim=DIM, device_vocabulary_size=DEVICE_ROWS,
                             optimizer=lazy_adam.create_hash_optimizer(), emb_initializer=INIT,
                             value_dtype=tf.float64, tiers=_tiers())
 
 
 def test_eviction_drops_keys_from_every_tier_and_they_restart_from_initial_rows():
-  table = ps_table.PSShardedTable(None, name="ps_evict", dim=DIM, rows_per_shard=DEVICE_ROWS,
+  table = ps_table.PSShardedTable(None, name="ps_evict", dim=DIM,
+                                  device_vocabulary_size=DEVICE_ROWS,
                                   optimizer=lazy_adam.create_hash_optimizer(0.05),
                                   emb_initializer=INIT, eviction_threshold_s=10,
                                   tiers=_tiers(host=20))

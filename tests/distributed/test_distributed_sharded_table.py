@@ -18,7 +18,7 @@ from mxrec_pipeline.util.initialize import init
 def _table(strategy=None, **kwargs):
   init()
   return sharded_table.ShardedTable(strategy or tf.distribute.get_strategy(), name="item", dim=2,
-                                    rows_per_shard=8,
+                                    device_vocabulary_size=8,
                                     emb_initializer=tf.keras.initializers.Constant(0.5), **kwargs)
 
 

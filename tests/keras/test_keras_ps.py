@@ -10,6 +10,8 @@ import pytest
 import tensorflow as tf
 
 from mxrec_pipeline.keras import ps
+from mxrec_pipeline.keras import sharded
+from mxrec_pipeline.keras import table_checkpoints
 from mxrec_pipeline.keras.layers import TableSpec
 from mxrec_pipeline.optimizers import lazy_adam
 
@@ -66,7 +68,8 @@ def _sorted_shard(table) -> dict:
 
 def test_shard_checkpoints_save_prune_and_restore_every_key_row_and_slot(tmp_path):
   table, ids = _trained_table("ps_ckpt")
-  checkpoints = ps.PSShardCheckpoints(str(tmp_path), {"ps_ckpt": table})
+  checkpoints = table_checkpoints.TableCheckpoints(tf.distribute.get_strategy(), str(tmp_path),
+                                                   {"ps_ckpt": table}, [table.optimizer])
   for number in (1, 2):
     checkpoints.save(number)
   checkpoints.prune([2])
@@ -86,9 +89,9 @@ def test_shard_checkpoints_save_prune_and_restore_every_key_row_and_slot(tmp_pat
   del ids
 
 
-def test_ps_snapshots_hold_every_key_in_order_and_a_zero_default_row():
+def test_snapshots_of_ps_tables_hold_every_key_in_order_and_a_zero_default_row():
   table, ids = _trained_table("ps_snap")
-  snapshot = ps.ps_snapshots({"ps_snap": table})["ps_snap"]
+  snapshot = sharded.snapshots({"ps_snap": table})["ps_snap"]
   rows = snapshot.rows.numpy()
   assert rows.shape == (4, 3)  # Keys 3, 7, 11 and the default row.
   np.testing.assert_array_equal(rows[-1], 0.0)

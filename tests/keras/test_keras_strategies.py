@@ -1,7 +1,7 @@
 """Where a Keras pipeline's tables live (keras/strategies.py), decided in one place."""
 
+import ast
 import pathlib
-import re
 from unittest import mock
 
 import pytest
@@ -14,14 +14,11 @@ from mxrec_pipeline.keras.layers import SparseFeature
 
 Placement = strategies.TablePlacement
 PACKAGE = pathlib.Path(strategies.__file__).resolve().parents[1]
-# Every check of a strategy's type in the package (docs/architecture.md lists them):
-# the pipeline's placement, the hash optimizer's update path, the PS table's devices.
+# Every decision on a strategy's type in the package (docs/architecture.md lists them): the
+# tables' placement and the hash optimizer's gradient route, both in core/placement.py.
 STRATEGY_DECISIONS = {
-    ("keras/strategies.py", "ParameterServerStrategy"),
-    ("keras/strategies.py", "MultiWorkerMirroredStrategy"),
-    ("optimizers/base.py", "MultiWorkerMirroredStrategy"),
-    ("optimizers/base.py", "MirroredStrategy"),
-    ("distributed/ps_table.py", "ParameterServerStrategy"),
+    ("core/placement.py", "table_placement"),
+    ("core/placement.py", "gradient_route"),
 }
 
 
@@ -96,13 +93,45 @@ def test_raw_id_copy_leaves_the_given_builder_inserting():
   assert raw.sparse_features == builder.sparse_features
 
 
-def test_strategy_types_are_checked_only_where_listed():
-  """A new strategy-type branch belongs in keras/strategies.py (or this list, with a reason)."""
+def _strategy_type_checks(tree: ast.AST) -> set[str]:
+  """Names of the functions of `tree` that test a strategy's type (isinstance, issubclass,
+  type(...) compared, a class name compared)."""
   found = set()
-  pattern = re.compile(
-      r"isinstance\((?:[^()]|\([^()]*\))*?tf\.distribute\.(?:experimental\.)?(\w+Strategy)\)")
+
+  def visit(node, function):
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+      function = node.name
+    text = ast.unparse(node) if isinstance(node, (ast.Call, ast.Compare)) else ""
+    if isinstance(node, ast.Call) and getattr(node.func, "id",
+                                              None) in ("isinstance", "issubclass"):
+      if "Strategy" in ast.unparse(node.args[1]):
+        found.add(function)
+    elif isinstance(node, ast.Compare) and "Strategy" in text and ("type(" in text or
+                                                                   "__name__" in text):
+      found.add(function)
+    for child in ast.iter_child_nodes(node):
+      visit(child, function)
+
+  visit(tree, "<module>")
+  return found
+
+
+def test_strategy_types_are_decided_only_in_the_placement_module():
+  """A new strategy-type branch belongs in core/placement.py, at most three decisions in all."""
+  found = set()
   for path in PACKAGE.rglob("*.py"):
-    text = re.sub(r"\s+", " ", path.read_text(encoding="utf-8"))
-    for match in pattern.finditer(text):
-      found.add((path.relative_to(PACKAGE).as_posix(), match.group(1)))
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    found |= {(path.relative_to(PACKAGE).as_posix(), f) for f in _strategy_type_checks(tree)}
   assert found == STRATEGY_DECISIONS
+  assert len(found) <= 3
+
+
+def test_the_strategy_check_finder_sees_each_form():
+  source = """
+def a(s): return isinstance(s, tf.distribute.MirroredStrategy)
+def b(s): return type(s) is tf.distribute.experimental.ParameterServerStrategy
+def c(s): return type(s).__name__ == "MultiWorkerMirroredStrategy"
+def d(s): return isinstance(s, (int, tf.distribute.OneDeviceStrategy))
+def e(v): return isinstance(v, tf.distribute.DistributedValues)
+"""
+  assert _strategy_type_checks(ast.parse(source)) == {"a", "b", "c", "d"}
