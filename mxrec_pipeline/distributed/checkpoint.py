@@ -252,15 +252,120 @@ def read_all_shards(directory: str, table_name: str, optimizers=()) -> dict[str,
   return out
 
 
+# Rows read at a time from a saved shard whose keys another shard count re-shards.
+CHUNK_ROWS = 1 << 16
+
+
+def read_owned(directory: str, table_name: str, shard_id: int, num_shards: int, optimizers=(),
+               chunk_rows: int = CHUNK_ROWS) -> dict[str, np.ndarray]:
+  """The saved state of the keys that shard `shard_id` of `num_shards` owns (as read_all_shards').
+
+  Never the whole table: saved by as many shards, shard i's bundle holds
+  exactly the keys shard i owns (the owner function is the same), and only it
+  is read; its counters and latest timestamp come back as saved. Saved by
+  another number of shards, every bundle is streamed `chunk_rows` keys at a
+  time (RestoreV2 slices), keeping the owned keys: peak memory is the owned
+  state plus one chunk. The admission and eviction totals then go to shard 0
+  alone (so the shards' counters still add up to the saved ones) and every
+  shard gets the latest timestamp, its eviction clock.
+
+  Returns:
+    keys [m], values [m, dim], last_seen [m], slot/<opt>/<slot> [m, dim],
+    iterations/<opt> [], pending_* [p], counters [3]: int64 but values and
+    slots, in saved order.
+
+  Raises:
+    FileNotFoundError, ValueError: as read_all_shards; ValueError when a
+      bundle of a same-sized job holds a key its shard does not own (a
+      checkpoint of another owner function), naming the table and file.
+  """
+  prefixes = saved_shards(directory, table_name)
+  per_key = ["keys", "values", *_KEY_STATE]
+  for optimizer in optimizers:
+    per_key += [f"slot/{optimizer.optimizer_name}/{s}" for s in optimizer.slot_initial_values]
+  iterations = [f"iterations/{optimizer.optimizer_name}" for optimizer in optimizers]
+  if len(prefixes) == num_shards:
+    prefix = prefixes[shard_id]
+    out = _read_shard(prefix, table_name, [*per_key, *_PENDING, "counters", *iterations])
+    owners = sharding.owner_numpy(np.concatenate([out["keys"], out["pending_keys"]]), num_shards)
+    if (owners != shard_id).any():
+      raise ValueError(f"table '{table_name}': shard {prefix} holds keys that shard {shard_id} of "
+                       f"{num_shards} does not own; it was not written by this project's owner "
+                       "function")
+    return out
+  parts, heads, layout = [], [], None
+  for prefix in prefixes:
+    head = _read_shard(prefix, table_name, ["keys", *_PENDING, "counters", *iterations])
+    keep = sharding.owner_numpy(head["keys"], num_shards) == shard_id
+    pending = sharding.owner_numpy(head["pending_keys"], num_shards) == shard_id
+    heads.append({n: head[n][pending] for n in _PENDING} |
+                 {n: head[n] for n in ["counters", *iterations]})
+    layout = _layout(prefix, table_name, per_key)
+    for start in range(0, keep.size, chunk_rows):
+      mask = keep[start:start + chunk_rows]
+      if mask.any():
+        chunk = _read_rows(prefix, table_name, layout, start, mask.size)
+        parts.append({n: value[mask] for n, value in chunk.items()})
+  out = {}
+  for n in per_key:  # No owned key: empty arrays of the saved shapes and dtypes.
+    shape, dtype = layout[n]
+    out[n] = (np.concatenate([p[n] for p in parts])
+              if parts else np.zeros([0, *shape[1:]], dtype.as_numpy_dtype))
+  out.update({n: np.concatenate([h[n] for h in heads]) for n in _PENDING})
+  counters = np.stack([h["counters"] for h in heads])
+  first = shard_id == 0
+  out["counters"] = np.array(
+      [counters[:, 0].sum() * first, counters[:, 1].sum() * first, counters[:, 2].max()], np.int64)
+  out.update({n: heads[0][n] for n in iterations})
+  return out
+
+
+def _layout(prefix: str, table_name: str, names) -> dict[str, tuple[list[int], tf.DType]]:
+  """Name -> (saved shape, dtype) of the tensors `names` of one bundle.
+
+  Raises:
+    ValueError: the bundle lacks one (saved without this optimizer?).
+  """
+  reader = tf.train.load_checkpoint(prefix)  # _read_shard read this bundle already.
+  shapes, dtypes = reader.get_variable_to_shape_map(), reader.get_variable_to_dtype_map()
+  missing = [n for n in names if n not in shapes]
+  if missing:
+    raise ValueError(f"table '{table_name}': shard {prefix} has no `{missing[0]}` "
+                     "(saved without this optimizer?)")
+  return {n: (shapes[n], dtypes[n]) for n in names}
+
+
+def _read_rows(prefix: str, table_name: str, layout, start: int, length: int):
+  """Keys start..start+length-1 of the per-key tensors of `layout` in one bundle (RestoreV2 slices).
+
+  Raises:
+    FileNotFoundError: the bundle's data cannot be read (naming the table and file).
+  """
+  names = list(layout)
+  specs = [
+      " ".join(map(str, layout[n][0])) + f" {start},{length}" + ":-" * (len(layout[n][0]) - 1)
+      for n in names
+  ]
+  try:
+    values = tf.raw_ops.RestoreV2(prefix=prefix, tensor_names=names, shape_and_slices=specs,
+                                  dtypes=[layout[n][1] for n in names])
+  except tf.errors.OpError as e:
+    raise FileNotFoundError(f"table '{table_name}': cannot read shard {prefix}: "
+                            f"{e.message}") from None
+  return {name: value.numpy() for name, value in zip(names, values)}
+
+
 def restore_shard(directory: str, table, optimizers=()) -> int:
   """Restores this worker's shard from the shards of any earlier job (eagerly).
 
   Keeps the saved keys this worker owns now (all of them for one process),
-  whatever the number of shards that saved them. Keys get rows 0..m-1 in key
-  order; rows past them keep their initial values. The admission and eviction
-  totals (`counters`) restore into shard 0, the latest timestamp into every
-  shard. A tiered table's keys get global rows 0..m-1: the first
-  device_vocabulary_size on the device, the rest in the host/SSD store.
+  whatever the number of shards that saved them, reading only those
+  (`read_owned`: its own bundle when the shard count is the saved one, every
+  bundle streamed in chunks otherwise). Keys get rows 0..m-1 in key order;
+  rows past them keep their initial values. The admission and eviction
+  counters restore as read_owned gives them. A tiered table's keys get global
+  rows 0..m-1: the first device_vocabulary_size on the device, the rest in the
+  host/SSD store.
 
   Args:
     directory: As given to save_shard.
@@ -271,17 +376,20 @@ def restore_shard(directory: str, table, optimizers=()) -> int:
     The number of keys restored into this shard.
 
   Raises:
-    FileNotFoundError, ValueError: see saved_shards and read_all_shards.
+    FileNotFoundError, ValueError: see saved_shards and read_owned.
     ValueError: the shard's rows cannot hold its keys, or the saved rows
       have another dim (both naming the table).
   """
   shard = _one_shard(table)
   shard_id, num_shards = shard.shard_id, shard.num_shards
   name = shard.table_name
-  saved = read_all_shards(directory, name, optimizers)
-  keep = sharding.owner_numpy(saved["keys"], num_shards) == shard_id
-  order = np.argsort(saved["keys"][keep], kind="stable")
-  keys = saved["keys"][keep][order]
+  saved = read_owned(directory, name, shard_id, num_shards, optimizers)
+  order = np.argsort(saved["keys"], kind="stable")
+  saved.update({
+      n: v[order] for n, v in saved.items()
+      if n in ("keys", "values", *_KEY_STATE) or n.startswith("slot/")
+  })
+  keys = saved["keys"]
   tiers = shard.tiers if shard.is_tiered else None
   capacity = shard.device_vocabulary_size if tiers is None else tiers.config.total_rows
   if keys.size > capacity:
@@ -291,30 +399,22 @@ def restore_shard(directory: str, table, optimizers=()) -> int:
     raise ValueError(f"table '{name}': the checkpoint's rows have dim "
                      f"{saved['values'].shape[1]}, the table {shard.dim}")
   rows = np.arange(keys.size, dtype=np.int64)
-  pending = sharding.owner_numpy(saved["pending_keys"], num_shards) == shard_id
   state = {
-      "keys": keys,
-      "rows": rows,
-      "last_seen": saved["last_seen"][keep][order],
-      # The admission and eviction totals go to shard 0 alone, so that the
-      # shards' counters still add up to the saved ones (read_all_shards sums
-      # them); every shard gets the latest timestamp, its eviction clock.
-      "counters": saved["counters"] * np.array([shard_id == 0, shard_id == 0, 1], np.int64),
+      "keys": keys, "rows": rows, "last_seen": saved["last_seen"], "counters": saved["counters"]
   }
-  state.update({n: saved[n][pending] for n in _PENDING})
+  state.update({n: saved[n] for n in _PENDING})
   shard.key_index.import_state(
       {n: tf.constant(state[n], tf.int64) for n in key_index_lib.STATE_NAMES})
   if tiers is not None:
-    _restore_tiers(shard, tiers, saved, keep, order, rows, optimizers)
+    _restore_tiers(shard, tiers, saved, rows, optimizers)
     return int(keys.size)
   indices = tf.constant(rows[:, None])
-  shard.variable.assign(
-      tf.tensor_scatter_nd_update(shard.initial_rows(), indices, saved["values"][keep][order]))
+  shard.variable.assign(tf.tensor_scatter_nd_update(shard.initial_rows(), indices, saved["values"]))
   for optimizer in optimizers:
     slots = shard.slot_variables(optimizer, create=True)
     for slot_name, initial in optimizer.slot_initial_values.items():
       slot = slots[slot_name]
-      values = saved[f"slot/{optimizer.optimizer_name}/{slot_name}"][keep][order]
+      values = saved[f"slot/{optimizer.optimizer_name}/{slot_name}"]
       slot.assign(
           tf.tensor_scatter_nd_update(tf.fill(tf.shape(slot), tf.cast(initial, slot.dtype)),
                                       indices, values))
@@ -322,7 +422,7 @@ def restore_shard(directory: str, table, optimizers=()) -> int:
   return int(keys.size)
 
 
-def _restore_tiers(shard, tiers, saved, keep, order, rows: np.ndarray, optimizers) -> None:
+def _restore_tiers(shard, tiers, saved, rows: np.ndarray, optimizers) -> None:
   """restore_shard of a tiered table: every tier's rows and slots of global rows `rows`.
 
   Slots of optimizers not given keep their initial values.
@@ -331,11 +431,11 @@ def _restore_tiers(shard, tiers, saved, keep, order, rows: np.ndarray, optimizer
   # Before fresh_rows: building attaches the optimizer's slots to the tiers.
   slots = [shard.slot_variables(optimizer, create=True) for optimizer in optimizers]
   whole = tiers.fresh_rows(tf.constant(rows, tf.int64)).numpy()
-  whole[:, :dim] = saved["values"][keep][order]
+  whole[:, :dim] = saved["values"]
   for optimizer, optimizer_slots in zip(optimizers, slots):
     for slot_name, slot in optimizer_slots.items():
       block = tiers.slot_block(slot)
-      whole[:, block * dim:(block + 1) *
-            dim] = (saved[f"slot/{optimizer.optimizer_name}/{slot_name}"][keep][order])
+      whole[:,
+            block * dim:(block + 1) * dim] = (saved[f"slot/{optimizer.optimizer_name}/{slot_name}"])
     shard.iterations(optimizer).assign(saved[f"iterations/{optimizer.optimizer_name}"])
   tiers.import_rows(shard.variable, tf.constant(rows, tf.int64), tf.constant(whole))
