@@ -334,12 +334,18 @@ class TableStatsLogger(tf.keras.callbacks.Callback):
   Args:
     log_dir: TensorBoard directory (a `tables` subdirectory is written).
     every_n_batches: Also log during epochs; None: per epoch only.
+    tables: Table name -> a sharded table of the protocol
+      (core/table_protocol.Table): its `stats()`, the key-index counters
+      summed over the shards this process holds (every ps shard on the PS
+      coordinator; a worker's own shard). None: the run's tables
+      (`table_stats`, tier statistics included).
   """
 
-  def __init__(self, log_dir: str, every_n_batches: int | None = None):
+  def __init__(self, log_dir: str, every_n_batches: int | None = None, tables=None):
     super().__init__()
     self.log_dir = log_dir
     self.every_n_batches = every_n_batches
+    self._tables = tables
     self._writer = None
     self._batches = 0
     self.last = {}
@@ -347,8 +353,14 @@ class TableStatsLogger(tf.keras.callbacks.Callback):
   def _log(self, step: int):
     if self._writer is None:
       self._writer = tf.summary.create_file_writer(f"{self.log_dir}/tables")
-    tables = initialize.get_config_initializer().tables
-    self.last = {name: table_stats(table) for name, table in tables.items()}
+    if self._tables is not None:
+      self.last = {
+          name: {stat: float(value) for stat, value in table.stats().items()}
+          for name, table in self._tables.items()
+      }
+    else:
+      tables = initialize.get_config_initializer().tables
+      self.last = {name: table_stats(table) for name, table in tables.items()}
     with self._writer.as_default(step=step):
       for name, stats in self.last.items():
         for stat, value in stats.items():

@@ -267,7 +267,10 @@ class ModelFitPipeline(AbstractPipeline):
               best=self.checkpoint.best if self.checkpoint is not None else None))
     if self.checkpoint is not None:
       callbacks.append(callbacks_lib.SparseCheckpoint(self.checkpoint))
-    callbacks.append(callbacks_lib.TableStatsLogger(os.path.join(hparams.model_dir, "logs")))
+    callbacks.append(
+        callbacks_lib.TableStatsLogger(
+            os.path.join(hparams.model_dir, "logs"),
+            tables=self._sharded_tables if self._placement.sharded else None))
     return callbacks
 
   def export_saved_model(self, model, export_to: str) -> str:

@@ -98,3 +98,23 @@ def test_a_bundle_holding_keys_its_shard_does_not_own_is_refused(saved, tmp_path
     (item / path.name.replace("shard-0", "shard-1")).symlink_to(path)
   with pytest.raises(ValueError, match="shard-1-of-2 holds keys that shard 1 of 2 does not own"):
     checkpoint.read_owned(directory, "item", 1, 2, [optimizer])
+
+
+@pytest.mark.parametrize("chunk_rows", [1, 3, 1 << 16])
+def test_restore_streams_rows_into_the_shard_whatever_the_chunk(saved, chunk_rows):
+  directory, optimizer = saved
+  want = _expected(directory, optimizer, 2, 3)
+  order = np.argsort(want["keys"])
+  table = _shard("item", 2, 3, optimizer)
+  table.variable.assign(tf.fill(table.variable.shape, 9.0))  # Rows past the keys are reset.
+  count = checkpoint.restore_shard(directory, table, [optimizer], chunk_rows=chunk_rows)
+  assert count == want["keys"].size
+  keys, rows = table.gather_rows()
+  np.testing.assert_array_equal(keys, want["keys"][order])
+  np.testing.assert_array_equal(rows, want["values"][order])
+  np.testing.assert_array_equal(table.variable.numpy()[count:], 0.25)
+  slots = table.slot_variables(optimizer)
+  for name in ("m", "v"):
+    np.testing.assert_array_equal(slots[name].numpy()[:count], want[f"slot/LazyAdam/{name}"][order])
+    np.testing.assert_array_equal(slots[name].numpy()[count:], 0.0)
+  assert int(optimizer.iterations.numpy()) == 2

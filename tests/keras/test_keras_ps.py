@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from mxrec_pipeline.keras import callbacks
 from mxrec_pipeline.keras import ps
 from mxrec_pipeline.keras import sharded
 from mxrec_pipeline.keras import table_checkpoints
@@ -99,4 +100,15 @@ def test_snapshots_of_ps_tables_hold_every_key_in_order_and_a_zero_default_row()
   np.testing.assert_array_equal(positions, [0, 1, 2, 3])
   np.testing.assert_allclose(rows[positions[:3]],
                              table.lookup(tf.constant([3, 7, 11], tf.int64), training=False))
+  del ids
+
+
+def test_table_stats_logger_logs_ps_tables_over_every_shard(tmp_path):
+  table, ids = _trained_table("ps_stats")
+  logger = callbacks.TableStatsLogger(str(tmp_path), tables={"ps_stats": table})
+  logger.on_epoch_end(0)
+  assert logger.last["ps_stats"] == {
+      "size": 3.0, "capacity": 8.0, "admissions": 3.0, "evictions": 0.0, "pending": 0.0
+  }
+  assert list((tmp_path / "tables").iterdir())  # The TensorBoard event file.
   del ids

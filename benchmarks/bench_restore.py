@@ -1,0 +1,202 @@
+"""Benchmark of restoring a sharded table: peak memory of a restoring process, owned reads vs whole.
+
+A table of `--keys` keys x dim 64 with lazy Adam slots is saved as a 2-shard
+job saves it (one child process per shard: a core table marked shard i of 2,
+holding the keys it owns, random rows and slots, distributed/checkpoint.
+save_shard). Then fresh child processes restore shard 0 of 2 (same count) and
+shard 0 of 3 (re-sharded), each two ways in the same run:
+
+- owned: today's distributed/checkpoint.restore_shard (reads only what the
+  shard owns, rows streamed in chunks into the variables);
+- whole: the restore before issue #30, written out here: read_all_shards
+  (every shard's keys, rows and slots into NumPy), filter by owner, then
+  tensor_scatter_nd_update of the table's initial rows and slots.
+
+Reported per child: the process's peak RSS during the restore (VmHWM after
+resetting it through /proc/self/clear_refs) over its RSS once restored (the
+process holding its shard; goal <= 1.3x), the peak's growth over the shard's
+own variables (rows + slots), and seconds.
+
+Usage:
+  python benchmarks/bench_distributed.py --only restore             # 4M keys
+  python benchmarks/bench_restore.py --keys 400000                  # quicker
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import tempfile
+import time
+
+DIM = 64
+TABLE = "item"
+SAVED_SHARDS = 2
+
+
+def _status_kib(field: str) -> int:
+  for line in pathlib.Path("/proc/self/status").read_text().splitlines():
+    if line.startswith(field + ":"):
+      return int(line.split()[1])
+  raise KeyError(field)
+
+
+def _keys(count: int):
+  import numpy as np  # pylint: disable=import-outside-toplevel
+  return np.random.default_rng(0).choice(1 << 40, size=count, replace=False).astype(np.int64)
+
+
+def _table(capacity: int, shard_id: int, num_shards: int):
+  """(table as shard i of n, its lazy Adam optimizer with slots), in a fresh init()."""
+  import tensorflow as tf  # pylint: disable=import-outside-toplevel
+  from mxrec_pipeline.core import embedding  # pylint: disable=import-outside-toplevel
+  from mxrec_pipeline.optimizers import lazy_adam  # pylint: disable=import-outside-toplevel
+  from mxrec_pipeline.util import initialize  # pylint: disable=import-outside-toplevel
+  initialize.init()
+  table = embedding.create_table(tf.int64, DIM, TABLE, tf.keras.initializers.Zeros(),
+                                 device_vocabulary_size=capacity).as_shard(shard_id, num_shards)
+  optimizer = lazy_adam.create_hash_optimizer(0.001)
+  optimizer.build([table.variable])
+  return table, optimizer
+
+
+def child_save(directory: str, keys: int, shard_id: int) -> dict:
+  """Saves shard `shard_id` of SAVED_SHARDS: its owned keys, random rows and slots."""
+  import numpy as np  # pylint: disable=import-outside-toplevel
+  import tensorflow as tf  # pylint: disable=import-outside-toplevel
+  from mxrec_pipeline.distributed import checkpoint  # pylint: disable=import-outside-toplevel
+  from mxrec_pipeline.distributed import sharding  # pylint: disable=import-outside-toplevel
+  all_keys = _keys(keys)
+  owned = all_keys[sharding.owner_numpy(all_keys, SAVED_SHARDS) == shard_id]
+  table, optimizer = _table(owned.size, shard_id, SAVED_SHARDS)
+  table.key_index.insert(tf.constant(owned), training=True)
+  rng = np.random.default_rng(shard_id)
+  for variable in [table.variable, *table.slot_variables(optimizer).values()]:
+    variable.assign(rng.standard_normal(variable.shape, np.float32))
+  start = time.perf_counter()
+  checkpoint.save_shard(directory, table, [optimizer])
+  return {"keys": int(owned.size), "save_s": time.perf_counter() - start}
+
+
+def _restore_whole(directory: str, table, optimizer) -> int:
+  """The restore before issue #30: every shard read whole into NumPy, then filtered."""
+  import numpy as np  # pylint: disable=import-outside-toplevel
+  import tensorflow as tf  # pylint: disable=import-outside-toplevel
+  from mxrec_pipeline.core import key_index  # pylint: disable=import-outside-toplevel
+  from mxrec_pipeline.distributed import checkpoint  # pylint: disable=import-outside-toplevel
+  from mxrec_pipeline.distributed import sharding  # pylint: disable=import-outside-toplevel
+  saved = checkpoint.read_all_shards(directory, TABLE, [optimizer])
+  keep = sharding.owner_numpy(saved["keys"], table.num_shards) == table.shard_id
+  order = np.argsort(saved["keys"][keep], kind="stable")
+  keys = saved["keys"][keep][order]
+  rows = np.arange(keys.size, dtype=np.int64)
+  pending = sharding.owner_numpy(saved["pending_keys"], table.num_shards) == table.shard_id
+  state = {
+      "keys": keys, "rows": rows, "last_seen": saved["last_seen"][keep][order],
+      "counters": saved["counters"]
+  }
+  state.update(
+      {n: saved[n][pending] for n in ("pending_keys", "pending_counts", "pending_last_seen")})
+  table.key_index.import_state({n: tf.constant(state[n], tf.int64) for n in key_index.STATE_NAMES})
+  indices = tf.constant(rows[:, None])
+  table.variable.assign(
+      tf.tensor_scatter_nd_update(table.initial_rows(), indices, saved["values"][keep][order]))
+  for slot_name, slot in table.slot_variables(optimizer).items():
+    values = saved[f"slot/{optimizer.optimizer_name}/{slot_name}"][keep][order]
+    slot.assign(tf.tensor_scatter_nd_update(tf.zeros_like(slot), indices, values))
+  return int(keys.size)
+
+
+def child_restore(directory: str, keys: int, num_shards: int, how: str) -> dict:
+  """Restores shard 0 of `num_shards` the `how` way ("owned" or "whole"); its memory and time."""
+  import numpy as np  # pylint: disable=import-outside-toplevel
+  from mxrec_pipeline.distributed import checkpoint  # pylint: disable=import-outside-toplevel
+  from mxrec_pipeline.distributed import sharding  # pylint: disable=import-outside-toplevel
+  all_keys = _keys(keys)
+  owned = int((sharding.owner_numpy(all_keys, num_shards) == 0).sum())
+  del all_keys
+  table, optimizer = _table(owned, 0, num_shards)
+  own_bytes = 3 * owned * DIM * 4  # Rows, m and v of the shard.
+  before = _status_kib("VmRSS")
+  pathlib.Path("/proc/self/clear_refs").write_text("5")  # VmHWM := VmRSS.
+  start = time.perf_counter()
+  if how == "owned":
+    restored = checkpoint.restore_shard(directory, table, [optimizer])
+  else:
+    restored = _restore_whole(directory, table, optimizer)
+  seconds = time.perf_counter() - start
+  peak, after = _status_kib("VmHWM"), _status_kib("VmRSS")
+  assert restored == owned, (restored, owned)
+  assert np.isfinite(table.variable.numpy()[:8]).all()
+  return {
+      "how": how, "num_shards": num_shards, "keys": owned, "seconds": seconds,
+      "own_mb": own_bytes / 2**20, "rss_before_mb": before / 1024, "peak_mb": peak / 1024,
+      "rss_after_mb": after / 1024, "peak_over_after": peak / after, "growth_over_own":
+          (peak - before) * 1024 / own_bytes
+  }
+
+
+def _run_child(kind: str, params: dict, tmp: str) -> dict:
+  out = os.path.join(tmp, f"{kind}_{len(os.listdir(tmp))}.json")
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+  subprocess.run([sys.executable, __file__, "--child", out, kind,
+                  json.dumps(params)], check=True, env=env)
+  return json.loads(pathlib.Path(out).read_text())
+
+
+def run(keys: int, tmp: str) -> dict:
+  """Saves the 2-shard checkpoint, then restores shard 0 of 2 and of 3 both ways."""
+  directory = os.path.join(tmp, "ckpt")
+  saved = [
+      _run_child("save", {"directory": directory, "keys": keys, "shard_id": i}, tmp)
+      for i in range(SAVED_SHARDS)
+  ]
+  print(
+      f"saved {keys:,} keys x dim {DIM} (+ lazy Adam m, v) as {SAVED_SHARDS} shards in "
+      f"{sum(s['save_s'] for s in saved):.1f} s", flush=True)
+  results = []
+  for num_shards in (2, 3):
+    for how in ("whole", "owned"):
+      r = _run_child("restore",
+                     {"directory": directory, "keys": keys, "num_shards": num_shards, "how": how},
+                     tmp)
+      results.append(r)
+      print(
+          f"restore shard 0 of {num_shards} ({r['keys']:,} keys, own variables "
+          f"{r['own_mb']:.0f} MB), {how:5}: peak RSS {r['peak_mb']:.0f} MB = "
+          f"{r['peak_over_after']:.2f}x the restored process ({r['rss_after_mb']:.0f} MB); "
+          f"growth {r['growth_over_own']:.2f}x its own variables; {r['seconds']:.1f} s", flush=True)
+  for num_shards in (2, 3):
+    whole, owned = (r for r in results if r["num_shards"] == num_shards)
+    growth = [r["peak_mb"] - r["rss_before_mb"] for r in (owned, whole)]
+    print(f"shard 0 of {num_shards}: owned / whole peak growth {growth[0] / growth[1]:.2f}x, "
+          f"time {owned['seconds'] / whole['seconds']:.2f}x")
+  return {"saved": saved, "restores": results}
+
+
+def main(argv=None) -> int:
+  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser.add_argument("--keys", type=int, default=4_000_000, help="keys of the table")
+  parser.add_argument("--json", help="also write the figures to this file")
+  parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
+  args = parser.parse_args(argv)
+  if args.child:
+    out, kind, params = args.child
+    result = {"save": child_save, "restore": child_restore}[kind](**json.loads(params))
+    pathlib.Path(out).write_text(json.dumps(result))
+    return 0
+  print(f"bench_restore: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at start",
+        flush=True)
+  with tempfile.TemporaryDirectory(prefix="bench_restore_") as tmp:
+    results = run(args.keys, tmp)
+  if args.json:
+    pathlib.Path(args.json).write_text(json.dumps(results, indent=2))
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
