@@ -11,7 +11,8 @@ Like the sparse core's unseen ids, ids outside the vocabulary read a zero
 embedding. Tables shared by several features (gender and occupation) are one
 Embedding over the union of their vocabularies. Main names:
 `DenseModelBuilder` (an example there), `table_vocabularies`,
-`build_dataset_builder`.
+`build_dataset_builder`; `HashedTable`, the hashing trick's table, for
+benchmarks/bench_book_crossing.py.
 """
 
 from __future__ import annotations
@@ -80,6 +81,45 @@ class DenseTable(tf.keras.layers.Layer):
     if self.spec.key_dtype != "string":
       vocabulary = [int(v) for v in vocabulary]
     config.update(spec=dataclasses.asdict(self.spec), vocabulary=vocabulary, seed=self.seed)
+    return config
+
+
+@tf.keras.utils.register_keras_serializable(package="mxrec_pipeline_builders")
+class HashedTable(tf.keras.layers.Layer):
+  """A table as stock Keras layers without a vocabulary: `Hashing` into bins, then Embedding.
+
+  The hashing trick (tf.keras.layers.Hashing, FarmHash64 of the id mod
+  `num_bins`): every id reads a row, colliding ids share one. Call as
+  DenseTable.
+
+  Args:
+    spec: The TableSpec (dim, initializer_stddev).
+    num_bins: Rows of the Embedding, >= 1.
+    seed: Seed of the initial rows (mixed with the table name).
+  """
+
+  def __init__(self, spec: TableSpec, num_bins: int, seed: int | None = None, **kwargs):
+    super().__init__(**kwargs)
+    self.spec = spec if isinstance(spec, TableSpec) else TableSpec(**spec)
+    self.num_bins = int(num_bins)
+    self.seed = seed
+    self.hashing = tf.keras.layers.Hashing(self.num_bins)
+    table_seed = None if seed is None else (seed + zlib.crc32(self.spec.name.encode())) % 2**31
+    self.embedding = tf.keras.layers.Embedding(
+        self.num_bins, self.spec.dim, name=f"{self.spec.name}_embedding",
+        embeddings_initializer=tf.keras.initializers.TruncatedNormal(
+            stddev=self.spec.initializer_stddev, seed=table_seed))
+
+  def call(self, ids, combiner: str | None = "mean"):
+    if isinstance(ids, tf.RaggedTensor):
+      per_id = tf.ragged.map_flat_values(lambda v: self.embedding(self.hashing(v)), ids)
+    else:
+      per_id = self.embedding(self.hashing(ids))
+    return combine(per_id, combiner)
+
+  def get_config(self):
+    config = super().get_config()
+    config.update(spec=dataclasses.asdict(self.spec), num_bins=self.num_bins, seed=self.seed)
     return config
 
 

@@ -232,10 +232,12 @@ def restore_shard(directory: str, table, optimizers=(),
   done = 0
   for chunk in chunks:
     size = len(chunk["values"])
-    indices = tf.constant(row_of[done:done + size, None])
+    indices = tf.constant(row_of[done:done + size])
     done += size
     for variable, tensor in zip(targets, names):
-      variable.scatter_nd_update(indices, chunk[tensor])
+      # ResourceScatterUpdate: its shape function needs no handle data, which a
+      # ps shard's remote variable lacks in eager mode (ScatterNd's does).
+      variable.scatter_update(tf.IndexedSlices(tf.constant(chunk[tensor]), indices))
   return int(owned.keys.size)
 
 
