@@ -31,6 +31,7 @@ from mxrec_pipeline.core import initializers
 from mxrec_pipeline.core import key_index as key_index_lib
 from mxrec_pipeline.core import lookup
 from mxrec_pipeline.core import placement
+from mxrec_pipeline.core import table_protocol
 from mxrec_pipeline.core import tiers
 from mxrec_pipeline.core.asc import deferred
 from mxrec_pipeline.core.asc import feature_spec as fs
@@ -194,7 +195,7 @@ class SparseEmbedding(tf.Module):
 
   def stats(self) -> dict[str, int]:
     """core/table_protocol.STAT_NAMES -> this table's key-index counters."""
-    return {name: int(value) for name, value in admission.table_stats(self).items()}
+    return table_protocol.summed_stats([self])
 
   def __repr__(self):
     tiers_repr = "" if self.tiers is None else (

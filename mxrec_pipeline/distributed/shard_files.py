@@ -147,6 +147,7 @@ class OwnedKeys:
     state: pending_keys, pending_counts, pending_last_seen ([p] int64, the
       owned pending keys), counters ([3] int64) and iterations/<optimizer>.
     dim, dtype: The rows' dim and NumPy dtype.
+    layouts: Per bundle, name -> (saved shape, dtype) of its row tensors.
   """
 
   prefixes: list[str]
@@ -156,6 +157,7 @@ class OwnedKeys:
   state: dict[str, np.ndarray]
   dim: int
   dtype: np.dtype
+  layouts: list[dict]
 
 
 def owned_keys(directory: str, table_name: str, shard_id: int, num_shards: int,
@@ -180,10 +182,11 @@ def owned_keys(directory: str, table_name: str, shard_id: int, num_shards: int,
   same = len(prefixes) == num_shards
   if same:
     prefixes = [prefixes[shard_id]]
-  heads, masks = [], []
+  heads, masks, layouts = [], [], []
   for prefix in prefixes:
     head = read_tensors(prefix, table_name, head_names)
     shapes = _layout(prefix, table_name, row_tensors(optimizers))
+    layouts.append(shapes)
     dim, dtype = shapes["values"][0][1], shapes["values"][1].as_numpy_dtype
     keep = sharding.owner_numpy(head["keys"], num_shards) == shard_id
     pending = sharding.owner_numpy(head["pending_keys"], num_shards) == shard_id
@@ -205,12 +208,15 @@ def owned_keys(directory: str, table_name: str, shard_id: int, num_shards: int,
   state["counters"] = counters[0]
   state.update({n: heads[0][n] for n in iterations})
   return OwnedKeys(prefixes, masks, np.concatenate([h["keys"] for h in heads]),
-                   np.concatenate([h["last_seen"] for h in heads]), state, dim, dtype)
+                   np.concatenate([h["last_seen"] for h in heads]), state, dim, dtype, layouts)
 
 
 def owned_chunks(owned: OwnedKeys, table_name: str, names,
                  chunk_rows: int = CHUNK_ROWS) -> Iterator[dict[str, np.ndarray]]:
   """The owned keys' rows of the tensors `names`, at most `chunk_rows` saved keys read at a time.
+
+  `names` are among the row tensors `owned` was read with (row_tensors of its
+  optimizers).
 
   Yields:
     Name -> [k, dim] array of the next k owned keys (in `owned.keys` order).
@@ -218,8 +224,8 @@ def owned_chunks(owned: OwnedKeys, table_name: str, names,
   Raises:
     FileNotFoundError: a bundle's data cannot be read, naming the table and file.
   """
-  for prefix, keep in zip(owned.prefixes, owned.masks):
-    layout = _layout(prefix, table_name, names)
+  for prefix, keep, shapes in zip(owned.prefixes, owned.masks, owned.layouts):
+    layout = {n: shapes[n] for n in names}
     for start in range(0, keep.size, chunk_rows):
       mask = keep[start:start + chunk_rows]
       if mask.any():
