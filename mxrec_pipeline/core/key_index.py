@@ -10,11 +10,13 @@ from __future__ import annotations
 
 from typing import Callable
 
+import numpy as np
 import tensorflow as tf
 # TF1 Savers take SaveableObjects; TensorFlow exposes the class only here.
 from tensorflow.python.training.saving import saveable_object  # pylint: disable=g-direct-tensorflow-import
 
 from mxrec_pipeline import ops
+from mxrec_pipeline.core.sorted_key_table import SortedKeyTable
 
 HOST_DEVICE = "/CPU:0"
 
@@ -176,24 +178,27 @@ class KeyIndex(tf.Module):
     with tf.device(HOST_DEVICE):
       return ops.load().mx_key_index_export(self._handle)
 
-  def to_stock_table(self) -> tf.lookup.StaticHashTable:
-    """A snapshot of the key -> row map as a stock StaticHashTable (-1 if absent).
+  def to_stock_table(self) -> SortedKeyTable:
+    """A snapshot of the key -> row map for plain TensorFlow (-1 if absent); eager only.
 
-    Needs no custom op to load or run: what SavedModels and serving use.
+    Needs no custom op to load or run: what SavedModels and serving use. Keys
+    and rows are variables of a core/sorted_key_table.SortedKeyTable, so a
+    SavedModel's graph does not grow with them.
     """
     keys, rows = self.export()
-    return tf.lookup.StaticHashTable(tf.lookup.KeyValueTensorInitializer(keys, rows),
-                                     default_value=-1, name=f"{self._table_name}_rows")
+    order = np.argsort(keys.numpy())
+    return SortedKeyTable(keys.numpy()[order],
+                          rows.numpy()[order], default_value=-1, name=f"{self._table_name}_rows")
 
   def to_compact_table(
-      self, read_rows: Callable[[tf.Tensor],
-                                tf.Tensor]) -> tuple[tf.lookup.StaticHashTable, tf.Tensor]:
+      self, read_rows: Callable[[tf.Tensor], tf.Tensor]) -> tuple[SortedKeyTable, tf.Tensor]:
     """A snapshot holding only the used rows, for serving with plain TensorFlow.
 
     Gathers the rows of the index's keys into a compact block whose last row,
-    at position `num_keys`, is the default row; a stock StaticHashTable maps
-    each key to its position and every other key to `num_keys`. A table of
-    capacity C with n keys exports n + 1 rows instead of C.
+    at position `num_keys`, is the default row; a SortedKeyTable (stock TF
+    ops, its keys in a variable) maps each key to its position and every
+    other key to `num_keys`. A table of capacity C with n keys exports n + 1
+    rows instead of C. Eager only.
 
     Args:
       read_rows: Reads rows: [m] int64 rows of the table (-1: the default
@@ -201,18 +206,16 @@ class KeyIndex(tf.Module):
         variable, or a tiered table's read from every tier.
 
     Returns:
-      (positions, rows): StaticHashTable int64 key -> int64 position in
+      (positions, rows): SortedKeyTable int64 key -> int64 position in
       `rows` (num_keys when absent); rows [num_keys + 1, dim] of read_rows'
       dtype, the keys' rows in increasing key order, then the default row.
     """
     keys, rows = self.export()
     order = tf.argsort(keys)  # Deterministic exports: the index's order is its own.
     keys, rows = tf.gather(keys, order), tf.gather(rows, order)
-    num_keys = tf.size(keys, out_type=tf.int64)
     compact = read_rows(tf.concat([rows, tf.constant([-1], tf.int64)], 0))
-    positions = tf.lookup.StaticHashTable(
-        tf.lookup.KeyValueTensorInitializer(keys, tf.range(num_keys)), default_value=num_keys,
-        name=f"{self._table_name}_positions")
+    positions = SortedKeyTable(keys, default_value=int(tf.size(keys)),
+                               name=f"{self._table_name}_positions")
     return positions, compact
 
   def import_(self, keys: tf.Tensor, rows: tf.Tensor):

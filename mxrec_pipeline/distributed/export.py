@@ -5,8 +5,8 @@ At the end of a multi-worker job, `gather_shards` all-gathers each worker's
 table; the chief then builds the same compact snapshot a single-process table
 exports (core/key_index.KeyIndex.to_compact_table, keras/export.py): rows of
 the keys in increasing key order plus a default row, [num_keys + 1, dim], and
-a stock `tf.lookup.StaticHashTable` key -> position (num_keys for absent
-keys). `TableSnapshot` saves it as a SavedModel that serves raw ids with plain
+a SortedKeyTable (core/sorted_key_table.py) key -> position (num_keys for
+absent keys). `TableSnapshot` saves it as a SavedModel that serves raw ids with plain
 TensorFlow in a fresh process, no custom op, no import of this project.
 
 (Another route to the same serving model: restore every shard into one
@@ -23,6 +23,7 @@ import numpy as np
 import tensorflow as tf
 
 from mxrec_pipeline.core import key_index as key_index_lib
+from mxrec_pipeline.core.sorted_key_table import SortedKeyTable
 
 
 def gather_shards(strategy: tf.distribute.Strategy, table) -> tuple[np.ndarray, np.ndarray]:
@@ -58,7 +59,7 @@ class TableSnapshot(tf.Module):
   """A SavedModel-able snapshot of tables for serving: raw ids -> embeddings.
 
   Per table `rows[name]` ([num_keys + 1, dim] variable, the default row last)
-  and `positions[name]` (StaticHashTable int64 key -> int64 position). Save it
+  and `positions[name]` (SortedKeyTable int64 key -> int64 position). Save it
   with `save`, which exports one signature per table, `signature_name(name)`:
   ids [batch] of the table's key dtype (strings fingerprinted as
   core/key_index.to_keys does) -> {"embeddings": [batch, dim]}.
@@ -80,11 +81,7 @@ class TableSnapshot(tf.Module):
       default = np.broadcast_to(np.asarray(default_row, rows.dtype), rows.shape[1:])
       self.rows[name] = tf.Variable(np.concatenate([rows, default[None]]), trainable=False,
                                     name=f"{name}_serving_rows")
-      num_keys = np.int64(len(keys))
-      self.positions[name] = tf.lookup.StaticHashTable(
-          tf.lookup.KeyValueTensorInitializer(tf.constant(keys, tf.int64),
-                                              tf.range(num_keys, dtype=tf.int64)),
-          default_value=num_keys, name=f"{name}_positions")
+      self.positions[name] = SortedKeyTable(keys, default_value=len(keys), name=f"{name}_positions")
       self._key_dtypes[name] = tf.as_dtype(key_dtype)
 
   def lookup(self, name: str, ids: tf.Tensor) -> tf.Tensor:

@@ -31,6 +31,7 @@ from mxrec_pipeline.core import embedding as core_embedding
 from mxrec_pipeline.core import key_index as key_index_lib
 from mxrec_pipeline.core import lookup as core_lookup
 from mxrec_pipeline.core import restore_sum
+from mxrec_pipeline.core.sorted_key_table import SortedKeyTable
 from mxrec_pipeline.embedding import lookup, optimizers, shapes
 from mxrec_pipeline.embedding.config import FeatureConfig, TableConfig
 from mxrec_pipeline.util import initialize
@@ -219,8 +220,8 @@ class Embedding(tf.Module):
         for config, name in zip(self._table_configs, self._table_names)
     }
 
-  def row_lookup_tables(self) -> dict[TableConfig, tf.lookup.StaticHashTable]:
-    """TableConfig -> stock `tf.lookup.StaticHashTable` of id -> row (-1 if absent).
+  def row_lookup_tables(self) -> dict[TableConfig, SortedKeyTable]:
+    """TableConfig -> core/sorted_key_table.SortedKeyTable of id -> row (-1 if absent).
 
     A snapshot of the key indexes, needing no custom op: together with
     `embedding_tables` it serves lookups in plain TensorFlow (and can be
@@ -235,12 +236,12 @@ class Embedding(tf.Module):
         for config, name in zip(self._table_configs, self._table_names)
     }
 
-  def serving_tables(self) -> dict[TableConfig, tuple[tf.lookup.StaticHashTable, tf.Tensor]]:
+  def serving_tables(self) -> dict[TableConfig, tuple[SortedKeyTable, tf.Tensor]]:
     """TableConfig -> (positions, rows): compact snapshots for serving, only the used rows.
 
     `rows` is [num_keys + 1, dim] float32: the rows of the ids the table
     holds, then a default row of zeros; `positions` is a stock
-    `tf.lookup.StaticHashTable` int64 id -> int64 position in `rows`
+    SortedKeyTable int64 id -> int64 position in `rows`
     (num_keys, the default row, for absent ids). See
     `KeyIndex.to_compact_table`. Saved in a SavedModel (rows as a
     tf.Variable) instead of `embedding_tables` and `row_lookup_tables()`, a

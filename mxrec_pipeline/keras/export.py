@@ -2,8 +2,9 @@
 
 `export_serving_model` exports each table as a compact snapshot: the rows of
 its key index's keys plus a default row, [num_keys + 1, dim] (core/key_index.py
-`to_compact_table`; flat and tiered tables alike), with a stock
-`tf.lookup.StaticHashTable` key -> position (absent keys: the default, zero,
+`to_compact_table`; flat and tiered tables alike), with a
+core/sorted_key_table.SortedKeyTable key -> position (keys in a variable, so
+`saved_model.pb` does not grow with them; absent keys: the default, zero,
 row). The exported functions map raw ids with `tf.unique` and those tables,
 through the input pipeline's `insert_ids` layout, then run the trained model
 with training=False. The SavedModel holds the model's layers but not its
@@ -50,7 +51,7 @@ class ServingModule(tf.Module):
 
   Tracks (hence saves) the model's layers other than its SparseLookups, and
   per table `serving_rows[table]` ([num_keys + 1, dim] float32 variable) and
-  `lookup_tables[table]` (StaticHashTable int64 key -> int64 position in it);
+  `lookup_tables[table]` (SortedKeyTable int64 key -> int64 position in it);
   the model itself is not tracked, so its tables' full variables, optimizers
   and metrics stay out of the SavedModel.
 

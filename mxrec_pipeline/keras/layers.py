@@ -163,7 +163,7 @@ def get_or_create_table(spec: TableSpec, seed: int | None = None) -> embedding.S
 
 @tf.keras.utils.register_keras_serializable(package="mxrec_pipeline")
 def set_serving_snapshot(layer: tf.keras.layers.Layer, rows: tf.Variable | None,
-                         positions: tf.lookup.StaticHashTable | None = None) -> None:
+                         positions=None) -> None:
   """Points a lookup layer at an export's snapshot (keras/export.py), or back at its table.
 
   Sets `layer.serving_rows` (the table's compact [num_keys + 1, dim] rows,

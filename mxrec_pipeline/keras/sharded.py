@@ -13,7 +13,7 @@ modules (core, keras/layers.py) stay unaware of sharding.
 
 Serving: `snapshots` gathers every shard (the table protocol's
 `gather_rows`) into the compact snapshot a single-process
-table exports (rows in key order + a default row, a stock StaticHashTable
+table exports (rows in key order + a default row, a SortedKeyTable
 key -> position); `ShardedLookup.serving_rows`/`serving_positions` then read
 it, so the SavedModel serves raw ids with plain TensorFlow.
 """
@@ -27,6 +27,7 @@ import numpy as np
 import tensorflow as tf
 
 from mxrec_pipeline.core import key_index as key_index_lib
+from mxrec_pipeline.core.sorted_key_table import SortedKeyTable
 from mxrec_pipeline.distributed.ps_table import PSShardedTable
 from mxrec_pipeline.distributed.sharded_table import ShardedTable
 from mxrec_pipeline.keras import layers
@@ -94,7 +95,7 @@ class ShardedLookup(tf.keras.layers.Layer):
       among the layer's Keras weights. None for a PSShardedTable (its shards
       are `table.shard_variables`).
     serving_rows, serving_positions: During export: the gathered snapshot's
-      [num_keys + 1, dim] rows and its StaticHashTable key -> position.
+      [num_keys + 1, dim] rows and its SortedKeyTable key -> position.
   """
 
   def __init__(self, feature: layers.SparseFeature, table: ShardedTable | PSShardedTable, **kwargs):
@@ -145,7 +146,7 @@ class Snapshot:
   """A sharded table gathered for serving: rows [num_keys + 1, dim] (default last), positions."""
 
   rows: tf.Variable
-  positions: tf.lookup.StaticHashTable
+  positions: SortedKeyTable
 
 
 def snapshots(tables: Mapping[str, object]) -> dict[str, Snapshot]:
@@ -165,11 +166,6 @@ def snapshot(name: str, keys: np.ndarray, rows: np.ndarray) -> Snapshot:
   A zero default row is appended at position n, where absent keys map.
   """
   default = np.zeros([1, rows.shape[1]], rows.dtype)
-  num_keys = np.int64(len(keys))
-  positions = tf.lookup.StaticHashTable(
-      tf.lookup.KeyValueTensorInitializer(tf.constant(keys, tf.int64),
-                                          tf.range(num_keys, dtype=tf.int64)),
-      default_value=num_keys, name=f"{name}_positions")
   return Snapshot(
       tf.Variable(np.concatenate([rows, default]), trainable=False, name=f"{name}_serving_rows"),
-      positions)
+      SortedKeyTable(keys, default_value=len(keys), name=f"{name}_positions"))
