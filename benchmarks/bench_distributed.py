@@ -42,6 +42,7 @@ Usage:
   python benchmarks/bench_distributed.py --only ps       # MovieLens: 1 process, 1/2 workers + 2 ps
   python benchmarks/bench_distributed.py --only zipf     # 10M keys: 1/2 replicas, 1/2 workers
   python benchmarks/bench_distributed.py --only restore  # 4M keys: peak memory of a restore
+  python benchmarks/bench_distributed.py --only restore_export  # ... of a restore and an export
 """
 
 from __future__ import annotations
@@ -446,9 +447,9 @@ def run_zipf(keys: int, global_batch: int, steps: int, tmp: str) -> dict:
 def main(argv=None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument(
-      "--only", choices=("replicas", "workers", "ps", "zipf", "restore"), action="append",
-      help="which trials to run (repeatable; default: all but restore, which is "
-      "benchmarks/bench_restore.py)")
+      "--only", choices=("replicas", "workers", "ps", "zipf", "restore", "restore_export"),
+      action="append", help="which trials to run (repeatable; default: all but restore and "
+      "restore_export, which are benchmarks/bench_restore.py)")
   parser.add_argument("--zipf-keys", type=int, default=10_000_000, help="keys of the Zipf job")
   parser.add_argument("--zipf-batch", type=int, default=1024,
                       help="global batch (examples) of the Zipf job")
@@ -468,9 +469,10 @@ def main(argv=None) -> int:
     }[kind](**json.loads(params))
     pathlib.Path(out).write_text(json.dumps(result))
     return 0
-  if args.only == ["restore"]:
+  if args.only in (["restore"], ["restore_export"]):
     import bench_restore  # pylint: disable=import-outside-toplevel
-    return bench_restore.main(["--json", args.json] if args.json else [])
+    part = ["--part", "restore" if args.only == ["restore"] else "both"]
+    return bench_restore.main(part + (["--json", args.json] if args.json else []))
   if args.epochs < 2:
     parser.error("--epochs must be >= 2 (the first epoch is not timed)")
   load = os.getloadavg()

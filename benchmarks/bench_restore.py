@@ -1,4 +1,4 @@
-"""Benchmark of restoring a sharded table: peak memory of a restoring process, owned reads vs whole.
+"""Benchmark of restoring and exporting a sharded table: peak memory per process, and export size.
 
 A table of `--keys` keys x dim 64 with lazy Adam slots is saved as a 2-shard
 job saves it (one child process per shard: a core table marked shard i of 2,
@@ -12,14 +12,29 @@ shard 0 of 3 (re-sharded), each two ways in the same run:
   (every shard's keys, rows and slots into NumPy), filter by owner, then
   tensor_scatter_nd_update of the table's initial rows and slots.
 
-Reported per child: the process's peak RSS during the restore (VmHWM after
-resetting it through /proc/self/clear_refs) over its RSS once restored (the
-process holding its shard; goal <= 1.3x), the peak's growth over the shard's
-own variables (rows + slots), and seconds.
+Export (`--part export`): each of the 2 workers is a child holding its shard
+(rows and slots), exporting two ways:
+
+- staged: today's distributed/export.table_snapshot: every worker stages its
+  shard's keys and rows, the chief reads the staged files one chunk at a
+  time into the snapshot (keys in a SortedKeyTable variable) and writes the
+  SavedModel;
+- gathered: the export before issue #30, written out here: every worker ends
+  up with every shard's keys and rows (what export.gather_shards' all-gather
+  gave each worker; read from the shard files here, as the collective's
+  transfer is not the point), sorted; the chief builds a StaticHashTable of
+  constant keys and a variable of the rows, and writes the SavedModel.
+
+Reported per child: the process's peak RSS during the step (VmHWM after
+resetting it through /proc/self/clear_refs) against what it holds (restore:
+its RSS once restored, goal <= 1.3x; export: its RSS before, holding its
+shard, goal <= 1.3x for a worker; the exporter's growth over the serving
+rows, which it must hold once), seconds, and the export's saved_model.pb
+bytes.
 
 Usage:
-  python benchmarks/bench_distributed.py --only restore             # 4M keys
-  python benchmarks/bench_restore.py --keys 400000                  # quicker
+  python benchmarks/bench_distributed.py --only restore_export      # 4M keys, both parts
+  python benchmarks/bench_restore.py --keys 400000 --part export    # quicker
 """
 
 from __future__ import annotations
@@ -148,8 +163,8 @@ def _run_child(kind: str, params: dict, tmp: str) -> dict:
   return json.loads(pathlib.Path(out).read_text())
 
 
-def run(keys: int, tmp: str) -> dict:
-  """Saves the 2-shard checkpoint, then restores shard 0 of 2 and of 3 both ways."""
+def run(keys: int, tmp: str, part: str = "both") -> dict:
+  """Saves the 2-shard checkpoint, then restores shard 0 of 2 and of 3 both ways, and exports."""
   directory = os.path.join(tmp, "ckpt")
   saved = [
       _run_child("save", {"directory": directory, "keys": keys, "shard_id": i}, tmp)
@@ -159,7 +174,7 @@ def run(keys: int, tmp: str) -> dict:
       f"saved {keys:,} keys x dim {DIM} (+ lazy Adam m, v) as {SAVED_SHARDS} shards in "
       f"{sum(s['save_s'] for s in saved):.1f} s", flush=True)
   results = []
-  for num_shards in (2, 3):
+  for num_shards in (2, 3) if part != "export" else ():
     for how in ("whole", "owned"):
       r = _run_child("restore",
                      {"directory": directory, "keys": keys, "num_shards": num_shards, "how": how},
@@ -170,29 +185,137 @@ def run(keys: int, tmp: str) -> dict:
           f"{r['own_mb']:.0f} MB), {how:5}: peak RSS {r['peak_mb']:.0f} MB = "
           f"{r['peak_over_after']:.2f}x the restored process ({r['rss_after_mb']:.0f} MB); "
           f"growth {r['growth_over_own']:.2f}x its own variables; {r['seconds']:.1f} s", flush=True)
-  for num_shards in (2, 3):
+  for num_shards in (2, 3) if part != "export" else ():
     whole, owned = (r for r in results if r["num_shards"] == num_shards)
     growth = [r["peak_mb"] - r["rss_before_mb"] for r in (owned, whole)]
     print(f"shard 0 of {num_shards}: owned / whole peak growth {growth[0] / growth[1]:.2f}x, "
           f"time {owned['seconds'] / whole['seconds']:.2f}x")
-  return {"saved": saved, "restores": results}
+  exports = run_export(keys, tmp, directory) if part != "restore" else []
+  return {"saved": saved, "restores": results, "exports": exports}
+
+
+def _hold_shard(directory: str, keys: int, shard_id: int):
+  """(table, optimizer): shard `shard_id` of SAVED_SHARDS restored from `directory` (its rows)."""
+  from mxrec_pipeline.distributed import checkpoint  # pylint: disable=import-outside-toplevel
+  from mxrec_pipeline.distributed import sharding  # pylint: disable=import-outside-toplevel
+  all_keys = _keys(keys)
+  owned = int((sharding.owner_numpy(all_keys, SAVED_SHARDS) == shard_id).sum())
+  del all_keys
+  table, optimizer = _table(owned, shard_id, SAVED_SHARDS)
+  checkpoint.restore_shard(directory, table, [optimizer])
+  return table, optimizer
+
+
+def _export_gathered(directory: str, export_dir: str | None) -> None:
+  """The export before issue #30: every shard's keys and rows in this process, constant keys."""
+  import numpy as np  # pylint: disable=import-outside-toplevel
+  import tensorflow as tf  # pylint: disable=import-outside-toplevel
+  from mxrec_pipeline.distributed import shard_files  # pylint: disable=import-outside-toplevel
+  parts = [
+      shard_files.read_tensors(p, TABLE, ["keys", "values"])
+      for p in shard_files.saved_shards(directory, TABLE)
+  ]
+  keys = np.concatenate([p["keys"] for p in parts])
+  rows = np.concatenate([p["values"] for p in parts])
+  del parts
+  order = np.argsort(keys, kind="stable")
+  keys, rows = keys[order], rows[order]
+  if export_dir is None:  # A worker other than the chief: its export was thrown away.
+    return
+  module = tf.Module()
+  module.rows = tf.Variable(np.concatenate([rows, np.zeros([1, DIM], rows.dtype)]), trainable=False)
+  module.positions = tf.lookup.StaticHashTable(
+      tf.lookup.KeyValueTensorInitializer(tf.constant(keys), tf.range(keys.size, dtype=tf.int64)),
+      default_value=keys.size)
+  lookup = tf.function(lambda ids: tf.gather(module.rows, module.positions.lookup(ids)),
+                       input_signature=[tf.TensorSpec([None], tf.int64)])
+  tf.saved_model.save(module, export_dir, signatures={"lookup_item": lookup})
+
+
+def _export_staged(table, staging: str, export_dir: str | None) -> None:
+  """Today's export: stage this shard; the chief (export_dir set) builds from the staged files."""
+  import tensorflow as tf  # pylint: disable=import-outside-toplevel
+  from mxrec_pipeline.distributed import export  # pylint: disable=import-outside-toplevel
+  if export_dir is None:
+    export.table_snapshot(table, staging, barrier=lambda: None)
+    return
+  # The chief: shard 1 staged its files before (the cluster's barrier, run in order here).
+  snapshot = export.table_snapshot(table, staging, barrier=lambda: None)
+  export.TableSnapshot({TABLE: (tf.int64, snapshot)}).save(export_dir)
+
+
+def child_export(directory: str, keys: int, shard_id: int, how: str, staging: str,
+                 export_dir: str) -> dict:
+  """Worker `shard_id` of 2 holding its shard exports the `how` way; its memory and time."""
+  import numpy as np  # pylint: disable=import-outside-toplevel
+  table, _ = _hold_shard(directory, keys, shard_id)
+  own_bytes = 3 * table.key_index.size().numpy() * DIM * 4
+  exporter = export_dir if shard_id == 0 else None
+  before = _status_kib("VmRSS")
+  pathlib.Path("/proc/self/clear_refs").write_text("5")  # VmHWM := VmRSS.
+  start = time.perf_counter()
+  if how == "staged":
+    _export_staged(table, staging, exporter)
+  else:
+    _export_gathered(directory, exporter)
+  seconds = time.perf_counter() - start
+  peak = _status_kib("VmHWM")
+  serving_bytes = keys * DIM * 4
+  pb = os.path.getsize(os.path.join(export_dir, "saved_model.pb")) if exporter else None
+  del np
+  return {
+      "how": how, "shard_id": shard_id, "seconds": seconds, "own_mb": own_bytes / 2**20,
+      "serving_mb": serving_bytes / 2**20, "rss_before_mb": before / 1024, "peak_mb": peak / 1024,
+      "peak_over_before": peak / before, "growth_over_serving":
+          (peak - before) * 1024 / serving_bytes, "saved_model_pb_bytes": pb
+  }
+
+
+def run_export(keys: int, tmp: str, directory: str) -> list[dict]:
+  """Worker 1 then worker 0 (the chief) export each way, from the saved 2-shard checkpoint."""
+  results = []
+  for how in ("gathered", "staged"):
+    staging = os.path.join(tmp, f"staging_{how}")
+    export_dir = os.path.join(tmp, f"export_{how}")
+    for shard_id in (1, 0):
+      r = _run_child(
+          "export", {
+              "directory": directory, "keys": keys, "shard_id": shard_id, "how": how,
+              "staging": staging, "export_dir": export_dir
+          }, tmp)
+      results.append(r)
+      role = "chief (writes)" if shard_id == 0 else "worker 1"
+      pb = (f"; saved_model.pb {r['saved_model_pb_bytes']:,} B"
+            if r["saved_model_pb_bytes"] is not None else "")
+      print(
+          f"export {how:8} {role:14}: holds {r['rss_before_mb']:.0f} MB (own shard "
+          f"{r['own_mb']:.0f} MB); peak {r['peak_mb']:.0f} MB = {r['peak_over_before']:.2f}x; "
+          f"growth {r['growth_over_serving']:.2f}x the serving rows ({r['serving_mb']:.0f} MB); "
+          f"{r['seconds']:.1f} s{pb}", flush=True)
+  for shard_id in (0, 1):
+    old, new = (r for r in results if r["shard_id"] == shard_id)
+    growth = [r["peak_mb"] - r["rss_before_mb"] for r in (new, old)]
+    print(f"export, worker {shard_id}: staged / gathered peak growth "
+          f"{growth[0] / max(growth[1], 1e-9):.2f}x, time {new['seconds'] / old['seconds']:.2f}x")
+  return results
 
 
 def main(argv=None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--keys", type=int, default=4_000_000, help="keys of the table")
+  parser.add_argument("--part", choices=("restore", "export", "both"), default="both")
   parser.add_argument("--json", help="also write the figures to this file")
   parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
   args = parser.parse_args(argv)
   if args.child:
     out, kind, params = args.child
-    result = {"save": child_save, "restore": child_restore}[kind](**json.loads(params))
-    pathlib.Path(out).write_text(json.dumps(result))
+    child = {"save": child_save, "restore": child_restore, "export": child_export}[kind]
+    pathlib.Path(out).write_text(json.dumps(child(**json.loads(params))))
     return 0
   print(f"bench_restore: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at start",
         flush=True)
   with tempfile.TemporaryDirectory(prefix="bench_restore_") as tmp:
-    results = run(args.keys, tmp)
+    results = run(args.keys, tmp, args.part)
   if args.json:
     pathlib.Path(args.json).write_text(json.dumps(results, indent=2))
   return 0

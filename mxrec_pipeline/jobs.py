@@ -289,9 +289,10 @@ def worker_config(config: config_lib.JobConfig,
     checkpoints = os.path.join(config.pipeline.model_dir, "checkpoints")
     if not fresh and os.path.isdir(checkpoints):
       # Saves in progress (ckpt-N_temp*) are never current: not copied; nor
-      # the table shards (shards-N), which every worker reads from model_dir.
+      # the table shards (shards-N), which every worker reads from model_dir,
+      # nor an export's staged shards (export-staging-N, the chief's).
       shutil.copytree(checkpoints, os.path.join(temp_dir, "checkpoints"),
-                      ignore=shutil.ignore_patterns("*_temp*", "shards-*"))
+                      ignore=shutil.ignore_patterns("*_temp*", "shards-*", "export-staging-*"))
     yield dataclasses.replace(config, pipeline=dataclasses.replace(config.pipeline,
                                                                    model_dir=temp_dir))
   finally:

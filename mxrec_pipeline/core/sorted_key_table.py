@@ -9,6 +9,8 @@ SavedModel, its contents go to the variables' checkpoint, not to the graph:
 every key and value as graph constants (the 2 GB protobuf limit then caps an
 export near 10^8 keys). Loading needs plain TensorFlow only (no custom op),
 as TF Serving does; memory is 8 bytes per key (16 with explicit values).
+Its variables belong to the process that builds it, even inside a
+tf.distribute scope (util/local_variable.py).
 Lookup costs O(log n) per id against the hash table's O(1).
 
 Mirrors the lookup interface of `tf.lookup.StaticHashTable`
@@ -19,6 +21,8 @@ from __future__ import annotations
 
 import numpy as np
 import tensorflow as tf
+
+from mxrec_pipeline.util import local_variable
 
 
 class SortedKeyTable(tf.Module):
@@ -48,14 +52,14 @@ class SortedKeyTable(tf.Module):
                        f"({keys[i + 1]}) follows {keys[i]}")
     self.num_keys = int(keys.size)
     self.default_value = int(default_value)
-    self.keys = tf.Variable(keys, trainable=False, name=f"{name}_keys")
+    self.keys = local_variable.local_variable(keys, f"{name}_keys")
     self.values = None
     if values is not None:
       values = np.asarray(values, np.int64)
       if values.shape != keys.shape:
         raise ValueError(f"SortedKeyTable '{name}': {values.shape[0] if values.ndim else 0} "
                          f"values for {keys.size} keys")
-      self.values = tf.Variable(values, trainable=False, name=f"{name}_values")
+      self.values = local_variable.local_variable(values, f"{name}_values")
 
   def size(self) -> tf.Tensor:
     """Number of keys, int64 scalar."""

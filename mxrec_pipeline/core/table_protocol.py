@@ -22,7 +22,6 @@ from __future__ import annotations
 import contextlib
 from typing import Protocol, Sequence, runtime_checkable
 
-import numpy as np
 import tensorflow as tf
 
 from mxrec_pipeline.core import admission
@@ -97,11 +96,6 @@ class Table(Protocol):
 
   def stats(self) -> dict[str, int]:
     """STAT_NAMES -> the local shards' key-index counters, summed."""
-
-  def gather_rows(self) -> tuple[np.ndarray, np.ndarray]:
-    """(keys [n] int64 in increasing order, rows [n, dim]) of the whole table, in this
-    process (eagerly): the serving snapshot's input. Sharded over workers, a
-    collective every worker calls."""
 
 
 def summed_stats(shards: Sequence[TableShard]) -> dict[str, int]:

@@ -1,53 +1,191 @@
-"""Serving snapshots of sharded tables: every shard gathered into one stock-TF table.
+"""Serving snapshots of tables of any placement, built one shard at a time.
 
-At the end of a multi-worker job, `gather_shards` all-gathers each worker's
-(keys, rows) with the strategy's collectives, so every worker holds the whole
-table; the chief then builds the same compact snapshot a single-process table
-exports (core/key_index.KeyIndex.to_compact_table, keras/export.py): rows of
-the keys in increasing key order plus a default row, [num_keys + 1, dim], and
-a SortedKeyTable (core/sorted_key_table.py) key -> position (num_keys for
-absent keys). `TableSnapshot` saves it as a SavedModel that serves raw ids with plain
-TensorFlow in a fresh process, no custom op, no import of this project.
-
-(Another route to the same serving model: restore every shard into one
-process, distributed/checkpoint.restore_shard on a create_table table, then
-the single-process export of keras/export.py, unchanged.)
+A snapshot is what a single-process export holds of a table
+(core/key_index.KeyIndex.to_compact_table, keras/export.py): the rows of its
+keys plus a default row, [num_keys + 1, dim], and a SortedKeyTable key ->
+position (num_keys for absent keys; keys in variables, so `saved_model.pb`
+does not grow with them). `table_snapshot` builds it for any table of the
+protocol (core/table_protocol.py) without gathering the table anywhere but in
+the exporting process: shards held in this process (one process's table,
+every ps shard on the coordinator) are read in place; under
+MultiWorkerMirroredStrategy every worker writes its shard's keys and rows to a
+staging directory on shared storage, and the worker holding shard 0 reads
+those files one at a time. Rows are copied `CHUNK_ROWS` keys at a time into
+the snapshot's variable, in key order, so the exporting process holds the
+serving rows once (plus one chunk, and about 32 bytes per key while keys are
+sorted) and no other process holds any row but its own. `TableSnapshot` saves snapshots as a
+SavedModel that serves raw ids with plain TensorFlow, no custom op.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import os
 import re
-from typing import Sequence
+import shutil
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 import tensorflow as tf
 
 from mxrec_pipeline.core import key_index as key_index_lib
 from mxrec_pipeline.core.sorted_key_table import SortedKeyTable
+from mxrec_pipeline.distributed import checkpoint
+from mxrec_pipeline.distributed import shard_files
+from mxrec_pipeline.util import local_variable
+
+# Keys whose rows are copied into the snapshot at a time.
+CHUNK_ROWS = shard_files.CHUNK_ROWS
 
 
-def gather_shards(strategy: tf.distribute.Strategy, table) -> tuple[np.ndarray, np.ndarray]:
-  """Every shard's keys and rows, on every worker (eagerly; all workers call it).
+@dataclasses.dataclass
+class Snapshot:
+  """A table's serving snapshot: rows [num_keys + 1, dim] (default row last) and positions."""
+
+  rows: tf.Variable
+  positions: SortedKeyTable
+
+
+@dataclasses.dataclass
+class ShardRows:
+  """One shard's part of a snapshot: its keys and a reader of their rows.
+
+  Attributes:
+    keys: [n] int64 keys of the shard.
+    read: (start, stop) -> [stop - start, dim] NumPy rows of keys[start:stop].
+    dim, dtype: The rows' dim and NumPy dtype.
+  """
+
+  keys: np.ndarray
+  read: Callable[[int, int], np.ndarray]
+  dim: int
+  dtype: np.dtype
+
+
+def shard_rows(shard) -> ShardRows:
+  """The ShardRows of a shard in this process (core/table_protocol.TableShard).
+
+  Rows are read under the shard's device (a ps shard's on its ps task); a
+  tiered shard's from every tier (its embedding block, not its slots).
+  """
+  device = contextlib.nullcontext() if shard.device is None else tf.device(shard.device)
+  with device:
+    keys, rows = shard.key_index.export()
+
+  def read(start: int, stop: int) -> np.ndarray:
+    with contextlib.nullcontext() if shard.device is None else tf.device(shard.device):
+      if not shard.is_tiered:
+        return tf.gather(shard.variable, rows[start:stop]).numpy()
+      return shard.tiers.read_rows(shard.variable, rows[start:stop])[:, :shard.dim].numpy()
+
+  return ShardRows(keys.numpy(), read, shard.dim, shard.variable.dtype.as_numpy_dtype)
+
+
+def file_rows(prefix: str, table_name: str) -> ShardRows:
+  """The ShardRows of a saved shard bundle (distributed/checkpoint.save_shard's format).
+
+  Reads its keys now and its rows by RestoreV2 slices when asked.
+
+  Raises:
+    FileNotFoundError, ValueError: the bundle is missing or unreadable
+      (shard_files.read_tensors), naming the table and the file.
+  """
+  keys = shard_files.read_tensors(prefix, table_name, ["keys"])["keys"]
+  (shape, dtype) = shard_files.layout(prefix, table_name, ["values"])["values"]
+  layout = {"values": (shape, dtype)}
+
+  def read(start: int, stop: int) -> np.ndarray:
+    return shard_files.read_rows(prefix, table_name, layout, start, stop - start)["values"]
+
+  return ShardRows(keys, read, int(shape[1]), dtype.as_numpy_dtype)
+
+
+def build_snapshot(name: str, parts: Sequence[ShardRows], chunk_rows: int = CHUNK_ROWS) -> Snapshot:
+  """The Snapshot of table `name` from its shards' parts, rows copied chunk by chunk.
+
+  Rows in increasing key order (as a single-process export's, whatever the
+  number of shards): the variable is allocated once and each chunk of
+  `chunk_rows` keys is scattered to its keys' places; the default row, last,
+  is zeros.
+
+  Raises:
+    ValueError: a key in two parts (SortedKeyTable names it), or parts of
+      different dims.
+  """
+  dims = {(p.dim, np.dtype(p.dtype)) for p in parts}
+  if len(dims) != 1:
+    raise ValueError(f"table '{name}': its shards' rows differ in (dim, dtype): {sorted(dims)}")
+  ((dim, dtype),) = dims
+  keys = np.concatenate([p.keys for p in parts])
+  order = np.argsort(keys, kind="stable")
+  positions = SortedKeyTable(keys[order], default_value=keys.size, name=f"{name}_positions")
+  place = np.empty_like(order)  # Part-order key -> its place in key order.
+  place[order] = np.arange(order.size)
+  del keys, order
+  rows = local_variable.local_variable(lambda: tf.zeros([place.size + 1, dim], dtype),
+                                       f"{name}_serving_rows")
+  offset = 0
+  for part in parts:
+    for start in range(0, part.keys.size, chunk_rows):
+      stop = min(start + chunk_rows, part.keys.size)
+      rows.scatter_update(
+          tf.IndexedSlices(part.read(start, stop), place[offset + start:offset + stop]))
+    offset += part.keys.size
+  return Snapshot(rows, positions)
+
+
+def files_snapshot(directory: str, table_name: str, chunk_rows: int = CHUNK_ROWS) -> Snapshot:
+  """The Snapshot of a table from its saved shards in `directory` (any number), one at a time.
+
+  Raises:
+    FileNotFoundError, ValueError: as shard_files.saved_shards and file_rows.
+  """
+  prefixes = shard_files.saved_shards(directory, table_name)
+  return build_snapshot(table_name, [file_rows(p, table_name) for p in prefixes], chunk_rows)
+
+
+def table_snapshot(table, staging_dir: str | None = None, barrier: Callable[[], None] | None = None,
+                   chunk_rows: int = CHUNK_ROWS) -> Snapshot | None:
+  """The serving Snapshot of a table of any placement (eagerly); see the module docstring.
 
   Args:
-    strategy: The job's MultiWorkerMirroredStrategy.
-    table: A ShardedTable.
+    table: A table of core/table_protocol.Table.
+    staging_dir: Where workers that hold one shard each write it (a
+      directory every worker can write and the exporter read); unused when
+      this process holds every shard.
+    barrier: Returns once every worker reached it (sharded over workers).
+    chunk_rows: Keys whose rows are copied at a time.
 
   Returns:
-    (keys [n] int64 in increasing order, rows [n, dim]) of the whole table.
+    The Snapshot, in the process holding shard 0; None in the other workers
+    (they only write their shard).
+
+  Raises:
+    ValueError: a table sharded over workers without staging_dir or barrier.
   """
-  keys, rows = table.shard.key_index.export()
-  values = tf.gather(table.variable, rows)
+  local = list(table.local_shards())
+  if len(local) == table.num_shards:
+    return build_snapshot(table.table_name, [shard_rows(s) for s in local], chunk_rows)
+  if staging_dir is None or barrier is None:
+    raise ValueError(f"table '{table.table_name}': sharded over workers, its snapshot needs a "
+                     "staging_dir and a barrier")
+  for shard in local:  # Keys and rows (no slots) of this worker's shards.
+    checkpoint.save_shard(staging_dir, shard)
+  barrier()
+  if not any(s.shard_id == 0 for s in local):
+    return None
+  prefixes = [
+      shard_files.shard_prefix(staging_dir, table.table_name, i, table.num_shards)
+      for i in range(table.num_shards)
+  ]
+  return build_snapshot(table.table_name, [file_rows(p, table.table_name) for p in prefixes],
+                        chunk_rows)
 
-  def gather():
-    context = tf.distribute.get_replica_context()
-    return context.all_gather(keys, axis=0), context.all_gather(values, axis=0)
 
-  all_keys, all_values = strategy.run(gather)
-  (all_keys,) = strategy.experimental_local_results(all_keys)
-  (all_values,) = strategy.experimental_local_results(all_values)
-  order = np.argsort(all_keys.numpy(), kind="stable")
-  return all_keys.numpy()[order], all_values.numpy()[order]
+def remove_staging(staging_dir: str) -> None:
+  """Removes a staging directory of table_snapshot (the exporter, once it has read it)."""
+  shutil.rmtree(staging_dir, ignore_errors=True)
 
 
 def signature_name(table_name: str) -> str:
@@ -56,7 +194,7 @@ def signature_name(table_name: str) -> str:
 
 
 class TableSnapshot(tf.Module):
-  """A SavedModel-able snapshot of tables for serving: raw ids -> embeddings.
+  """A SavedModel-able set of table snapshots for serving: raw ids -> embeddings.
 
   Per table `rows[name]` ([num_keys + 1, dim] variable, the default row last)
   and `positions[name]` (SortedKeyTable int64 key -> int64 position). Save it
@@ -65,24 +203,14 @@ class TableSnapshot(tf.Module):
   core/key_index.to_keys does) -> {"embeddings": [batch, dim]}.
 
   Args:
-    tables: Per table (name, key_dtype, keys [n] int64, rows [n, dim]), e.g.
-      from gather_shards.
-    default_row: Scalar or [dim] row of absent keys (zeros by default).
+    snapshots: Table name -> (key dtype, Snapshot), e.g. from table_snapshot.
   """
 
-  def __init__(self, tables: Sequence[tuple[str, tf.DType, np.ndarray, np.ndarray]],
-               default_row=0.0):
+  def __init__(self, snapshots: Mapping[str, tuple[tf.DType, Snapshot]]):
     super().__init__(name="sharded_tables_snapshot")
-    self.rows = {}
-    self.positions = {}
-    self._key_dtypes = {}
-    for name, key_dtype, keys, rows in tables:
-      rows = np.asarray(rows)
-      default = np.broadcast_to(np.asarray(default_row, rows.dtype), rows.shape[1:])
-      self.rows[name] = tf.Variable(np.concatenate([rows, default[None]]), trainable=False,
-                                    name=f"{name}_serving_rows")
-      self.positions[name] = SortedKeyTable(keys, default_value=len(keys), name=f"{name}_positions")
-      self._key_dtypes[name] = tf.as_dtype(key_dtype)
+    self.rows = {name: snapshot.rows for name, (_, snapshot) in snapshots.items()}
+    self.positions = {name: snapshot.positions for name, (_, snapshot) in snapshots.items()}
+    self._key_dtypes = {name: tf.as_dtype(dtype) for name, (dtype, _) in snapshots.items()}
 
   def lookup(self, name: str, ids: tf.Tensor) -> tf.Tensor:
     """[*ids.shape, dim] rows of raw ids of table `name` (absent ids: the default row)."""
@@ -97,3 +225,8 @@ class TableSnapshot(tf.Module):
       signatures[signature_name(name)] = function.get_concrete_function(
           tf.TensorSpec([None], dtype, "ids"))
     tf.saved_model.save(self, export_dir, signatures=signatures)
+
+
+def staging_path(directory: str, number: int) -> str:
+  """`<directory>/export-staging-<number>`: where workers stage an export's shards."""
+  return os.path.join(directory, f"export-staging-{number}")

@@ -8,7 +8,7 @@ such checkpoint by `sharding.owner(key, P')` onto the P' ps tasks of this
 job: saved by a ParameterServerStrategy job with another ps count, by a
 MultiWorkerMirroredStrategy job (ShardedTable) or by one process
 (create_table, shard 0 of 1); and a PS checkpoint restores onto one process
-or onto workers with checkpoint.restore_shard. `snapshot_tables` gathers
+or onto workers with checkpoint.restore_shard. `snapshot_tables` reads
 every shard into distributed/export.TableSnapshot, the stock-TF serving model.
 
 Both run eagerly on the coordinator: every read and write of a shard is an
@@ -46,7 +46,11 @@ def restore(directory: str, table: PSShardedTable) -> list[int]:
   return checkpoint.restore_table(directory, table, [table.optimizer])
 
 
-def snapshot_tables(tables: Sequence[PSShardedTable], default_row=0.0) -> export.TableSnapshot:
-  """The stock-TF serving snapshot (export.TableSnapshot) of every shard of each table."""
-  return export.TableSnapshot([(t.table_name, t.key_dtype, *t.gather_rows()) for t in tables],
-                              default_row=default_row)
+def snapshot_tables(tables: Sequence[PSShardedTable]) -> export.TableSnapshot:
+  """The stock-TF serving snapshot (export.TableSnapshot) of every shard of each table.
+
+  Read one shard at a time from its ps task (export.table_snapshot): the
+  coordinator holds each table's rows once, not their slots.
+  """
+  return export.TableSnapshot(
+      {t.table_name: (t.key_dtype, export.table_snapshot(t)) for t in tables})

@@ -185,7 +185,7 @@ def owned_keys(directory: str, table_name: str, shard_id: int, num_shards: int,
   heads, masks, layouts = [], [], []
   for prefix in prefixes:
     head = read_tensors(prefix, table_name, head_names)
-    shapes = _layout(prefix, table_name, row_tensors(optimizers))
+    shapes = layout(prefix, table_name, row_tensors(optimizers))
     layouts.append(shapes)
     dim, dtype = shapes["values"][0][1], shapes["values"][1].as_numpy_dtype
     keep = sharding.owner_numpy(head["keys"], num_shards) == shard_id
@@ -229,7 +229,7 @@ def owned_chunks(owned: OwnedKeys, table_name: str, names,
     for start in range(0, keep.size, chunk_rows):
       mask = keep[start:start + chunk_rows]
       if mask.any():
-        chunk = _read_rows(prefix, table_name, layout, start, mask.size)
+        chunk = read_rows(prefix, table_name, layout, start, mask.size)
         yield {n: value if mask.all() else value[mask] for n, value in chunk.items()}
 
 
@@ -249,7 +249,7 @@ def read_owned(directory: str, table_name: str, shard_id: int, num_shards: int, 
   return out
 
 
-def _layout(prefix: str, table_name: str, names) -> dict[str, tuple[list[int], tf.DType]]:
+def layout(prefix: str, table_name: str, names) -> dict[str, tuple[list[int], tf.DType]]:
   """Name -> (saved shape, dtype) of the tensors `names` of one bundle.
 
   Raises:
@@ -264,7 +264,7 @@ def _layout(prefix: str, table_name: str, names) -> dict[str, tuple[list[int], t
   return {n: (shapes[n], dtypes[n]) for n in names}
 
 
-def _read_rows(prefix: str, table_name: str, layout, start: int, length: int):
+def read_rows(prefix: str, table_name: str, layout, start: int, length: int):
   """Keys start..start+length-1 of the per-key tensors of `layout` in one bundle (RestoreV2 slices).
 
   Raises:

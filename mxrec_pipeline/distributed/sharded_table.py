@@ -30,7 +30,6 @@ from mxrec_pipeline.core import key_index as key_index_lib
 from mxrec_pipeline.core import lookup
 from mxrec_pipeline.distributed import all_to_all
 from mxrec_pipeline.distributed import exchange
-from mxrec_pipeline.distributed import export
 from mxrec_pipeline.util import initialize
 
 # What must agree across workers, in the order compared.
@@ -174,11 +173,6 @@ class ShardedTable(tf.Module):
   def stats(self) -> dict[str, int]:
     """core/table_protocol.STAT_NAMES -> this worker's shard's key-index counters."""
     return self.shard.stats()
-
-  def gather_rows(self) -> tuple[np.ndarray, np.ndarray]:
-    """(keys [n] int64 increasing, rows [n, dim]) of every shard, all-gathered onto every
-    worker (distributed/export.gather_shards; eagerly, all workers call it)."""
-    return export.gather_shards(self._strategy, self)
 
   @property
   def variable(self) -> tf.Variable:

@@ -444,7 +444,8 @@ class BestModelExporter(tf.keras.callbacks.Callback):
   resumed from checkpoints of versions before BestMetric.
 
   Args:
-    export_fn: (model, path) -> None, e.g. ModelFitPipeline.export_saved_model.
+    export_fn: (model, path) -> the path written, or None when another
+      process writes the export; e.g. ModelFitPipeline.export_saved_model.
     path: Export directory, overwritten at each improvement.
     monitor: Keras log key, e.g. "val_ndcg_10".
     higher_is_better: Direction of `monitor`.
@@ -488,8 +489,10 @@ class BestModelExporter(tf.keras.callbacks.Callback):
     best = self.best
     better = best is None or (value > best if self.higher_is_better else value < best)
     if better:
-      self.export_fn(self.model, self.path)
+      written = self.export_fn(self.model, self.path)
       self.state.set(self.monitor, value, epoch + 1)
+      if written is None:  # Another process of the cluster writes the export.
+        return
       with tf.io.gfile.GFile(os.path.join(self.path, self.STATE_FILE), "w") as f:
         f.write(json.dumps({"monitor": self.monitor, "value": value, "epoch": epoch + 1}))
 

@@ -38,6 +38,7 @@ from mxrec_pipeline.keras.layers import SparseFeature, SparseLookup, set_serving
 from mxrec_pipeline.keras.sharded import ShardedLookup
 from mxrec_pipeline.util import atomic_dir
 from mxrec_pipeline.util import initialize
+from mxrec_pipeline.util import local_variable
 from mxrec_pipeline.util import storage
 
 SERVING_INPUT = "examples"
@@ -95,7 +96,7 @@ class ServingModule(tf.Module):
       positions, rows = table.key_index.to_compact_table(
           functools.partial(core_lookup.unique_embeddings, table, training=False))
       self.lookup_tables[name] = positions
-      self.serving_rows[name] = tf.Variable(rows, trainable=False, name=f"{name}_serving_rows")
+      self.serving_rows[name] = local_variable.local_variable(rows, f"{name}_serving_rows")
 
   def _stock_insert(self, table_name, keys):
     unique_keys, restore = tf.unique(keys, out_idx=tf.int32)

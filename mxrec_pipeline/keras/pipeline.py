@@ -50,6 +50,7 @@ from mxrec_pipeline.keras.strategies import (TablePlacement, get_strategy, place
                                              splits_batches)
 from mxrec_pipeline.keras import warm_start as warm_start_lib
 from mxrec_pipeline.distributed import checkpoint as checkpoint_lib
+from mxrec_pipeline.distributed import export as distributed_export
 from mxrec_pipeline.keras.layers import TableSpec
 from mxrec_pipeline.optimizers import factory
 from mxrec_pipeline.util import faults as faults_lib
@@ -149,6 +150,8 @@ class ModelFitPipeline(AbstractPipeline):
     self.model = None
     self._strategy = strategy
     self._shard_checkpoint_dir = shard_checkpoint_dir
+    self._exports = 0  # Exports so far: each stages its shards in its own directory.
+    self._export_source = None  # The shards' directory of restore_for_export's checkpoint.
     self._run_config = run_config
     self._faults = faults_lib.FaultPoints()  # train_and_validate reads MXREC_FAULT.
     self.checkpoint = None
@@ -193,13 +196,11 @@ class ModelFitPipeline(AbstractPipeline):
     run's checkpoint restores into `build_compiled_model()`. A sharded run's
     (MultiWorkerMirroredStrategy workers or ParameterServerStrategy ps
     tasks: its tables in `shards-<N>` beside `ckpt-<N>`) restores the dense
-    model into the raw-id model those runs train (ShardedLookup layers) and
-    every table's shards, whatever their number, into one ShardedTable each
-    (distributed/checkpoint.restore_table onto one shard; as many rows as
-    the checkpoint's keys, at least the spec's; a tiered table's rows of
-    every tier all on that flat shard). `export_saved_model` then
-    gathers them as the run's own export does (sharded.snapshots),
-    so it writes the same SavedModel.
+    model into the raw-id model those runs train (ShardedLookup layers);
+    `export_saved_model` then builds each table's serving snapshot from its
+    shard files, one at a time (distributed/export.files_snapshot: keys and
+    rows, no slots; a tiered table's rows of every tier), so it writes the
+    same SavedModel as the run's own export and holds the rows once.
 
     Call after init(). Every table's shards are checked before anything is
     built from them.
@@ -225,22 +226,19 @@ class ModelFitPipeline(AbstractPipeline):
       raise ValueError(f"{checkpoint} is a sharded run's checkpoint ({shards_dir}): its tables "
                        "export through an mxrec_pipeline ModelBuilder; got "
                        f"{type(self._model_builder).__name__}")
-    specs = [
-        # Tiered tables' shards hold every tier's rows (checkpoint.py): one flat shard here.
-        dataclasses.replace(
-            spec, device_vocabulary_size=max(spec.device_vocabulary_size,
-                                             checkpoint_lib.saved_key_count(shards_dir, spec.name)),
-            host_vocabulary_size=0, ssd_vocabulary_size=0, ssd_data_path=())
+    for name in self._model_builder.tables:  # Checks every shard before anything is built.
+      checkpoint_lib.saved_key_count(shards_dir, name)
+    specs = [  # Unused rows: the export reads the shard files (tiered ones hold every tier's).
+        dataclasses.replace(spec, host_vocabulary_size=0, ssd_vocabulary_size=0, ssd_data_path=())
         for spec in self._model_builder.tables.values()
     ]
     strategy = tf.distribute.get_strategy()  # One replica: one shard holding every key.
     model = self._build_sharded_model(strategy, specs, build_slots=False)
     self._placement = TablePlacement.WORKERS
-    # The tables' rows and slots come from the shard files below, not this
+    # The tables' rows come from the shard files at export, not this
     # checkpoint, so unmatched variables cannot be told from missing ones here.
     callbacks_lib.training_checkpoint(model, sharded=True).restore(checkpoint).expect_partial()
-    for table in self._sharded_tables.values():
-      checkpoint_lib.restore_table(shards_dir, table)
+    self._export_source = shards_dir
     self._strategy_in_use = strategy
     return model
 
@@ -273,12 +271,39 @@ class ModelFitPipeline(AbstractPipeline):
             tables=self._sharded_tables if self._placement.sharded else None))
     return callbacks
 
-  def export_saved_model(self, model, export_to: str) -> str:
-    """Exports a SavedModel that scores raw ids; see export.export_serving_model."""
+  def export_saved_model(self, model, export_to: str) -> str | None:
+    """Exports a SavedModel that scores raw ids; see export.export_serving_model.
+
+    Tables sharded over workers: every worker calls it and stages its shards;
+    the chief writes the SavedModel and returns `export_to`, the others
+    return None.
+    """
+    snapshots = staging = None
+    if self._export_source is not None:  # restore_for_export of a sharded run's checkpoint.
+      snapshots = {
+          name: distributed_export.files_snapshot(self._export_source, name)
+          for name in self._sharded_tables
+      }
+    elif self._placement.sharded:  # Built one shard at a time by the chief, or the coordinator.
+      self._exports += 1
+      staging = distributed_export.staging_path(self._shard_dir(), self._exports)
+      strategy = self._strategy_in_use
+      snapshots = sharded.snapshots(self._sharded_tables, staging,
+                                    lambda: table_checkpoints.barrier(strategy))
+      if snapshots is None:  # Another worker exports; this one wrote its shards.
+        return None
+    try:
+      return self._export_with(model, export_to, snapshots)
+    finally:
+      if staging is not None:
+        distributed_export.remove_staging(staging)
+
+  def _shard_dir(self) -> str:
+    """Where every worker writes table shards (checkpoints, export staging)."""
+    return self._shard_checkpoint_dir or os.path.join(self._hparams.model_dir, "checkpoints")
+
+  def _export_with(self, model, export_to: str, snapshots) -> str:
     builder = self._dataset_builder
-    snapshots = None
-    if self._placement.sharded:  # Every worker gathers (the chief's is kept); or the coordinator.
-      snapshots = sharded.snapshots(self._sharded_tables)
     return export_lib.export_serving_model(
         model,
         export_to,
@@ -407,9 +432,8 @@ class ModelFitPipeline(AbstractPipeline):
     self.model = model
     shards = None
     if self._placement.sharded:
-      shards = table_checkpoints.TableCheckpoints(
-          strategy, self._shard_checkpoint_dir or os.path.join(hparams.model_dir, "checkpoints"),
-          self._sharded_tables, [model.sparse_optimizer])
+      shards = table_checkpoints.TableCheckpoints(strategy, self._shard_dir(), self._sharded_tables,
+                                                  [model.sparse_optimizer])
     self.checkpoint = callbacks_lib.TrainingCheckpoint(
         model, os.path.join(hparams.model_dir, "checkpoints"), shards=shards,
         run_info=self.run_info(), faults=self._faults)

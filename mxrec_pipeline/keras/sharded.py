@@ -11,11 +11,11 @@ table gradient comes back to each owner as IndexedSlices on its shard, which
 the hash optimizer applies locally (optimizers/base.py). Single-process
 modules (core, keras/layers.py) stay unaware of sharding.
 
-Serving: `snapshots` gathers every shard (the table protocol's
-`gather_rows`) into the compact snapshot a single-process
-table exports (rows in key order + a default row, a SortedKeyTable
-key -> position); `ShardedLookup.serving_rows`/`serving_positions` then read
-it, so the SavedModel serves raw ids with plain TensorFlow.
+Serving: `snapshots` builds, one shard at a time in the exporting process
+(distributed/export.table_snapshot), the compact snapshot a single-process
+table exports (its keys' rows + a default row, a SortedKeyTable key ->
+position); `ShardedLookup.serving_rows`/`serving_positions` then read it, so
+the SavedModel serves raw ids with plain TensorFlow.
 """
 
 from __future__ import annotations
@@ -23,11 +23,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Iterable, Mapping
 
-import numpy as np
 import tensorflow as tf
 
 from mxrec_pipeline.core import key_index as key_index_lib
-from mxrec_pipeline.core.sorted_key_table import SortedKeyTable
+from mxrec_pipeline.distributed import export
 from mxrec_pipeline.distributed.ps_table import PSShardedTable
 from mxrec_pipeline.distributed.sharded_table import ShardedTable
 from mxrec_pipeline.keras import layers
@@ -141,31 +140,18 @@ class ShardedLookup(tf.keras.layers.Layer):
     return config
 
 
-@dataclasses.dataclass
-class Snapshot:
-  """A sharded table gathered for serving: rows [num_keys + 1, dim] (default last), positions."""
-
-  rows: tf.Variable
-  positions: SortedKeyTable
-
-
-def snapshots(tables: Mapping[str, object]) -> dict[str, Snapshot]:
-  """Every table's serving snapshot (eagerly; sharded over workers, every worker calls it).
+def snapshots(tables: Mapping[str, object], staging_dir: str | None = None,
+              barrier=None) -> dict[str, export.Snapshot] | None:
+  """Every table's serving snapshot (distributed/export.table_snapshot; eagerly).
 
   The same compact form as KeyIndex.to_compact_table of a single-process
-  table: the keys in increasing order, their rows (`gather_rows` of the table
-  protocol: all-gathered over the workers, read from the ps tasks), and a
-  zero default row.
+  table, built one shard at a time: ps shards read from their tasks on the
+  coordinator; shards over workers written by every worker to `staging_dir`
+  (after a `barrier`) and read back by the worker holding shard 0 alone.
+
+  Returns:
+    Table name -> Snapshot; None in a worker that does not export (all
+    workers call it when tables are sharded over workers).
   """
-  return {name: snapshot(name, *table.gather_rows()) for name, table in tables.items()}
-
-
-def snapshot(name: str, keys: np.ndarray, rows: np.ndarray) -> Snapshot:
-  """The serving Snapshot of table `name` from its keys [n] int64 (increasing) and rows [n, dim].
-
-  A zero default row is appended at position n, where absent keys map.
-  """
-  default = np.zeros([1, rows.shape[1]], rows.dtype)
-  return Snapshot(
-      tf.Variable(np.concatenate([rows, default]), trainable=False, name=f"{name}_serving_rows"),
-      SortedKeyTable(keys, default_value=len(keys), name=f"{name}_positions"))
+  out = {name: export.table_snapshot(table, staging_dir, barrier) for name, table in tables.items()}
+  return None if any(s is None for s in out.values()) else out

@@ -71,7 +71,7 @@ class TableCheckpoints:
     for table in self._tables.values():
       checkpoint_lib.save_table(self.path(number), table, self._optimizers)
     if self._shared:
-      _barrier(self._strategy)
+      barrier(self._strategy)
 
   def prune(self, kept: Iterable[int]) -> None:
     """Removes the shards of checkpoints other than `kept` (the process holding shard 0)."""
@@ -90,7 +90,7 @@ class TableCheckpoints:
       checkpoint_lib.restore_table(self.path(number), table, self._optimizers)
 
 
-def _barrier(strategy: tf.distribute.Strategy) -> None:
+def barrier(strategy: tf.distribute.Strategy) -> None:
   """Returns once every worker reached it: an all-reduce of one number."""
   strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(lambda: tf.constant(1, tf.int32)),
                   axis=None).numpy()

@@ -13,8 +13,8 @@ other keys of the same ids, added to the first's embeddings), --steps N,
 (collective timeout), --die_at_step N (this worker exits at that step, as a
 crash), --stall_at_step N (this worker stops answering at that step),
 --restore DIR / --save DIR (per-shard checkpoints, distributed/checkpoint.py),
---export DIR (the chief writes the gathered serving snapshot,
-distributed/export.py).
+--export DIR (every worker stages its shard, the chief writes the serving
+snapshot built from them, distributed/export.py).
 """
 
 import argparse
@@ -35,6 +35,7 @@ import distributed_testlib as lib  # noqa: E402  pylint: disable=wrong-import-po
 from mxrec_pipeline.distributed import checkpoint  # noqa: E402  pylint: disable=wrong-import-position
 from mxrec_pipeline.distributed import export  # noqa: E402  pylint: disable=wrong-import-position
 from mxrec_pipeline.distributed import sharded_table  # noqa: E402  pylint: disable=wrong-import-position
+from mxrec_pipeline.keras import table_checkpoints  # noqa: E402  pylint: disable=wrong-import-position
 from mxrec_pipeline.optimizers import factory  # noqa: E402  pylint: disable=wrong-import-position
 from mxrec_pipeline.util import initialize  # noqa: E402  pylint: disable=wrong-import-position
 
@@ -125,10 +126,13 @@ def main():
   if args.save:
     checkpoint.save_shard(args.save, table, [optimizer])
     dense_checkpoint.write(os.path.join(args.save, f"dense-{table.shard_id}"))
-  if args.export:
-    all_keys, all_rows = export.gather_shards(strategy, table)
-    if table.shard_id == 0:  # The chief writes.
-      export.TableSnapshot([(lib.TABLE, tf.int64, all_keys, all_rows)]).save(args.export)
+  if args.export:  # Every worker stages its shard; the chief reads them and writes.
+    staging = args.export + ".staging"
+    snapshot = export.table_snapshot(table, staging, lambda: table_checkpoints.barrier(strategy),
+                                     chunk_rows=2)
+    if snapshot is not None:
+      export.TableSnapshot({lib.TABLE: (tf.int64, snapshot)}).save(args.export)
+      export.remove_staging(staging)
   keys, rows = table.shard.key_index.export()
   stats = table.exchange_stats()
   # Evaluation lookups (after the counted training ones): each worker asks

@@ -1,6 +1,6 @@
-"""Export from 2 workers: the shards gathered into one stock-TF snapshot, served in a fresh process.
+"""Export from 2 workers: the chief builds one stock-TF snapshot of the staged shards.
 
-The serving process imports only TensorFlow (no custom-op library, no
+It is served in a fresh process that imports only TensorFlow (no custom-op library, no
 mxrec_pipeline): every trained key reads its row from the shard that trained
 it, an unseen key reads the default (zero) row.
 """
@@ -34,6 +34,7 @@ def test_export_from_two_workers_serves_with_plain_tf(tmp_path):
            str(tmp_path / f"out{i}.npz"), "--export",
            str(export_dir)] for i in range(2)]
   lib.run_cluster(2, args, tmp_path)
+  assert not (tmp_path / "export.staging").exists()  # The chief removed the staged shards.
   trained = {}
   for i in range(2):
     out = np.load(tmp_path / f"out{i}.npz")
