@@ -14,6 +14,7 @@ from typing import Callable
 import tensorflow as tf
 
 from mxrec_pipeline.keras.pipeline import RANKING_METRICS, build_ranking_metrics, metric_name
+from mxrec_pipeline.util import model_files
 
 METRICS_FILE = "metrics.json"
 
@@ -48,12 +49,8 @@ def write_metrics(model_dir: str, model: dict[str, float], baseline: dict[str, f
   further top-level entries (the job's "lambdamart", "lambdamart_info" and
   "wall_s").
   """
-  path = os.path.join(model_dir, METRICS_FILE)
-  tmp = path + ".tmp"
   contents = {
       "model": model, "baseline": baseline, **({"data": data} if data else {}), **(extra or {})
   }
-  with open(tmp, "w", encoding="utf-8") as f:
-    json.dump(contents, f, indent=2, sort_keys=True)
-  os.replace(tmp, path)
-  return path
+  return model_files.write_text_atomically(os.path.join(model_dir, METRICS_FILE),
+                                           json.dumps(contents, indent=2, sort_keys=True))

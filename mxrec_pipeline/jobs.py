@@ -20,7 +20,6 @@ import contextlib
 import dataclasses
 import json
 import os
-import shutil
 import sys
 import tempfile
 import time
@@ -45,6 +44,7 @@ from mxrec_pipeline.keras import pipeline as pipeline_lib
 from mxrec_pipeline.keras import table_checkpoints
 from mxrec_pipeline.util import initialize
 from mxrec_pipeline.util import model_dir_lock
+from mxrec_pipeline.util import model_files
 
 RESOLVED_CONFIG = "config.yaml"
 
@@ -71,17 +71,8 @@ def clear_run_outputs(model_dir: str) -> list[str]:
 
   Anything else in model_dir is left alone.
   """
-  removed = []
-  for name in RUN_OUTPUTS:
-    path = os.path.join(model_dir, name)
-    if os.path.isdir(path):
-      shutil.rmtree(path)
-    elif os.path.exists(path):
-      os.remove(path)
-    else:
-      continue
-    removed.append(path)
-  return removed
+  paths = [os.path.join(model_dir, name) for name in RUN_OUTPUTS]
+  return [path for path in paths if model_files.remove(path)]
 
 
 def train(config: config_lib.JobConfig, verbose: int = 2,
@@ -127,9 +118,9 @@ def train(config: config_lib.JobConfig, verbose: int = 2,
     if fresh:
       for path in clear_run_outputs(model_dir):
         print(f"--fresh: removed {path}", flush=True)
-    os.makedirs(model_dir, exist_ok=True)
-    with open(os.path.join(model_dir, RESOLVED_CONFIG), "w", encoding="utf-8") as f:
-      yaml.safe_dump(config.to_dict(), f, sort_keys=False)
+    tf.io.gfile.makedirs(model_dir)
+    model_files.write_text_atomically(os.path.join(model_dir, RESOLVED_CONFIG),
+                                      yaml.safe_dump(config.to_dict(), sort_keys=False))
     strategy = None
     if config.pipeline.strategy == pipeline_lib.PARAMETER_SERVER:
       # TF's connect to a task nobody listens on blocks without an error.
@@ -249,6 +240,12 @@ def _claim(config: config_lib.JobConfig) -> Iterator[None]:
   if cluster is not None and not cluster.is_chief:
     yield
     return
+  if not model_files.is_local(config.pipeline.model_dir):  # The claim needs O_EXCL files.
+    print(
+        f"{config.pipeline.model_dir} is not on a local filesystem: no claim on it; start one "
+        "job per model_dir", flush=True)
+    yield
+    return
   with model_dir_lock.ModelDirLock(config.pipeline.model_dir):
     yield
 
@@ -287,16 +284,17 @@ def worker_config(config: config_lib.JobConfig,
   temp_dir = tempfile.mkdtemp(prefix=f"mxrec-{cluster.task_type}-{cluster.task_index}-")
   try:
     checkpoints = os.path.join(config.pipeline.model_dir, "checkpoints")
-    if not fresh and os.path.isdir(checkpoints):
+    if not fresh and tf.io.gfile.isdir(checkpoints):
       # Saves in progress (ckpt-N_temp*) are never current: not copied; nor
       # the table shards (shards-N), which every worker reads from model_dir,
       # nor an export's staged shards (export-staging-N, the chief's).
-      shutil.copytree(checkpoints, os.path.join(temp_dir, "checkpoints"),
-                      ignore=shutil.ignore_patterns("*_temp*", "shards-*", "export-staging-*"))
+      model_files.copy_tree(checkpoints, os.path.join(temp_dir, "checkpoints"),
+                            ignore=("*_temp*", "shards-*", "export-staging-*"))
     yield dataclasses.replace(config, pipeline=dataclasses.replace(config.pipeline,
                                                                    model_dir=temp_dir))
   finally:
-    shutil.rmtree(temp_dir, ignore_errors=True)
+    with contextlib.suppress(tf.errors.OpError):
+      model_files.remove(temp_dir)
 
 
 def _check_data(paths, pipeline) -> dict:

@@ -23,7 +23,6 @@ docs/distributed.md#checkpoints-and-export.
 from __future__ import annotations
 
 import contextlib
-import glob
 import os
 
 import numpy as np
@@ -147,7 +146,7 @@ def save_shard(directory: str, table, optimizers=()) -> str:
     tensors[f"iterations/{optimizer.optimizer_name}"] = tf.convert_to_tensor(
         shard.iterations(optimizer))
   prefix = shard_prefix(directory, shard.table_name, shard.shard_id, shard.num_shards)
-  os.makedirs(os.path.dirname(prefix), exist_ok=True)
+  tf.io.gfile.makedirs(os.path.dirname(prefix))
   names = sorted(tensors)
   # Written under a temporary prefix, then renamed data first, index last: a
   # process killed while saving leaves no `.index`, so no shard restores from
@@ -155,9 +154,9 @@ def save_shard(directory: str, table, optimizers=()) -> str:
   temporary = f"{prefix}_temp_{os.getpid()}"
   tf.raw_ops.SaveV2(prefix=temporary, tensor_names=names, shape_and_slices=[""] * len(names),
                     tensors=[tensors[n] for n in names])
-  for path in glob.glob(glob.escape(temporary) + ".data-*"):
-    os.replace(path, prefix + path[len(temporary):])
-  os.replace(temporary + ".index", prefix + ".index")
+  for path in tf.io.gfile.glob(temporary + ".data-*"):
+    tf.io.gfile.rename(path, prefix + path[len(temporary):], overwrite=True)
+  tf.io.gfile.rename(temporary + ".index", prefix + ".index", overwrite=True)
   return prefix
 
 

@@ -23,7 +23,6 @@ import contextlib
 import dataclasses
 import os
 import re
-import shutil
 from typing import Callable, Mapping, Sequence
 
 import numpy as np
@@ -34,6 +33,7 @@ from mxrec_pipeline.core.sorted_key_table import SortedKeyTable
 from mxrec_pipeline.distributed import checkpoint
 from mxrec_pipeline.distributed import shard_files
 from mxrec_pipeline.util import local_variable
+from mxrec_pipeline.util import model_files
 
 # Keys whose rows are copied into the snapshot at a time.
 CHUNK_ROWS = shard_files.CHUNK_ROWS
@@ -185,7 +185,7 @@ def table_snapshot(table, staging_dir: str | None = None, barrier: Callable[[], 
 
 def remove_staging(staging_dir: str) -> None:
   """Removes a staging directory of table_snapshot (the exporter, once it has read it)."""
-  shutil.rmtree(staging_dir, ignore_errors=True)
+  model_files.remove(staging_dir)
 
 
 def signature_name(table_name: str) -> str:

@@ -41,7 +41,8 @@ def saved_shards(directory: str, table_name: str) -> list[str]:
     ValueError: shards of jobs of different sizes in one directory.
   """
   folder = os.path.join(directory, table_name)
-  found = [SHARD_FILE.fullmatch(f) for f in (os.listdir(folder) if os.path.isdir(folder) else [])]
+  names = tf.io.gfile.listdir(folder) if tf.io.gfile.isdir(folder) else []
+  found = [SHARD_FILE.fullmatch(f) for f in names]
   found = [(int(m.group(1)), int(m.group(2))) for m in found if m]
   if not found:
     raise FileNotFoundError(f"table '{table_name}': no shard-*-of-* checkpoint in {folder}")

@@ -218,7 +218,7 @@ class ModelFitPipeline(AbstractPipeline):
     """
     number = int(checkpoint.rsplit("-", 1)[1])
     shards_dir = table_checkpoints.shards_path(os.path.dirname(checkpoint), number)
-    if not os.path.isdir(shards_dir):
+    if not tf.io.gfile.isdir(shards_dir):
       model = self.build_compiled_model()
       _restore_every_variable(callbacks_lib.training_checkpoint(model), checkpoint)
       return model

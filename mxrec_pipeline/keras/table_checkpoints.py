@@ -12,14 +12,13 @@ with distributed/checkpoint.restore_table.
 
 from __future__ import annotations
 
-import glob
 import os
-import shutil
 from typing import Iterable, Mapping, Sequence
 
 import tensorflow as tf
 
 from mxrec_pipeline.distributed import checkpoint as checkpoint_lib
+from mxrec_pipeline.util import model_files
 
 
 def shards_path(directory: str, number: int) -> str:
@@ -30,9 +29,9 @@ def shards_path(directory: str, number: int) -> str:
 def prune_shard_dirs(directory: str, kept: Iterable[int]) -> None:
   """Removes the `shards-<N>` directories of `directory` whose N is not in `kept`."""
   keep = {shards_path(directory, n) for n in kept}
-  for path in glob.glob(os.path.join(glob.escape(directory), "shards-*")):
-    if path not in keep:
-      shutil.rmtree(path, ignore_errors=True)
+  for path in tf.io.gfile.glob(os.path.join(directory, "shards-*")):
+    if path.rstrip("/") not in keep:
+      model_files.remove(path)
 
 
 class TableCheckpoints:

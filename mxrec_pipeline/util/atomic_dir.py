@@ -1,14 +1,16 @@
 """Crash-safe directory writes: build beside the target, then rename into place.
 
 `write_dir_atomically(target, write)` has `write` fill a temporary directory
-`<target>.tmp-<hex>` beside the target, then swaps it in: the old target is
-renamed aside (`<target>.old-<hex>`), the new one renamed in, the old one
+`.<name>.tmp-<hex>` beside the target, then swaps it in: the old target is
+renamed aside (`.<name>.old-<hex>`), the new one renamed in, the old one
 deleted. Renames within a directory are atomic on POSIX file systems, so a
 process killed at any point leaves at `target` either the old directory or the
 new one, complete, except between the two renames, where `target` is briefly
 absent and the old directory waits aside; the next write restores it before
 starting. Leftovers of killed writes are removed by the next write to the same
-target.
+target. On filesystems without directory renames (object stores, `ram://`)
+each rename is a copy (util/model_files.rename_tree): a kill during it can
+leave `target` partial until the next write.
 
 `remove_checkpoint_temp_dirs` removes what tf.train.Checkpoint leaves when
 killed while saving (`ckpt-<n>_temp/`, its sharded files before the merge).
@@ -21,6 +23,8 @@ import uuid
 from typing import Callable
 
 import tensorflow as tf
+
+from mxrec_pipeline.util import model_files
 
 _TEMP = ".tmp-"
 _OLD = ".old-"
@@ -47,31 +51,31 @@ def write_dir_atomically(target: str, write: Callable[[str], None],
   """
   target = target.rstrip("/")
   remove_leftovers(target)
-  temp = f"{target}{_TEMP}{uuid.uuid4().hex[:12]}"
+  temp = _sibling(target, _TEMP)
   tf.io.gfile.makedirs(temp)
   try:
     write(temp)
     if before_rename is not None:
       before_rename(temp)
   except BaseException:
-    tf.io.gfile.rmtree(temp)
+    model_files.remove(temp)
     raise
   old = None
   if tf.io.gfile.exists(target):
-    old = f"{target}{_OLD}{uuid.uuid4().hex[:12]}"
-    tf.io.gfile.rename(target, old)
-  tf.io.gfile.rename(temp, target)
+    old = _sibling(target, _OLD)
+    model_files.rename_tree(target, old)
+  model_files.rename_tree(temp, target)
   if old is not None:
-    tf.io.gfile.rmtree(old)
+    model_files.remove(old)
   return target
 
 
 def remove_leftovers(target: str) -> list[str]:
   """Cleans up after writes to `target` that were killed; returns what it removed.
 
-  Removes `<target>.tmp-*` (unfinished writes) and `<target>.old-*`
+  Removes `.<name>.tmp-*` (unfinished writes) and `.<name>.old-*`
   (replaced directories not deleted yet). If `target` is absent (killed
-  between the two renames), the newest `<target>.old-*` is first renamed back
+  between the two renames), the newest `.<name>.old-*` is first renamed back
   to `target`.
 
   Args:
@@ -85,11 +89,11 @@ def remove_leftovers(target: str) -> list[str]:
   olds = _siblings(target, _OLD)
   if olds and not tf.io.gfile.exists(target):
     newest = max(olds, key=lambda path: tf.io.gfile.stat(path).mtime_nsec)
-    tf.io.gfile.rename(newest, target)
+    model_files.rename_tree(newest, target)
     olds.remove(newest)
   removed = sorted(temps + olds)
   for path in removed:
-    tf.io.gfile.rmtree(path)
+    model_files.remove(path)
   return removed
 
 
@@ -117,17 +121,27 @@ def remove_checkpoint_temp_dirs(checkpoint_dir: str, checkpoint_name: str = "ckp
       if name.startswith(f"{checkpoint_name}-") and "_temp" in name and
       tf.io.gfile.isdir(os.path.join(checkpoint_dir, name)))
   for path in removed:
-    tf.io.gfile.rmtree(path)
+    model_files.remove(path)
   return removed
 
 
+def _sibling(target: str, marker: str) -> str:
+  """A new name beside `target`: `.<target's name><marker><hex>`.
+
+  Hidden, and not prefixed by the target's name: filesystems that list by
+  prefix (`ram://`) would otherwise see it inside the target.
+  """
+  parent, base = os.path.split(target)
+  return os.path.join(parent, f".{base}{marker}{uuid.uuid4().hex[:12]}")
+
+
 def _siblings(target: str, marker: str) -> list[str]:
-  """Directories beside `target` named `<target's name><marker>*`."""
+  """Directories beside `target` named `.<target's name><marker>*`."""
   parent, base = os.path.split(target)
   parent = parent or "."
   if not tf.io.gfile.isdir(parent):
     return []
   return [
       os.path.join(parent, name.rstrip("/")) for name in tf.io.gfile.listdir(parent)
-      if name.startswith(base + marker)
+      if name.startswith(f".{base}{marker}")
   ]

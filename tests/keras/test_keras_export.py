@@ -104,7 +104,7 @@ def test_export_killed_before_rename_leaves_previous_export(trained, tmp_path):
       text=True, check=False)
   assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
   leftovers = [p for p in os.listdir(tmp_path / "export") if p != "latest_model"]
-  assert len(leftovers) == 1 and leftovers[0].startswith("latest_model.tmp-")
+  assert len(leftovers) == 1 and leftovers[0].startswith(".latest_model.tmp-")
   assert (tmp_path / "export" / leftovers[0] / "saved_model.pb").exists()
 
   with open(out, encoding="utf-8") as f:
@@ -139,11 +139,11 @@ def test_failed_export_removes_its_temp_dir_and_keeps_target(trained, tmp_path):
 
 def test_remove_leftovers_restores_a_target_renamed_aside(tmp_path):
   target = tmp_path / "model"
-  (tmp_path / "model.old-1").mkdir()
-  (tmp_path / "model.old-1" / "saved_model.pb").write_text("old")
-  (tmp_path / "model.tmp-2").mkdir()
+  (tmp_path / ".model.old-1").mkdir()
+  (tmp_path / ".model.old-1" / "saved_model.pb").write_text("old")
+  (tmp_path / ".model.tmp-2").mkdir()
   removed = atomic_dir.remove_leftovers(str(target))
-  assert removed == [str(tmp_path / "model.tmp-2")]
+  assert removed == [str(tmp_path / ".model.tmp-2")]
   assert (target / "saved_model.pb").read_text() == "old"
   assert sorted(os.listdir(tmp_path)) == ["model"]
 
