@@ -211,10 +211,8 @@ class ModelFitPipeline(AbstractPipeline):
       ValueError: shards of jobs of different sizes in one table's
         directory; a model builder that is not a ModelBuilder (sharded runs
         only); table rows of another dim; a variable of another shape than
-        the checkpoint's (TF's restore); in a single-process run's
-        checkpoint, a variable it lacks (e.g. a config with more hidden
-        layers than the run's), named. (A sharded run's dense variables that
-        its checkpoint lacks are not detected.)
+        the checkpoint's (TF's restore); a variable the checkpoint lacks
+        (e.g. a config with more hidden layers than the run's), named.
     """
     number = int(checkpoint.rsplit("-", 1)[1])
     shards_dir = table_checkpoints.shards_path(os.path.dirname(checkpoint), number)
@@ -235,9 +233,23 @@ class ModelFitPipeline(AbstractPipeline):
     strategy = tf.distribute.get_strategy()  # One replica: one shard holding every key.
     model = self._build_sharded_model(strategy, specs, build_slots=False)
     self._placement = TablePlacement.WORKERS
-    # The tables' rows come from the shard files at export, not this
-    # checkpoint, so unmatched variables cannot be told from missing ones here.
+    # The tables' rows come from the shard files at export, not this checkpoint:
+    # the dense variables are checked by a NaN sentinel instead of TF's matching.
+    table_variables = set()
+    for shard in (s for t in self._sharded_tables.values() for s in t.local_shards()):
+      slots = {}
+      with contextlib.suppress(KeyError):  # No slots built for this optimizer.
+        slots = shard.slot_variables(model.sparse_optimizer)
+      table_variables |= {v.ref() for v in [shard.variable, *slots.values()]}
+    dense = [v for v in model.variables if v.dtype.is_floating and v.ref() not in table_variables]
+    for variable in dense:
+      variable.assign(tf.fill(tf.shape(variable), tf.constant(float("nan"), variable.dtype)))
     callbacks_lib.training_checkpoint(model, sharded=True).restore(checkpoint).expect_partial()
+    unbound = [v.name for v in dense if tf.reduce_all(tf.math.is_nan(v)).numpy()]
+    if unbound:
+      raise ValueError(f"{checkpoint}: the model built from this config has variables the "
+                       f"checkpoint lacks (is it the config the run trained with?): "
+                       f"{len(unbound)} unbound, e.g. {', '.join(unbound[:3])}")
     self._export_source = shards_dir
     self._strategy_in_use = strategy
     return model

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import re
 import shutil
 import signal
 import subprocess
@@ -130,7 +131,7 @@ def _export_command(tmp_path, data_dir, model_dir, out: pathlib.Path, *args, **p
   """`mxrec-pipeline export` of a sharded run's checkpoint to `out`, a fresh process."""
   return subprocess.run([
       sys.executable, "-m", "mxrec_pipeline.cli", "export", MOVIELENS_CONFIG, "--out",
-      str(out), *args, *movielens_overrides(tmp_path, data_dir, model_dir, **pipeline)
+      str(out), *movielens_overrides(tmp_path, data_dir, model_dir, **pipeline), *args
   ], capture_output=True, text=True, timeout=TIMEOUT_S, check=False)
 
 
@@ -143,7 +144,9 @@ def check_export_of_sharded_checkpoint(tmp_path: pathlib.Path, data_dir, model_d
   plain TF. Then, on a copy of the checkpoints whose newest misses one shard
   file of the "item" table, `export --checkpoint` of it exits 2 naming the
   file, writing nothing, and `export` skips it (naming the file) for the
-  checkpoint before.
+  checkpoint before. A config with one more hidden layer than the run's
+  (hidden_layer_dims [8, 1] for [8]: the output layer finds no weights in the
+  checkpoint, no shape differs) is refused, naming one, writing nothing.
   """
   out = tmp_path / f"{model_dir.name}_exported"
   done = _export_command(tmp_path, data_dir, model_dir, out, **pipeline)
@@ -172,3 +175,11 @@ def check_export_of_sharded_checkpoint(tmp_path: pathlib.Path, data_dir, model_d
   assert f"Skipping checkpoint {broken / 'checkpoints' / f'ckpt-{latest}'}: {shard} is missing" in (
       done.stderr)
   assert tf.saved_model.load(str(out)).signatures["serving_default"] is not None
+
+  extra = tmp_path / f"{model_dir.name}_extra_layer"
+  done = _export_command(tmp_path, data_dir, model_dir, extra, "--set",
+                         "model.hidden_layer_dims=[8,1]", **pipeline)
+  assert done.returncode == 2, done.stderr[-3000:]
+  assert re.search(r"variables the checkpoint lacks .*: \d+ unbound, e\.g\. \S+",
+                   done.stderr), (done.stderr[-3000:])
+  assert not extra.exists()
