@@ -13,12 +13,12 @@ shard 0 of 3 (re-sharded), each two ways in the same run:
   tensor_scatter_nd_update of the table's initial rows and slots.
 
 Export (`--part export`): each of the 2 workers is a child holding its shard
-(rows and slots), exporting two ways:
+(the saved shard's keys, random rows and slots), exporting two ways:
 
-- staged: today's distributed/export.table_snapshot: every worker stages its
-  shard's keys and rows, the chief reads the staged files one chunk at a
-  time into the snapshot (keys in a SortedKeyTable variable) and writes the
-  SavedModel;
+- staged: today's distributed/export.table_snapshot: worker 1 stages its
+  shard's keys and rows, the chief reads its own shard in place and the
+  staged file one chunk at a time into the snapshot (keys in a
+  SortedKeyTable variable) and writes the SavedModel;
 - gathered: the export before issue #30, written out here: every worker ends
   up with every shard's keys and rows (what export.gather_shards' all-gather
   gave each worker; read from the shard files here, as the collective's
@@ -26,7 +26,8 @@ Export (`--part export`): each of the 2 workers is a child holding its shard
   constant keys and a variable of the rows, and writes the SavedModel.
 
 Reported per child: the process's peak RSS during the step (VmHWM after
-resetting it through /proc/self/clear_refs) against what it holds (restore:
+resetting it through /proc/self/clear_refs; before an export, glibc's
+malloc_trim returns freed heap first) against what it holds (restore:
 its RSS once restored, goal <= 1.3x; export: its RSS before, holding its
 shard, goal <= 1.3x for a worker; the exporter's growth over the serving
 rows, which it must hold once), seconds, and the export's saved_model.pb
@@ -40,6 +41,7 @@ Usage:
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import os
 import pathlib
@@ -79,22 +81,31 @@ def _table(capacity: int, shard_id: int, num_shards: int):
   return table, optimizer
 
 
-def child_save(directory: str, keys: int, shard_id: int) -> dict:
-  """Saves shard `shard_id` of SAVED_SHARDS: its owned keys, random rows and slots."""
+def _filled_shard(keys: int, shard_id: int):
+  """(table, optimizer): shard `shard_id` of SAVED_SHARDS holding its owned keys, random rows
+  and slots (seeded by shard_id)."""
   import numpy as np  # pylint: disable=import-outside-toplevel
   import tensorflow as tf  # pylint: disable=import-outside-toplevel
-  from mxrec_pipeline.distributed import checkpoint  # pylint: disable=import-outside-toplevel
   from mxrec_pipeline.distributed import sharding  # pylint: disable=import-outside-toplevel
   all_keys = _keys(keys)
   owned = all_keys[sharding.owner_numpy(all_keys, SAVED_SHARDS) == shard_id]
+  del all_keys
   table, optimizer = _table(owned.size, shard_id, SAVED_SHARDS)
   table.key_index.insert(tf.constant(owned), training=True)
   rng = np.random.default_rng(shard_id)
   for variable in [table.variable, *table.slot_variables(optimizer).values()]:
     variable.assign(rng.standard_normal(variable.shape, np.float32))
+  return table, optimizer
+
+
+def child_save(directory: str, keys: int, shard_id: int) -> dict:
+  """Saves shard `shard_id` of SAVED_SHARDS: its owned keys, random rows and slots."""
+  from mxrec_pipeline.distributed import checkpoint  # pylint: disable=import-outside-toplevel
+  table, optimizer = _filled_shard(keys, shard_id)
+  owned = table.key_index.size().numpy()
   start = time.perf_counter()
   checkpoint.save_shard(directory, table, [optimizer])
-  return {"keys": int(owned.size), "save_s": time.perf_counter() - start}
+  return {"keys": int(owned), "save_s": time.perf_counter() - start}
 
 
 def _restore_whole(directory: str, table, optimizer) -> int:
@@ -194,18 +205,6 @@ def run(keys: int, tmp: str, part: str = "both") -> dict:
   return {"saved": saved, "restores": results, "exports": exports}
 
 
-def _hold_shard(directory: str, keys: int, shard_id: int):
-  """(table, optimizer): shard `shard_id` of SAVED_SHARDS restored from `directory` (its rows)."""
-  from mxrec_pipeline.distributed import checkpoint  # pylint: disable=import-outside-toplevel
-  from mxrec_pipeline.distributed import sharding  # pylint: disable=import-outside-toplevel
-  all_keys = _keys(keys)
-  owned = int((sharding.owner_numpy(all_keys, SAVED_SHARDS) == shard_id).sum())
-  del all_keys
-  table, optimizer = _table(owned, shard_id, SAVED_SHARDS)
-  checkpoint.restore_shard(directory, table, [optimizer])
-  return table, optimizer
-
-
 def _export_gathered(directory: str, export_dir: str | None) -> None:
   """The export before issue #30: every shard's keys and rows in this process, constant keys."""
   import numpy as np  # pylint: disable=import-outside-toplevel
@@ -248,9 +247,11 @@ def child_export(directory: str, keys: int, shard_id: int, how: str, staging: st
                  export_dir: str) -> dict:
   """Worker `shard_id` of 2 holding its shard exports the `how` way; its memory and time."""
   import numpy as np  # pylint: disable=import-outside-toplevel
-  table, _ = _hold_shard(directory, keys, shard_id)
+  table, _ = _filled_shard(keys, shard_id)  # The saved shard's keys, rows and slots.
   own_bytes = 3 * table.key_index.size().numpy() * DIM * 4
   exporter = export_dir if shard_id == 0 else None
+  # Freed heap pages back to the OS: RSS is then what the process holds.
+  ctypes.CDLL("libc.so.6").malloc_trim(0)
   before = _status_kib("VmRSS")
   pathlib.Path("/proc/self/clear_refs").write_text("5")  # VmHWM := VmRSS.
   start = time.perf_counter()

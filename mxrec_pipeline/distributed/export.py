@@ -8,12 +8,13 @@ does not grow with them). `table_snapshot` builds it for any table of the
 protocol (core/table_protocol.py) without gathering the table anywhere but in
 the exporting process: shards held in this process (one process's table,
 every ps shard on the coordinator) are read in place; under
-MultiWorkerMirroredStrategy every worker writes its shard's keys and rows to a
-staging directory on shared storage, and the worker holding shard 0 reads
-those files one at a time. Rows are copied `CHUNK_ROWS` keys at a time into
-the snapshot's variable, in key order, so the exporting process holds the
-serving rows once (plus one chunk, and about 32 bytes per key while keys are
-sorted) and no other process holds any row but its own. `TableSnapshot` saves snapshots as a
+MultiWorkerMirroredStrategy every other worker writes its shard's keys and
+rows to a staging directory on shared storage, and the worker holding shard 0
+reads its own shard in place and those files one at a time. Rows are copied
+`CHUNK_ROWS` keys at a time into the snapshot's variable, in key order, so
+the exporting process holds the serving rows once (plus one chunk, and about
+100 bytes per key of key arrays while the snapshot is built) and no other
+process holds any row but its own. `TableSnapshot` saves snapshots as a
 SavedModel that serves raw ids with plain TensorFlow, no custom op.
 """
 
@@ -158,8 +159,8 @@ def table_snapshot(table, staging_dir: str | None = None, barrier: Callable[[], 
     chunk_rows: Keys whose rows are copied at a time.
 
   Returns:
-    The Snapshot, in the process holding shard 0; None in the other workers
-    (they only write their shard).
+    The Snapshot, in the process holding shard 0 (which reads its own shard
+    in place); None in the other workers (they only stage their shard).
 
   Raises:
     ValueError: a table sharded over workers without staging_dir or barrier.
@@ -170,17 +171,19 @@ def table_snapshot(table, staging_dir: str | None = None, barrier: Callable[[], 
   if staging_dir is None or barrier is None:
     raise ValueError(f"table '{table.table_name}': sharded over workers, its snapshot needs a "
                      "staging_dir and a barrier")
-  for shard in local:  # Keys and rows (no slots) of this worker's shards.
-    checkpoint.save_shard(staging_dir, shard)
+  exporter = any(s.shard_id == 0 for s in local)
+  if not exporter:
+    for shard in local:  # Keys and rows (no slots) of this worker's shards.
+      checkpoint.save_shard(staging_dir, shard)
   barrier()
-  if not any(s.shard_id == 0 for s in local):
+  if not exporter:
     return None
-  prefixes = [
-      shard_files.shard_prefix(staging_dir, table.table_name, i, table.num_shards)
-      for i in range(table.num_shards)
+  own = {s.shard_id for s in local}  # Read in place; the others' from their staged files.
+  parts = [shard_rows(s) for s in local] + [
+      file_rows(shard_files.shard_prefix(staging_dir, table.table_name, i, table.num_shards),
+                table.table_name) for i in range(table.num_shards) if i not in own
   ]
-  return build_snapshot(table.table_name, [file_rows(p, table.table_name) for p in prefixes],
-                        chunk_rows)
+  return build_snapshot(table.table_name, parts, chunk_rows)
 
 
 def remove_staging(staging_dir: str) -> None:

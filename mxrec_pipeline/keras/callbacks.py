@@ -12,6 +12,7 @@ import tensorflow as tf
 from mxrec_pipeline.core import admission
 from mxrec_pipeline.core import feature_process
 from mxrec_pipeline.keras import manifest
+from mxrec_pipeline.keras import table_checkpoints
 from mxrec_pipeline.util import atomic_dir
 from mxrec_pipeline.util import faults as faults_lib
 from mxrec_pipeline.util import storage
@@ -336,16 +337,20 @@ class TableStatsLogger(tf.keras.callbacks.Callback):
     every_n_batches: Also log during epochs; None: per epoch only.
     tables: Table name -> a sharded table of the protocol
       (core/table_protocol.Table): its `stats()`, the key-index counters
-      summed over the shards this process holds (every ps shard on the PS
-      coordinator; a worker's own shard). None: the run's tables
+      summed over its shards (every ps shard on the PS coordinator; over
+      workers, each worker's own summed by an all-reduce of `strategy`, so
+      every worker must log at the same points). None: the run's tables
       (`table_stats`, tier statistics included).
+    strategy: The run's strategy, for tables sharded over workers.
   """
 
-  def __init__(self, log_dir: str, every_n_batches: int | None = None, tables=None):
+  def __init__(self, log_dir: str, every_n_batches: int | None = None, tables=None,
+               strategy: tf.distribute.Strategy | None = None):
     super().__init__()
     self.log_dir = log_dir
     self.every_n_batches = every_n_batches
     self._tables = tables
+    self._strategy = strategy
     self._writer = None
     self._batches = 0
     self.last = {}
@@ -358,6 +363,12 @@ class TableStatsLogger(tf.keras.callbacks.Callback):
           name: {stat: float(value) for stat, value in table.stats().items()}
           for name, table in self._tables.items()
       }
+      if any(len(t.local_shards()) < t.num_shards for t in self._tables.values()):
+        flat = [int(v) for stats in self.last.values() for v in stats.values()]
+        summed = iter(table_checkpoints.summed_over_workers(self._strategy, flat))
+        self.last = {
+            name: {stat: float(next(summed)) for stat in stats} for name, stats in self.last.items()
+        }
     else:
       tables = initialize.get_config_initializer().tables
       self.last = {name: table_stats(table) for name, table in tables.items()}

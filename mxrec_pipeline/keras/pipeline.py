@@ -280,15 +280,16 @@ class ModelFitPipeline(AbstractPipeline):
     callbacks.append(
         callbacks_lib.TableStatsLogger(
             os.path.join(hparams.model_dir, "logs"),
-            tables=self._sharded_tables if self._placement.sharded else None))
+            tables=self._sharded_tables if self._placement.sharded else None,
+            strategy=self._strategy_in_use))
     return callbacks
 
   def export_saved_model(self, model, export_to: str) -> str | None:
     """Exports a SavedModel that scores raw ids; see export.export_serving_model.
 
-    Tables sharded over workers: every worker calls it and stages its shards;
-    the chief writes the SavedModel and returns `export_to`, the others
-    return None.
+    Tables sharded over workers: every worker calls it; the others stage
+    their shards, the chief writes the SavedModel and returns `export_to`,
+    the others return None.
     """
     snapshots = staging = None
     if self._export_source is not None:  # restore_for_export of a sharded run's checkpoint.

@@ -89,6 +89,13 @@ class TableCheckpoints:
       checkpoint_lib.restore_table(self.path(number), table, self._optimizers)
 
 
+def summed_over_workers(strategy: tf.distribute.Strategy, values: list[int]) -> list[int]:
+  """`values` summed element-wise over every worker (an all-reduce; every worker calls it)."""
+  summed = strategy.reduce(tf.distribute.ReduceOp.SUM,
+                           strategy.run(lambda: tf.constant(values, tf.int64)), axis=None)
+  return [int(v) for v in summed.numpy()]
+
+
 def barrier(strategy: tf.distribute.Strategy) -> None:
   """Returns once every worker reached it: an all-reduce of one number."""
   strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(lambda: tf.constant(1, tf.int32)),

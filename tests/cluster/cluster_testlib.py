@@ -96,13 +96,18 @@ def movielens_overrides(tmp_path, data_dir, model_dir, **pipeline) -> list[str]:
 
 def epoch_losses(model_dir: pathlib.Path) -> list[float]:
   """The chief's `epoch_loss` TensorBoard scalars of a run, in step order."""
-  losses = {}
-  for path in (model_dir / "logs" / "train").glob("events.out.tfevents.*"):
+  return scalars(model_dir, "train", "epoch_loss")
+
+
+def scalars(model_dir: pathlib.Path, subdir: str, tag: str) -> list[float]:
+  """The chief's TensorBoard scalars `tag` in `logs/<subdir>`, in step order."""
+  found = {}
+  for path in (model_dir / "logs" / subdir).glob("events.out.tfevents.*"):
     for event in tf.compat.v1.train.summary_iterator(str(path)):
       for value in event.summary.value:
-        if value.tag == "epoch_loss":
-          losses[event.step] = float(tf.make_ndarray(value.tensor))
-  return [losses[step] for step in sorted(losses)]
+        if value.tag == tag:
+          found[event.step] = float(tf.make_ndarray(value.tensor))
+  return [found[step] for step in sorted(found)]
 
 
 # Scores of an exported model, by a fresh process importing nothing but TensorFlow.

@@ -1,8 +1,9 @@
 """Serving snapshots built one shard at a time (distributed/export.py), in one process.
 
 Two shards of a table, as a 2-worker job holds them (core tables marked shard
-i of 2, each holding the keys it owns), are staged and read back by the
-exporter, or read from a checkpoint's shard files: the snapshot equals a dense
+i of 2, each holding the keys it owns): shard 1 is staged and read back by
+the exporter, which reads its own shard 0 in place; or both are read from a
+checkpoint's shard files: the snapshot equals a dense
 reference (every key's row, in key order, a zero default row) whatever the
 chunk size, and equals a one-process table's compact export of the same rows.
 """
@@ -66,7 +67,7 @@ def _check(snapshot):
 def test_staged_shards_build_the_whole_table_in_the_exporter_only(shards, tmp_path, chunk_rows):
   staging = str(tmp_path / "staging")
   barriers = []
-  # Worker 1 stages its shard and gets nothing; the chief (shard 0) stages and builds.
+  # Worker 1 stages its shard and gets nothing; the chief (shard 0) reads its own in place.
   assert export.table_snapshot(shards[1], staging, lambda: barriers.append(1),
                                chunk_rows=chunk_rows) is None
   _move_files(tmp_path / "staging" / "snap1", tmp_path / "staging" / "snap0")  # One table's name.
@@ -74,6 +75,7 @@ def test_staged_shards_build_the_whole_table_in_the_exporter_only(shards, tmp_pa
                                    chunk_rows=chunk_rows)
   assert barriers == [1, 0]
   _check(snapshot)
+  assert not list((tmp_path / "staging").glob("*/shard-0-of-2*"))  # The chief staged nothing.
   export.remove_staging(staging)
   assert not (tmp_path / "staging").exists()
 
