@@ -277,11 +277,10 @@ class ModelFitPipeline(AbstractPipeline):
               best=self.checkpoint.best if self.checkpoint is not None else None))
     if self.checkpoint is not None:
       callbacks.append(callbacks_lib.SparseCheckpoint(self.checkpoint))
+    sharded_tables = self._sharded_tables if self._placement.sharded else None
     callbacks.append(
-        callbacks_lib.TableStatsLogger(
-            os.path.join(hparams.model_dir, "logs"),
-            tables=self._sharded_tables if self._placement.sharded else None,
-            strategy=self._strategy_in_use))
+        callbacks_lib.TableStatsLogger(os.path.join(hparams.model_dir, "logs"),
+                                       tables=sharded_tables, strategy=self._strategy_in_use))
     return callbacks
 
   def export_saved_model(self, model, export_to: str) -> str | None:
