@@ -330,7 +330,9 @@ class TableStatsLogger(tf.keras.callbacks.Callback):
   """Writes every table's statistics (`table_stats`) to TensorBoard.
 
   Scalars `tables/<table>/<stat>` at the end of every epoch and, with
-  `every_n_batches`, every that many training batches (step = batches so far).
+  `every_n_batches`, every that many training batches; the step is the
+  model's optimizer step count (so a resumed run continues the curve), or the
+  batches seen by this callback without a model.
 
   Args:
     log_dir: TensorBoard directory (a `tables` subdirectory is written).
@@ -378,13 +380,19 @@ class TableStatsLogger(tf.keras.callbacks.Callback):
           tf.summary.scalar(f"tables/{name}/{stat}", value)
     self._writer.flush()
 
+  def _step(self) -> int:
+    """The optimizer's step count (restored on resume), else the batches seen here."""
+    optimizer = getattr(getattr(self, "model", None), "optimizer", None)
+    iterations = getattr(optimizer, "iterations", None)
+    return self._batches if iterations is None else int(iterations.numpy())
+
   def on_train_batch_end(self, batch, logs=None):
     self._batches += 1
     if self.every_n_batches and self._batches % self.every_n_batches == 0:
-      self._log(self._batches)
+      self._log(self._step())
 
   def on_epoch_end(self, epoch, logs=None):
-    self._log(self._batches)
+    self._log(self._step())
 
 
 class RunCallbacks(tf.keras.callbacks.CallbackList):
