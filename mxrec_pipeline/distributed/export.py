@@ -70,12 +70,15 @@ def shard_rows(shard) -> ShardRows:
   Rows are read under the shard's device (a ps shard's on its ps task); a
   tiered shard's from every tier (its embedding block, not its slots).
   """
-  device = contextlib.nullcontext() if shard.device is None else tf.device(shard.device)
-  with device:
+
+  def on_device():
+    return contextlib.nullcontext() if shard.device is None else tf.device(shard.device)
+
+  with on_device():
     keys, rows = shard.key_index.export()
 
   def read(start: int, stop: int) -> np.ndarray:
-    with contextlib.nullcontext() if shard.device is None else tf.device(shard.device):
+    with on_device():
       if not shard.is_tiered:
         return tf.gather(shard.variable, rows[start:stop]).numpy()
       return shard.tiers.read_rows(shard.variable, rows[start:stop])[:, :shard.dim].numpy()

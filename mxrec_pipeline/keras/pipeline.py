@@ -233,23 +233,7 @@ class ModelFitPipeline(AbstractPipeline):
     strategy = tf.distribute.get_strategy()  # One replica: one shard holding every key.
     model = self._build_sharded_model(strategy, specs, build_slots=False)
     self._placement = TablePlacement.WORKERS
-    # The tables' rows come from the shard files at export, not this checkpoint:
-    # the dense variables are checked by a NaN sentinel instead of TF's matching.
-    table_variables = set()
-    for shard in (s for t in self._sharded_tables.values() for s in t.local_shards()):
-      slots = {}
-      with contextlib.suppress(KeyError):  # No slots built for this optimizer.
-        slots = shard.slot_variables(model.sparse_optimizer)
-      table_variables |= {v.ref() for v in [shard.variable, *slots.values()]}
-    dense = [v for v in model.variables if v.dtype.is_floating and v.ref() not in table_variables]
-    for variable in dense:
-      variable.assign(tf.fill(tf.shape(variable), tf.constant(float("nan"), variable.dtype)))
-    callbacks_lib.training_checkpoint(model, sharded=True).restore(checkpoint).expect_partial()
-    unbound = [v.name for v in dense if tf.reduce_all(tf.math.is_nan(v)).numpy()]
-    if unbound:
-      raise ValueError(f"{checkpoint}: the model built from this config has variables the "
-                       f"checkpoint lacks (is it the config the run trained with?): "
-                       f"{len(unbound)} unbound, e.g. {', '.join(unbound[:3])}")
+    _restore_dense_variables(model, self._sharded_tables.values(), checkpoint)
     self._export_source = shards_dir
     self._strategy_in_use = strategy
     return model
@@ -682,6 +666,34 @@ def _restore_every_variable(checkpoint: tf.train.Checkpoint, path: str) -> None:
               if names else str(e))
     raise ValueError(f"{path}: the model built from this config has variables the checkpoint "
                      f"lacks (is it the config the run trained with?): {detail}") from None
+
+
+def _restore_dense_variables(model, tables, path: str) -> None:
+  """Restores a sharded run's dense model from `path`; every dense variable must get a value.
+
+  The tables' rows come from their shard files, not this checkpoint, so TF's
+  matching cannot tell them from missing variables: the dense (floating)
+  variables, tables and their slots excluded, are set to NaN first, and one
+  still NaN after the restore had no value in `path`.
+
+  Raises:
+    ValueError: as _restore_every_variable, naming up to three unbound variables.
+  """
+  table_variables = set()
+  for shard in (s for t in tables for s in t.local_shards()):
+    slots = {}
+    with contextlib.suppress(KeyError):  # No slots built for this optimizer.
+      slots = shard.slot_variables(model.sparse_optimizer)
+    table_variables |= {v.ref() for v in [shard.variable, *slots.values()]}
+  dense = [v for v in model.variables if v.dtype.is_floating and v.ref() not in table_variables]
+  for variable in dense:
+    variable.assign(tf.fill(tf.shape(variable), tf.constant(float("nan"), variable.dtype)))
+  callbacks_lib.training_checkpoint(model, sharded=True).restore(path).expect_partial()
+  unbound = [v.name for v in dense if tf.reduce_all(tf.math.is_nan(v)).numpy()]
+  if unbound:
+    raise ValueError(f"{path}: the model built from this config has variables the checkpoint "
+                     f"lacks (is it the config the run trained with?): {len(unbound)} unbound, "
+                     f"e.g. {', '.join(unbound[:3])}")
 
 
 def _ranking_results(results: dict) -> dict[str, float]:
