@@ -12,6 +12,7 @@ with distributed/checkpoint.restore_table.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from typing import Iterable, Mapping, Sequence
 
@@ -31,7 +32,8 @@ def prune_shard_dirs(directory: str, kept: Iterable[int]) -> None:
   keep = {shards_path(directory, n) for n in kept}
   for path in tf.io.gfile.glob(os.path.join(directory, "shards-*")):
     if path.rstrip("/") not in keep:
-      model_files.remove(path)
+      with contextlib.suppress(tf.errors.OpError):  # Best effort: the next prune retries.
+        model_files.remove(path)
 
 
 class TableCheckpoints:
@@ -98,5 +100,4 @@ def summed_over_workers(strategy: tf.distribute.Strategy, values: list[int]) -> 
 
 def barrier(strategy: tf.distribute.Strategy) -> None:
   """Returns once every worker reached it: an all-reduce of one number."""
-  strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(lambda: tf.constant(1, tf.int32)),
-                  axis=None).numpy()
+  summed_over_workers(strategy, [1])
