@@ -17,6 +17,7 @@ from mxrec_pipeline.util import atomic_dir
 from mxrec_pipeline.util import faults as faults_lib
 from mxrec_pipeline.util import storage
 from mxrec_pipeline.util import initialize
+from mxrec_pipeline.util import model_files
 
 
 def training_checkpoint(model, sharded: bool = False, **extra) -> tf.train.Checkpoint:
@@ -512,8 +513,9 @@ class BestModelExporter(tf.keras.callbacks.Callback):
       self.state.set(self.monitor, value, epoch + 1)
       if written is None:  # Another process of the cluster writes the export.
         return
-      with tf.io.gfile.GFile(os.path.join(self.path, self.STATE_FILE), "w") as f:
-        f.write(json.dumps({"monitor": self.monitor, "value": value, "epoch": epoch + 1}))
+      model_files.write_text_atomically(  # A reader never sees it half-written.
+          os.path.join(self.path, self.STATE_FILE),
+          json.dumps({"monitor": self.monitor, "value": value, "epoch": epoch + 1}))
 
 
 class FaultCallback(tf.keras.callbacks.Callback):
