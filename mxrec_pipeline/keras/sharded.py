@@ -146,8 +146,9 @@ def snapshots(tables: Mapping[str, object], staging_dir: str | None = None,
 
   The same compact form as KeyIndex.to_compact_table of a single-process
   table, built one shard at a time: ps shards read from their tasks on the
-  coordinator; shards over workers written by every worker to `staging_dir`
-  (after a `barrier`) and read back by the worker holding shard 0 alone.
+  coordinator; over workers, every other worker writes its shard to
+  `staging_dir` (before a `barrier`), and the worker holding shard 0 reads
+  its own in place and those files.
 
   Returns:
     Table name -> Snapshot; None in a worker that does not export (all
