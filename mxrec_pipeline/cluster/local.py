@@ -21,6 +21,7 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import os
+import random
 import shutil
 import signal
 import socket
@@ -35,6 +36,7 @@ from mxrec_pipeline.cluster import tf_config
 DEFAULT_GRACE_S = 10.0  # Seconds between SIGTERM and SIGKILL when stopping a worker.
 DEFAULT_WORKER_RESTARTS = 3  # Restarts of each lost ParameterServerStrategy worker server.
 POLL_S = 0.1  # Seconds between two looks at the processes.
+LOWEST_PORT = 10000  # free_ports draws from here up to the kernel's ephemeral range.
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
@@ -99,21 +101,55 @@ def parse_spec(text: str) -> LocalClusterSpec:
 
 
 def free_ports(count: int, host: str = "localhost") -> list[int]:
-  """`count` distinct TCP ports free on `host` now (each bound to port 0, then released).
+  """`count` distinct TCP ports free on `host` now, below the kernel's ephemeral port range.
 
-  Another process may take a port between this call and the worker binding
-  it; TF then fails to start its server, naming the address.
+  Each is checked by binding it, then released. Ports are drawn at random
+  from [LOWEST_PORT, the ephemeral range's start) (Linux:
+  /proc/sys/net/ipv4/ip_local_port_range, typically 32768): the kernel
+  hands ports of the ephemeral range to every outgoing connection (the
+  workers' own gRPC channels, other programs) and to every bind to port 0,
+  so a port freed there is soon taken again. Where that range leaves too
+  few ports below it, falls back to ports the kernel picks (port 0). Another
+  process may still take a port before the worker binds it; TF then fails
+  to start its server, naming the address.
+
+  Raises:
+    OSError: fewer than `count` ports could be bound.
   """
-  sockets = []
-  try:
-    for _ in range(count):
-      s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+  low = _ephemeral_port_start()
+  candidates = list(range(LOWEST_PORT, low)) if low - LOWEST_PORT >= 64 * count else []
+  random.SystemRandom().shuffle(candidates)
+  ports: list[int] = []
+  for port in candidates:
+    if len(ports) == count:
+      break
+    if _bindable(host, port):
+      ports.append(port)
+  while len(ports) < count:  # No room below the ephemeral range: the kernel picks.
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
       s.bind((host, 0))
-      sockets.append(s)
-    return [s.getsockname()[1] for s in sockets]
-  finally:
-    for s in sockets:
-      s.close()
+      port = s.getsockname()[1]
+    if port not in ports:
+      ports.append(port)
+  return ports
+
+
+def _ephemeral_port_start(path: str = "/proc/sys/net/ipv4/ip_local_port_range") -> int:
+  """The first port of the kernel's ephemeral range (32768, Linux's default, if unreadable)."""
+  try:
+    with open(path, encoding="ascii") as f:
+      return int(f.read().split()[0])
+  except (OSError, ValueError, IndexError):
+    return 32768
+
+
+def _bindable(host: str, port: int) -> bool:
+  with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+    try:
+      s.bind((host, port))
+    except OSError:
+      return False
+  return True
 
 
 def cluster_tf_configs(spec: LocalClusterSpec, host: str = "localhost") -> list[str]:

@@ -65,7 +65,9 @@ def wait_for_text(path: pathlib.Path, text: str, timeout_s: float, process=None)
     if path.exists() and text in path.read_text(errors="replace"):
       return
     if process is not None and process.poll() is not None:
-      raise AssertionError(f"process ended with {process.returncode} before {path} held {text!r}")
+      tail = path.read_text(errors="replace")[-4000:] if path.exists() else "(no log)"
+      raise AssertionError(
+          f"process ended with {process.returncode} before {path} held {text!r}; its end:\n{tail}")
     time.sleep(0.05)
   raise AssertionError(f"{path} did not hold {text!r} within {timeout_s} s")
 

@@ -10,6 +10,7 @@ import json
 import os
 import pathlib
 import signal
+import socket
 import subprocess
 import sys
 
@@ -99,6 +100,36 @@ def test_every_task_gets_its_tf_config_chief_streams_others_log(tmp_path, capfd)
     parsed = tf_config.parse(json.dumps(config))
     assert parsed.cluster == {"worker": tuple(addresses)}
     assert (parsed.task_type, parsed.task_index, parsed.is_chief) == ("worker", index, index == 0)
+
+
+def test_free_ports_are_below_the_ephemeral_range_distinct_and_skip_a_bound_one(monkeypatch):
+  # The kernel gives ephemeral ports to outgoing connections: a port freed there is soon reused.
+  start = local._ephemeral_port_start()
+  ports = local.free_ports(8)
+  assert len(set(ports)) == 8 and all(local.LOWEST_PORT <= p < start for p in ports)
+  # A range of exactly 64 ports, all but one taken: that one is returned.
+  monkeypatch.setattr(local, "_ephemeral_port_start", lambda: local.LOWEST_PORT + 64)
+  taken = []
+  try:
+    for port in range(local.LOWEST_PORT + 1, local.LOWEST_PORT + 64):
+      s = socket.socket()
+      taken.append(s)
+      s.bind(("localhost", port))
+    assert local.free_ports(1) == [local.LOWEST_PORT]
+  except OSError:
+    pytest.skip("a port of the range is used by another process")
+  finally:
+    for s in taken:
+      s.close()
+  # No room below the range (e.g. ip_local_port_range starting at 1024): the kernel picks.
+  monkeypatch.setattr(local, "_ephemeral_port_start", lambda: 1024)
+  assert all(p >= 1024 for p in local.free_ports(3)) and len(set(local.free_ports(3))) == 3
+
+
+def test_ephemeral_port_start_reads_the_kernel_setting_or_defaults(tmp_path):
+  (tmp_path / "range").write_text("20000\t40000\n")
+  assert local._ephemeral_port_start(str(tmp_path / "range")) == 20000
+  assert local._ephemeral_port_start(str(tmp_path / "missing")) == 32768
 
 
 def test_a_failed_worker_stops_the_others_and_is_named(tmp_path):

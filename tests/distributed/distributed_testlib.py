@@ -16,13 +16,14 @@ from __future__ import annotations
 import json
 import os
 import pathlib
-import socket
 import subprocess
 import sys
 import time
 
 import numpy as np
 import tensorflow as tf
+
+from mxrec_pipeline.cluster import local
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 WORKER = pathlib.Path(__file__).resolve().parent / "sharded_worker.py"
@@ -198,19 +199,6 @@ def assert_rows_equal(got: dict, want: dict) -> None:
     np.testing.assert_allclose(got[key], row, rtol=1e-5, atol=1e-6, err_msg=f"key {key}")
 
 
-def free_ports(count: int) -> list[int]:
-  sockets = []
-  try:
-    for _ in range(count):
-      s = socket.socket()
-      s.bind(("localhost", 0))
-      sockets.append(s)
-    return [s.getsockname()[1] for s in sockets]
-  finally:
-    for s in sockets:
-      s.close()
-
-
 def tf_config(ports: list[int], index: int) -> str:
   """TF_CONFIG of worker `index` of a localhost cluster of len(ports) workers."""
   return json.dumps({
@@ -221,7 +209,7 @@ def tf_config(ports: list[int], index: int) -> str:
 
 def start_cluster(num_workers: int, args_of: list[list[str]], logs: pathlib.Path):
   """Starts the workers (sharded_worker.py with args_of[i]); returns the Popen list."""
-  ports = free_ports(num_workers)
+  ports = local.free_ports(num_workers)
   processes = []
   for i in range(num_workers):
     env = dict(os.environ, TF_CONFIG=tf_config(ports, i), PYTHONPATH=str(REPO),

@@ -17,13 +17,14 @@ import sys
 import numpy as np
 
 import distributed_testlib as lib
+from mxrec_pipeline.cluster import local
 from mxrec_pipeline.distributed import sharding
 
 COORDINATOR = pathlib.Path(__file__).resolve().parent / "ps_coordinator.py"
 
 
 def cluster_of(num_workers: int, num_ps: int) -> dict[str, list[str]]:
-  ports = lib.free_ports(1 + num_workers + num_ps)
+  ports = local.free_ports(1 + num_workers + num_ps)
   return {
       "chief": [f"localhost:{ports[0]}"],
       "worker": [f"localhost:{p}" for p in ports[1:1 + num_workers]],
