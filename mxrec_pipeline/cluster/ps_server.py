@@ -52,11 +52,14 @@ def main() -> int:
   from mxrec_pipeline import ops
   ops.load()  # Kernels of the key index exist in this process before the server starts.
   resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
-  server = tf.distribute.Server(resolver.cluster_spec(), job_name=config.task_type,
-                                task_index=config.task_index, protocol=config.rpc_layer or "grpc",
-                                start=True)
-  address = config.cluster[config.task_type][config.task_index]
-  print(f"ps_server: {config.task_name} serving at {address}", flush=True)
+  try:
+    server = tf.distribute.Server(resolver.cluster_spec(), job_name=config.task_type,
+                                  task_index=config.task_index, protocol=config.rpc_layer or "grpc",
+                                  start=True)
+  except tf.errors.UnknownError as e:  # "Could not start gRPC server": the port is taken.
+    print(f"ps_server: {config.server_start_error(e.message)}", file=sys.stderr)
+    return 2
+  print(f"ps_server: {config.task_name} serving at {config.address}", flush=True)
   server.join()
   return 0
 

@@ -67,6 +67,17 @@ class TFConfig:
     return f"{self.task_type} {self.task_index}"
 
   @property
+  def address(self) -> str:
+    """This task's "host:port" in the cluster, where its TensorFlow server listens."""
+    return self.cluster[self.task_type][self.task_index]
+
+  def server_start_error(self, reason: str) -> TFConfigError:
+    """The error for this task's server failing to start at its address (e.g. port in use)."""
+    return TFConfigError(f"{self.task_name} could not start its TensorFlow server at "
+                         f"{self.address} (its {ENV_VAR} address; is the port used by another "
+                         f"process?): {reason}")
+
+  @property
   def chief(self) -> tuple[str, int]:
     """(job, index) of the chief: ("chief", 0) if the cluster has one, else ("worker", 0)."""
     return (CHIEF, 0) if CHIEF in self.cluster else (WORKER, 0)

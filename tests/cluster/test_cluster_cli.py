@@ -1,10 +1,16 @@
-"""`mxrec-pipeline train` under MultiWorkerMirroredStrategy refuses a bad cluster setup: exit 2."""
+"""`mxrec-pipeline train` and the ps server refuse a bad cluster setup: exit 2, naming it."""
 
+import os
 import pathlib
+import socket
+import subprocess
+import sys
 
 import pytest
 
 from mxrec_pipeline import cli
+from mxrec_pipeline.cluster import local
+from mxrec_pipeline.cluster import tf_config
 
 CONFIG = str(pathlib.Path(__file__).resolve().parents[2] / "configs" / "mslr_dnn.yaml")
 TWO_WORKERS = ('{"cluster": {"worker": ["localhost:1", "localhost:2"]}, '
@@ -41,3 +47,34 @@ def test_bad_strategy_keys_exit_2(tmp_path, capsys, override, message):
   args = ["train", CONFIG, "--set", f"pipeline.model_dir={tmp_path / 'run'}", "--set", override]
   assert cli.main(args) == 2
   assert message in capsys.readouterr().err
+
+
+@pytest.fixture(name="taken_port")
+def _taken_port():
+  """A localhost port another process (this one) listens on."""
+  with socket.socket() as s:
+    s.bind(("localhost", 0))
+    s.listen()
+    yield s.getsockname()[1]
+
+
+@pytest.mark.parametrize("program", ["train", "ps_server"])
+def test_a_task_whose_port_is_taken_exits_2_naming_task_and_address(tmp_path, taken_port, program):
+  if program == "train":
+    cluster = {"worker": [f"localhost:{local.free_ports(1)[0]}", f"localhost:{taken_port}"]}
+    task = ("worker", 1)
+    args = [
+        "-m", "mxrec_pipeline.cli", "train", CONFIG, "--set",
+        f"pipeline.model_dir={tmp_path / 'run'}", "--set",
+        "pipeline.strategy=MultiWorkerMirroredStrategy", "--set", "pipeline.seed=1"
+    ]
+  else:
+    cluster = {"chief": ["localhost:1"], "ps": [f"localhost:{taken_port}"]}
+    task = ("ps", 0)
+    args = ["-m", "mxrec_pipeline.cluster.ps_server"]
+  env = dict(os.environ, TF_CONFIG=tf_config.dumps(cluster, *task), TF_CPP_MIN_LOG_LEVEL="3")
+  done = subprocess.run([sys.executable, *args], env=env, capture_output=True, text=True,
+                        timeout=120, check=False)
+  assert done.returncode == 2, done.stderr[-3000:]
+  assert (f"{task[0]} {task[1]} could not start its TensorFlow server at localhost:{taken_port} "
+          "(its TF_CONFIG address; is the port used by another process?)") in done.stderr
