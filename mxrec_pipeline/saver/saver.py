@@ -7,7 +7,8 @@ optimizer slots and, beside it, `./saved-model/sparse-model-0-<i>/` with each
 table's keys, rows, embeddings and slots (`.npy` files and `meta.json`), so
 mxRec's quick start and its restore-if-present test work as they are. The
 sparse part is written first and renamed into place, so a crash at any point
-leaves the previous checkpoint whole. `restore` imports each table's keys at
+leaves the previous checkpoint whole. Files go through tf.io.gfile, so any
+TF filesystem works (`gs://`, `ram://`). `restore` imports each table's keys at
 their saved rows, so later keys get the rows the saving run would have given.
 
 Plain, tiered (core/tiers.py: rows read wherever they live) and
@@ -19,17 +20,18 @@ the restore rules.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
-import shutil
-import tempfile
 import urllib.parse
 
 import numpy as np
 import tensorflow as tf
 
 from mxrec_pipeline.core import expansion
+from mxrec_pipeline.util import atomic_dir
 from mxrec_pipeline.util import initialize
+from mxrec_pipeline.util import model_files
 
 SPARSE_PREFIX = "sparse-"
 META_FILE = "meta.json"
@@ -428,11 +430,13 @@ class Saver(tf.compat.v1.train.Saver):
                           write_state=write_state, strip_default_attrs=strip_default_attrs,
                           save_debug_info=save_debug_info)
     except BaseException:
-      shutil.rmtree(directory, ignore_errors=True)
+      with contextlib.suppress(tf.errors.OpError):
+        model_files.remove(directory)
       raise
     for old in before - set(self.last_checkpoints):
       if not tf.io.gfile.exists(old + ".index"):  # Deleted, not kept by the hours rule.
-        shutil.rmtree(sparse_dir(old), ignore_errors=True)
+        with contextlib.suppress(tf.errors.OpError):  # Best effort, as TF's own pruning.
+          model_files.remove(sparse_dir(old))
     return path
 
   def restore(self, sess, save_path):
@@ -456,47 +460,36 @@ class Saver(tf.compat.v1.train.Saver):
 
   def _write_sparse(self, sess, directory: str) -> None:
     fetched = sess.run([io.export_fetches for io in self._tables])
-    parent = os.path.dirname(directory) or "."
-    os.makedirs(parent, exist_ok=True)
-    temporary = tempfile.mkdtemp(prefix=f".{os.path.basename(directory)}.tmp-", dir=parent)
-    try:
+
+    def write(temporary: str) -> None:
       meta = {"format": FORMAT_VERSION, "tables": {}}
       for io, values in zip(self._tables, fetched):
         arrays, table_meta = io.to_arrays(values)
         table_dir = os.path.join(temporary, _table_dir(io.table.table_name))
-        os.makedirs(table_dir)
+        tf.io.gfile.makedirs(table_dir)
         for name, array in arrays.items():
-          _write_synced(os.path.join(table_dir, f"{name}.npy"),
-                        lambda f, a=array: np.save(f, a, allow_pickle=False))
+          with tf.io.gfile.GFile(os.path.join(table_dir, f"{name}.npy"), "wb") as f:
+            np.save(f, array, allow_pickle=False)
         meta["tables"][io.table.table_name] = table_meta
-      _write_synced(os.path.join(temporary, META_FILE),
-                    lambda f: f.write(json.dumps(meta, indent=1).encode()))
-      if os.path.exists(directory):  # A re-save of this step (or an orphan of a crash).
-        stale = tempfile.mkdtemp(prefix=f".{os.path.basename(directory)}.old-", dir=parent)
-        os.rename(directory, os.path.join(stale, "part"))
-        os.rename(temporary, directory)
-        shutil.rmtree(stale, ignore_errors=True)
-      else:
-        os.rename(temporary, directory)
-      _sync_directory(parent)
-    except BaseException:
-      shutil.rmtree(temporary, ignore_errors=True)
-      raise
+      with tf.io.gfile.GFile(os.path.join(temporary, META_FILE), "w") as f:
+        f.write(json.dumps(meta, indent=1))
+
+    # A re-save of this step (or the orphan of a crash) is replaced whole.
+    atomic_dir.write_dir_atomically(directory, write)
 
   def _read_sparse(self, directory: str) -> dict:
     meta_path = os.path.join(directory, META_FILE)
-    if not os.path.isdir(directory):
+    if not tf.io.gfile.isdir(directory):
       raise FileNotFoundError(f"sparse checkpoint '{directory}' does not exist; it is written "
                               "beside the dense checkpoint by mxrec_pipeline Saver.save()")
+    if not tf.io.gfile.exists(meta_path):
+      raise FileNotFoundError(f"sparse checkpoint '{directory}' has no {META_FILE}")
     try:
-      with open(meta_path, "rb") as f:
-        meta = json.loads(f.read())
+      meta = json.loads(model_files.read_text(meta_path))
       tables = meta["tables"]
       if meta.get("format") != FORMAT_VERSION:
         raise ValueError(f"format {meta.get('format')!r}, expected {FORMAT_VERSION}")
-    except FileNotFoundError as e:
-      raise FileNotFoundError(f"sparse checkpoint '{directory}' has no {META_FILE}") from e
-    except (ValueError, KeyError, TypeError) as e:
+    except (ValueError, KeyError, TypeError, tf.errors.OpError) as e:
       raise ValueError(f"sparse checkpoint '{meta_path}' is corrupt: {e}") from e
     feeds = {}
     for io in self._tables:
@@ -521,12 +514,12 @@ def _load_table(table_dir: str, meta: dict, name: str) -> dict:
   arrays = {}
   for file in files:
     path = os.path.join(table_dir, f"{file}.npy")
+    if not tf.io.gfile.exists(path):
+      raise FileNotFoundError(f"sparse checkpoint file '{path}' of table '{name}' is missing")
     try:
-      arrays[file] = np.load(path, allow_pickle=False)
-    except FileNotFoundError as e:
-      raise FileNotFoundError(f"sparse checkpoint file '{path}' of table '{name}' is "
-                              "missing") from e
-    except (ValueError, OSError, EOFError) as e:
+      with tf.io.gfile.GFile(path, "rb") as f:
+        arrays[file] = np.load(f, allow_pickle=False)
+    except (ValueError, OSError, EOFError, tf.errors.OpError) as e:
       raise ValueError(f"sparse checkpoint file '{path}' of table '{name}' is corrupt: "
                        f"{e}") from e
   n = arrays["keys"].shape[0] if arrays["keys"].ndim == 1 else -1
@@ -541,18 +534,3 @@ def _load_table(table_dir: str, meta: dict, name: str) -> dict:
           f"{'int64 [n]' if integer else 'float [n, ' + str(meta['dim']) + ']'} with n = "
           f"{n} keys")
   return arrays
-
-
-def _write_synced(path: str, write) -> None:
-  with open(path, "wb") as f:
-    write(f)
-    f.flush()
-    os.fsync(f.fileno())
-
-
-def _sync_directory(path: str) -> None:
-  descriptor = os.open(path, os.O_RDONLY)
-  try:
-    os.fsync(descriptor)
-  finally:
-    os.close(descriptor)

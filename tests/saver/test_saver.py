@@ -1,9 +1,10 @@
 """mxrec_pipeline Saver: dense checkpoint plus `sparse-<name>-<step>/`, for plain and
 dynamic-expansion tables; restore in fresh graphs and sessions; mxRec's quick-start
-paths; missing or corrupt sparse parts; failures leave nothing half-written."""
+paths; missing or corrupt sparse parts; failures leave nothing half-written; ram://."""
 
 import json
 import os
+import uuid
 
 import numpy as np
 import pytest
@@ -321,3 +322,32 @@ def test_saver_needs_a_graph_and_init():
   init()
   with pytest.raises(RuntimeError, match=r"eagerly, checkpoint tables with tf.train.Checkpoint"):
     saver_lib.Saver()
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_saves_restores_and_prunes_on_any_tf_filesystem(mode):
+  # TF's in-memory filesystem stands for GCS/S3/HDFS: no call may need a POSIX path.
+  directory = f"ram://saver-{mode}-{uuid.uuid4().hex}"
+  path, saved, continued = _train_and_save(mode, directory)
+  assert tf.io.gfile.isdir(f"{directory}/sparse-model-0-3")
+  with tf.Graph().as_default():
+    model = _build(mode, seed=1)
+    saver = saver_lib.Saver(max_to_keep=1)
+    with tf.compat.v1.Session() as sess:
+      saver.restore(sess, path)
+      _assert_states_equal(model["read_state"](sess), saved)
+      model["run_step"](sess, 3)
+      _assert_states_equal(model["read_state"](sess), continued)
+      for step in (4, 5, 5):  # Pruned by max_to_keep, then a re-save of step 5 replaced.
+        saver.save(sess, f"{directory}/next", global_step=step, write_meta_graph=False)
+  sparse = sorted(n.rstrip("/") for n in tf.io.gfile.listdir(directory) if n.startswith("sparse-"))
+  assert sparse == ["sparse-model-0-3", "sparse-next-5"]
+  assert not [n for n in tf.io.gfile.listdir(directory) if n.startswith(".")]
+  terminate_config_initializer()
+  with pytest.raises(FileNotFoundError, match=f"sparse checkpoint file '{directory}/sparse-next-5"):
+    tf.io.gfile.remove(f"{directory}/sparse-next-5/table-item/keys.npy")
+    with tf.Graph().as_default():
+      _build(mode, seed=1)
+      with tf.compat.v1.Session() as sess:
+        saver_lib.Saver().restore(sess, f"{directory}/next-5")
+  terminate_config_initializer()

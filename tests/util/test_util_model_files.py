@@ -26,6 +26,7 @@ STORAGE_MODULES = [
     "keras/manifest.py",
     "keras/export.py",
     "keras/pipeline.py",
+    "saver/saver.py",
     "jobs.py",
     "evaluation.py",
     "util/atomic_dir.py",
