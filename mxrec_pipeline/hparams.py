@@ -101,6 +101,9 @@ class PipelineHparams:
       this model that the checkpoint has), "rename": {source name: this
       model's name}, "slots": also take the optimizer slots (default false)};
       see `WarmStart`. Used only when model_dir holds no checkpoint.
+    sharding: None, or how tables sharded over MultiWorkerMirroredStrategy
+      workers route a lookup: {"routing": "all_gather" | "all_to_all" |
+      "auto"} (default auto: all_to_all on 2+ workers); see `Sharding`.
   """
 
   model_dir: str
@@ -122,6 +125,7 @@ class PipelineHparams:
   seed: int | None = None
   resume: bool = True
   warm_start: dict | None = None
+  sharding: dict | None = None
 
   def __post_init__(self):
     if not self.model_dir:
@@ -152,6 +156,7 @@ class PipelineHparams:
     check_sparse_optimizer(self.sparse_optimizer)
     if self.warm_start is not None:
       WarmStart.from_dict(self.warm_start)
+    Sharding.from_dict(self.sharding)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -198,6 +203,46 @@ class WarmStart:
     if not isinstance(slots, bool):
       raise ValueError(f"`warm_start.slots` must be true or false, got {slots!r}")
     return cls(source, tuple(tables), dict(rename), slots)
+
+
+# distributed/sharded_table.ROUTINGS plus its AUTO (a test keeps them in step).
+ROUTINGS = ("all_gather", "all_to_all", "auto")
+
+
+@dataclasses.dataclass(frozen=True)
+class Sharding:
+  """PipelineHparams.sharding, checked: tables sharded over MultiWorkerMirrored workers.
+
+  Attributes:
+    routing: How a lookup reaches the rows' owners and back:
+      "all_gather" (every worker receives every worker's ids and rows:
+      bytes grow with the worker count W), "all_to_all" (each worker receives
+      its own, padded to the largest worker-to-owner chunk) or "auto"
+      (default: all_to_all on 2+ workers for the run's first 64 tables,
+      all_gather otherwise; distributed/sharded_table.choose_routing). The
+      result is the same either way; docs/scaling.md has the bytes.
+  """
+
+  routing: str = "auto"
+
+  @classmethod
+  def from_dict(cls, raw: dict | None) -> "Sharding":
+    """From {"routing"} (None: the defaults).
+
+    Raises:
+      ValueError: not a mapping, unknown keys, or an unknown routing (named).
+    """
+    if raw is None:
+      return cls()
+    if not isinstance(raw, dict):
+      raise ValueError(f"`sharding` must be a mapping, got {raw!r}")
+    unknown = sorted(set(raw) - {"routing"})
+    if unknown:
+      raise ValueError(f"`sharding`: unknown keys {unknown}; known: routing")
+    routing = raw.get("routing", cls.routing)
+    if routing not in ROUTINGS:
+      raise ValueError(f"`sharding.routing` must be one of {list(ROUTINGS)}, got {routing!r}")
+    return cls(routing)
 
 
 def _check_positive_int(name, value):

@@ -13,7 +13,8 @@ per step instead of exchange.py's W n (8 + 2 d s).
 
 all_to_all_v2 is not reachable through the public ReplicaContext in TF 2.15;
 its collectives are keyed by (group_key, instance_key), which every worker
-must give identically: `AllToAllKeys` hands them out per table and lookup.
+must give identically: `AllToAllKeys` hands them out per table and lookup,
+never overflowing int32.
 See docs/scaling.md#one-training-step.
 """
 
@@ -27,65 +28,85 @@ from tensorflow.python.ops import collective_ops  # pylint: disable=g-direct-ten
 from mxrec_pipeline.distributed import exchange
 from mxrec_pipeline.distributed import sharding
 
-# Group key of the all-to-alls, far above those MultiWorkerMirroredStrategy
-# hands out (from 1 up, one per device group). Instance keys are scoped by it.
+# Group keys of the all-to-alls, far above those MultiWorkerMirroredStrategy
+# hands out (from 1 up, one per device group). Instance keys are scoped by
+# their group: every LOOKUPS_PER_GROUP lookups of a table move to the next
+# group key, so int32 instance keys never overflow.
 GROUP_KEY = 1 << 30
 MAX_TABLES = 64  # Instance keys interleave the tables: 1 + (call * 64 + table index).
 _KEYS_PER_LOOKUP = 3  # ids forward, rows forward, rows backward.
+# The most lookups whose instance keys fit in int32: 1 + ((3 * lookup + 2) * 64 + 63) < 2**31.
+MAX_LOOKUPS_PER_GROUP = (
+    (1 << 31) - 2 -
+    (_KEYS_PER_LOOKUP - 1) * MAX_TABLES - MAX_TABLES) // (_KEYS_PER_LOOKUP * MAX_TABLES) + 1
+LOOKUPS_PER_GROUP = MAX_LOOKUPS_PER_GROUP  # AllToAllKeys' default (tests lower it).
 
 
 class AllToAllKeys(tf.Module):
-  """Instance keys of a table's all-to-alls: new ones every lookup, the same on every worker.
+  """Collective keys of a table's all-to-alls: new ones every lookup, the same on every worker.
 
   TF resolves a collective instance once (its shape included), so an exchange
   whose chunk size changes from step to step needs new instance keys at every
   call, as MultiWorkerMirroredStrategy's launchers take call-time keys. A
   per-worker counter of lookups, advanced identically on every worker,
-  gives them: 1 + ((3 * lookup + k) * MAX_TABLES + table_index), good for
-  about 11 million lookups of a table (int32 keys).
+  gives them: lookup c of table t uses group GROUP_KEY + c // per_group and
+  instance keys 1 + ((3 * (c % per_group) + k) * MAX_TABLES + t), k < 3, all
+  int32 for any number of lookups (a new group every ~11 million lookups of
+  a table; TF sets a group up on its first collective).
 
   Args:
     table_index: The table's creation index in the run, < MAX_TABLES (the
       same on every worker: ShardedTable's config check refuses another
       order).
+    lookups_per_group: Lookups per group key, in [1, MAX_LOOKUPS_PER_GROUP];
+      None: LOOKUPS_PER_GROUP (the maximum; tests lower it to reach the
+      next group in a few steps).
 
   Raises:
-    ValueError: table_index >= MAX_TABLES.
+    ValueError: table_index >= MAX_TABLES, or lookups_per_group out of range.
   """
 
-  def __init__(self, table_index: int):
+  def __init__(self, table_index: int, lookups_per_group: int | None = None):
     super().__init__(name=None)
     if not 0 <= table_index < MAX_TABLES:
       raise ValueError(f"all_to_all routing serves the first {MAX_TABLES} tables of a run, this is "
                        f"table {table_index}; use routing='all_gather'")
+    if lookups_per_group is None:
+      lookups_per_group = LOOKUPS_PER_GROUP
+    if not 1 <= lookups_per_group <= MAX_LOOKUPS_PER_GROUP:
+      raise ValueError(f"`lookups_per_group` must be in [1, {MAX_LOOKUPS_PER_GROUP}], got "
+                       f"{lookups_per_group}")
     self._table_index = table_index
+    self._per_group = lookups_per_group
     with tf.init_scope():
       self.lookups = tf.Variable(0, dtype=tf.int64, trainable=False, name="all_to_all_lookups")
 
-  def next(self) -> list[tf.Tensor]:
-    """The _KEYS_PER_LOOKUP int32 instance keys of one more lookup."""
+  def next(self) -> tuple[tf.Tensor, list[tf.Tensor]]:
+    """(int32 group key, the _KEYS_PER_LOOKUP int32 instance keys) of one more lookup."""
     call = self.lookups.assign_add(1, read_value=True) - 1
-    return [
-        tf.cast(1 + ((_KEYS_PER_LOOKUP * call + k) * MAX_TABLES + self._table_index), tf.int32)
+    group = tf.cast(GROUP_KEY + call // self._per_group, tf.int32)
+    in_group = call % self._per_group
+    return group, [
+        tf.cast(1 + ((_KEYS_PER_LOOKUP * in_group + k) * MAX_TABLES + self._table_index), tf.int32)
         for k in range(_KEYS_PER_LOOKUP)
     ]
 
 
-def _all_to_all(t, num_shards: int, forward_key, backward_key, timeout_s: float):
+def _all_to_all(t, num_shards: int, group_key, forward_key, backward_key, timeout_s: float):
   """all_to_all_v2 over the workers; differentiable (its gradient is the reverse exchange)."""
 
   @tf.custom_gradient
   def exchange_rows(x):
 
     def grad(dy):
-      return collective_ops.all_to_all_v2(tf.convert_to_tensor(dy), num_shards, GROUP_KEY,
+      return collective_ops.all_to_all_v2(tf.convert_to_tensor(dy), num_shards, group_key,
                                           backward_key, timeout=timeout_s)
 
-    return collective_ops.all_to_all_v2(x, num_shards, GROUP_KEY, forward_key,
+    return collective_ops.all_to_all_v2(x, num_shards, group_key, forward_key,
                                         timeout=timeout_s), grad
 
   if not t.dtype.is_floating:
-    return collective_ops.all_to_all_v2(t, num_shards, GROUP_KEY, forward_key, timeout=timeout_s)
+    return collective_ops.all_to_all_v2(t, num_shards, group_key, forward_key, timeout=timeout_s)
   return exchange_rows(t)
 
 
@@ -133,10 +154,10 @@ def exchange_lookup(unique_keys: tf.Tensor, lookup_owned: Callable[..., tf.Tenso
   if weights is not None:
     sent = tf.stack([sent, tf.gather(weights, order)], axis=1)  # [n, 2]
   outgoing = tf.scatter_nd(slots[:, tf.newaxis], sent, tf.concat([[padded], tf.shape(sent)[1:]], 0))
-  ids_key, rows_key, grads_key = keys.next()
+  group_key, (ids_key, rows_key, grads_key) = keys.next()
   incoming = _all_to_all(
       tf.reshape(outgoing, tf.concat([[num_shards, chunk], tf.shape(sent)[1:]], 0)), num_shards,
-      ids_key, None, timeout_s)
+      group_key, ids_key, None, timeout_s)
   valid = tf.reshape(tf.range(chunk)[tf.newaxis] < counts[:, me][:, tf.newaxis], [-1])
   positions = tf.cast(tf.reshape(tf.where(valid), [-1]), tf.int32)  # In [0, W * M).
   incoming = tf.gather(tf.reshape(incoming, tf.concat([[padded], tf.shape(sent)[1:]], 0)),
@@ -147,7 +168,7 @@ def exchange_lookup(unique_keys: tf.Tensor, lookup_owned: Callable[..., tf.Tenso
     own_rows = lookup_owned(incoming[:, 0], incoming[:, 1])
   replies = tf.scatter_nd(positions[:, tf.newaxis], own_rows, tf.stack([padded, dim]))
   answered = _all_to_all(tf.reshape(replies, tf.stack([num_shards, chunk, dim])), num_shards,
-                         rows_key, grads_key, timeout_s)
+                         group_key, rows_key, grads_key, timeout_s)
   sorted_rows = tf.gather(tf.reshape(answered, tf.stack([padded, dim])), slots)
   rows = tf.scatter_nd(order[:, tf.newaxis], sorted_rows, tf.stack([n, dim]))
   padded64 = tf.cast(padded, tf.int64)

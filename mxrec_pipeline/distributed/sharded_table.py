@@ -38,6 +38,33 @@ CONFIG_FIELDS = ("name", "dim", "device_vocabulary_size", "key_dtype", "value_dt
 # How a lookup reaches the owners: distributed/exchange.py (all-gathers, the
 # public ReplicaContext API) or distributed/all_to_all.py (all-to-alls).
 ROUTINGS = ("all_gather", "all_to_all")
+AUTO = "auto"  # choose_routing picks one of ROUTINGS.
+
+
+def choose_routing(routing: str, num_shards: int, table_index: int) -> str:
+  """The routing a table uses: `routing`, or for "auto" the one that moves fewer bytes.
+
+  "auto" -> "all_to_all" on two or more shards for the run's first
+  all_to_all.MAX_TABLES tables, else "all_gather". A worker receives about
+  W n (8 + 2 d s) bytes per step with all-gathers and n (8 + 2 d s) times
+  the all-to-all's chunk padding (1.0-1.2 at W <= 8, about 2 at W = 64)
+  with all-to-alls, so the all-to-all moves fewer bytes at every W >= 2
+  (docs/scaling.md); it was also faster on the measured 2-worker job. One
+  shard exchanges nothing either way.
+
+  Args:
+    routing: "all_gather", "all_to_all" or "auto".
+    num_shards: Workers the table is sharded over.
+    table_index: The table's creation index in the run.
+
+  Raises:
+    ValueError: another routing, naming the choices.
+  """
+  if routing == AUTO:
+    return "all_to_all" if num_shards > 1 and table_index < all_to_all.MAX_TABLES else "all_gather"
+  if routing not in ROUTINGS:
+    raise ValueError(f"`routing` must be one of {[*ROUTINGS, AUTO]}, got {routing!r}")
+  return routing
 
 
 def shard_of_worker(strategy: tf.distribute.Strategy) -> tuple[int, int]:
@@ -97,13 +124,15 @@ class ShardedTable(tf.Module):
       unseen for longer than this many seconds of the batches' timestamps
       (`lookup(..., timestamp=)`); None never evicts.
     routing: "all_gather" (distributed/exchange.py: public ReplicaContext
-      all-gathers; each worker receives every worker's ids and rows) or
+      all-gathers; each worker receives every worker's ids and rows),
       "all_to_all" (distributed/all_to_all.py: each worker receives only its
-      own, about W times fewer bytes).
+      own, about W times fewer bytes) or "auto" (`choose_routing`: all_to_all
+      on 2+ workers for the run's first 64 tables).
     collective_timeout_s: Timeout of the all-to-alls in seconds (0: none);
       the all-gathers take the strategy's CommunicationOptions timeout.
 
   Attributes:
+    routing: The routing used ("auto" resolved).
     shard: This worker's SparseEmbedding.
     shard_id, num_shards: This worker's shard and the number of shards.
     bytes_exchanged: [3] int64 variable, this worker's ExchangeBytes (ids,
@@ -126,16 +155,17 @@ class ShardedTable(tf.Module):
     if tf.distribute.has_strategy():
       raise ValueError(f"ShardedTable('{name}'): create it outside strategy.scope(): its rows are "
                        "this worker's shard, not a mirrored variable")
-    if routing not in ROUTINGS:
-      raise ValueError(f"ShardedTable('{name}'): `routing` must be one of {ROUTINGS}, "
-                       f"got {routing!r}")
-    self.routing = routing
-    self._collective_timeout_s = float(collective_timeout_s)
-    # The all-to-alls' instance keys: by the table's creation index, the same
-    # on every worker (the config check below refuses another order).
-    self._all_to_all_keys = (all_to_all.AllToAllKeys(len(
-        initialize.get_config_initializer().tables)) if routing == "all_to_all" else None)
     self.shard_id, self.num_shards = shard_of_worker(strategy)
+    # The table's creation index, the same on every worker (the config check
+    # below refuses another order): the all-to-alls' instance keys use it.
+    table_index = len(initialize.get_config_initializer().tables)
+    try:
+      self.routing = choose_routing(routing, self.num_shards, table_index)
+    except ValueError as e:
+      raise ValueError(f"ShardedTable('{name}'): {e}") from None
+    self._collective_timeout_s = float(collective_timeout_s)
+    self._all_to_all_keys = (all_to_all.AllToAllKeys(table_index)
+                             if self.routing == "all_to_all" else None)
     self._strategy = strategy
     self.shard = embedding.create_table(key_dtype=key_dtype, dim=dim, name=name,
                                         emb_initializer=emb_initializer,

@@ -33,7 +33,7 @@ from mxrec_pipeline.core.asc import feature_spec as fs
 from mxrec_pipeline.core.asc import replicas
 # Re-exported: users import PipelineHparams and RANKING_METRICS from here.
 from mxrec_pipeline.hparams import (MULTI_WORKER_MIRRORED, PARAMETER_SERVER, RANKING_METRICS,
-                                    STRATEGIES, PipelineHparams, WarmStart)
+                                    STRATEGIES, PipelineHparams, Sharding, WarmStart)
 from mxrec_pipeline.keras import callbacks as callbacks_lib
 # Re-exported: tfr users find the dataset builders in the pipeline module.
 from mxrec_pipeline.keras.datasets import (BaseDatasetBuilder, DatasetHparams, SimpleDatasetBuilder,
@@ -573,7 +573,8 @@ class ModelFitPipeline(AbstractPipeline):
           f"tables of an mxrec_pipeline ModelBuilder; got {type(self._model_builder).__name__}")
     tables = sharded.create_sharded_tables(strategy, specs or self._model_builder.tables.values(),
                                            self._model_builder.seed, hparams.collective_timeout_s or
-                                           0.0)
+                                           0.0,
+                                           routing=Sharding.from_dict(hparams.sharding).routing)
     sparse_optimizer = self._sparse_optimizer()
     if build_slots:
       sparse_optimizer.build([table.variable for table in tables.values()])

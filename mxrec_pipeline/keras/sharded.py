@@ -33,11 +33,12 @@ from mxrec_pipeline.keras import layers
 
 
 def create_sharded_tables(strategy: tf.distribute.Strategy, specs: Iterable[layers.TableSpec],
-                          seed: int | None = None,
-                          collective_timeout_s: float = 0.0) -> dict[str, ShardedTable]:
+                          seed: int | None = None, collective_timeout_s: float = 0.0,
+                          routing: str = "auto") -> dict[str, ShardedTable]:
   """One ShardedTable per spec, created in spec order (the same on every worker).
 
-  Call outside `strategy.scope()`, after init(). Rows per shard are the
+  Call outside `strategy.scope()`, after init(). Prints each table's shard
+  count and routing ("auto" resolved). Rows per shard are the
   spec's device_vocabulary_size; initial rows by layers.table_initializer
   (random ones are drawn per shard, so other initial rows than one
   process's; "zeros" gives the same).
@@ -47,7 +48,9 @@ def create_sharded_tables(strategy: tf.distribute.Strategy, specs: Iterable[laye
     specs: The model's TableSpecs.
     seed: The run's seed, or None.
     collective_timeout_s: The all-to-all routing's timeout (unused by the
-      default all_gather routing, which takes the strategy's).
+      all_gather routing, which takes the strategy's).
+    routing: "all_gather", "all_to_all" or "auto" (ShardedTable's; the
+      YAML's `pipeline.sharding.routing`).
 
   Returns:
     Table name -> ShardedTable.
@@ -68,7 +71,10 @@ def create_sharded_tables(strategy: tf.distribute.Strategy, specs: Iterable[laye
                                      device_vocabulary_size=spec.device_vocabulary_size,
                                      emb_initializer=layers.table_initializer(spec, seed),
                                      key_dtype=tf.as_dtype(spec.key_dtype),
-                                     collective_timeout_s=collective_timeout_s)
+                                     collective_timeout_s=collective_timeout_s, routing=routing)
+    print(
+        f"table '{spec.name}': sharded over {tables[spec.name].num_shards} workers, "
+        f"{tables[spec.name].routing} routing", flush=True)
   return tables
 
 

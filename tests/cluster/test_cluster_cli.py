@@ -42,6 +42,10 @@ def test_bad_cluster_setup_exits_2_naming_it(tmp_path, monkeypatch, capsys, tf_c
     ("pipeline.collective_timeout_s=0", "`collective_timeout_s` must be a finite positive number"),
     ("pipeline.strategy=MultiWorker", "'MultiWorkerMirroredStrategy', 'ParameterServerStrategy'), "
      "got 'MultiWorker'"),
+    ("pipeline.sharding.routing=ring", "`sharding.routing` must be one of ['all_gather', "
+     "'all_to_all', 'auto'], got 'ring'"),
+    ("pipeline.sharding.route=all_gather", "`sharding`: unknown keys ['route']; known: routing"),
+    ("pipeline.sharding=all_gather", "pipeline.sharding must be a mapping, got 'all_gather'"),
 ])
 def test_bad_strategy_keys_exit_2(tmp_path, capsys, override, message):
   args = ["train", CONFIG, "--set", f"pipeline.model_dir={tmp_path / 'run'}", "--set", override]

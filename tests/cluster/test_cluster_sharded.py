@@ -63,6 +63,8 @@ def test_movielens_on_two_workers_trains_as_one_process(tmp_path, capsys):
           launcher.stderr[-3000:])
     outputs.append(launcher.stdout + (model_dir / "local_cluster" / "worker-1.log").read_text())
   assert outputs[1].count("1 epoch(s) and 3 step(s) done, continuing at epoch 2 of 2") == 2
+  for table in TABLES:  # The default routing, `auto`, on two workers.
+    assert outputs[1].count(f"table '{table}': sharded over 2 workers, all_to_all routing") == 2
   # Each worker's shard of each table beside the chief's checkpoints (ckpt-1, ckpt-2).
   for number in (1, 2):
     for table in TABLES:

@@ -14,7 +14,8 @@ other keys of the same ids, added to the first's embeddings), --steps N,
 crash), --stall_at_step N (this worker stops answering at that step),
 --restore DIR / --save DIR (per-shard checkpoints, distributed/checkpoint.py),
 --export DIR (every worker stages its shard, the chief writes the serving
-snapshot built from them, distributed/export.py).
+snapshot built from them, distributed/export.py), --lookups_per_group N
+(all_to_all's group keys change every N lookups, as past ~11M lookups).
 """
 
 import argparse
@@ -32,6 +33,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import distributed_testlib as lib  # noqa: E402  pylint: disable=wrong-import-position
 
+from mxrec_pipeline.distributed import all_to_all  # noqa: E402  pylint: disable=wrong-import-position
 from mxrec_pipeline.distributed import checkpoint  # noqa: E402  pylint: disable=wrong-import-position
 from mxrec_pipeline.distributed import export  # noqa: E402  pylint: disable=wrong-import-position
 from mxrec_pipeline.distributed import sharded_table  # noqa: E402  pylint: disable=wrong-import-position
@@ -65,7 +67,10 @@ def main():
   parser.add_argument("--eviction_threshold_s", type=int, default=None)
   parser.add_argument("--routing", default="all_gather")
   parser.add_argument("--second_table_routing", default="")
+  parser.add_argument("--lookups_per_group", type=int, default=None)
   args = parser.parse_args()
+  if args.lookups_per_group:  # All-to-alls move to the next group key this often.
+    all_to_all.LOOKUPS_PER_GROUP = args.lookups_per_group
 
   strategy = tf.distribute.MultiWorkerMirroredStrategy(
       communication_options=tf.distribute.experimental.CommunicationOptions(

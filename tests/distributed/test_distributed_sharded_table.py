@@ -8,7 +8,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from mxrec_pipeline import hparams
 from mxrec_pipeline.core import key_index
+from mxrec_pipeline.distributed import all_to_all
 from mxrec_pipeline.distributed import exchange
 from mxrec_pipeline.distributed import sharded_table
 from mxrec_pipeline.optimizers import gradient_descent
@@ -55,6 +57,49 @@ def test_bytes_formula():
 def test_bad_routing_is_refused():
   with pytest.raises(ValueError, match=r"ShardedTable\('item'\): `routing` must be one of"):
     _table(routing="ring")
+
+
+@pytest.mark.parametrize(
+    "routing, num_shards, table_index, chosen",
+    [
+        ("auto", 1, 0, "all_gather"),  # One shard exchanges nothing.
+        ("auto", 2, 0, "all_to_all"),
+        ("auto", 512, 63, "all_to_all"),
+        ("auto", 2, 64, "all_gather"),  # Past the all-to-all's instance-key tables.
+        ("all_gather", 8, 0, "all_gather"),
+        ("all_to_all", 1, 0, "all_to_all"),
+    ])
+def test_choose_routing(routing, num_shards, table_index, chosen):
+  assert sharded_table.choose_routing(routing, num_shards, table_index) == chosen
+
+
+def test_one_shard_auto_table_routes_by_all_gather():
+  assert _table(routing="auto").routing == "all_gather"
+
+
+def test_config_routings_are_the_tables():
+  assert hparams.ROUTINGS == (*sharded_table.ROUTINGS, sharded_table.AUTO)
+
+
+def test_all_to_all_keys_never_overflow_int32():
+  keys = all_to_all.AllToAllKeys(all_to_all.MAX_TABLES - 1)
+  last = all_to_all.MAX_LOOKUPS_PER_GROUP - 1
+  keys.lookups.assign(last)
+  group, instances = keys.next()  # The last lookup of the first group: the largest keys.
+  assert int(group) == all_to_all.GROUP_KEY
+  assert [int(k) for k in instances] == [
+      1 + ((3 * last + k) * all_to_all.MAX_TABLES + all_to_all.MAX_TABLES - 1) for k in range(3)
+  ]
+  assert max(int(k) for k in instances) <= np.iinfo(np.int32).max
+  group, instances = keys.next()  # The next group starts over.
+  assert int(group) == all_to_all.GROUP_KEY + 1
+  assert [int(k) for k in instances] == [1 + k * all_to_all.MAX_TABLES + 63 for k in range(3)]
+  small = all_to_all.AllToAllKeys(0, lookups_per_group=2)
+  assert [int(small.next()[0]) - all_to_all.GROUP_KEY for _ in range(5)] == [0, 0, 1, 1, 2]
+  with pytest.raises(ValueError, match="`lookups_per_group` must be in"):
+    all_to_all.AllToAllKeys(0, lookups_per_group=0)
+  with pytest.raises(ValueError, match="all_to_all routing serves the first 64 tables"):
+    all_to_all.AllToAllKeys(64)
 
 
 def test_created_inside_a_strategy_scope_is_refused():

@@ -58,8 +58,10 @@ def test_all_to_all_routing_equals_one_process(tmp_path, access_threshold):
 
 
 def test_four_workers_all_to_all_equal_one_process(tmp_path):
-  # Four owners: chunks to and from every pair of workers.
-  outs = _train(tmp_path, "lazy_adam", num_workers=4, extra=["--routing", "all_to_all"])
+  # Four owners: chunks to and from every pair of workers; a new group key every
+  # 3 lookups (as every ~11M lookups), so steps use two groups.
+  outs = _train(tmp_path, "lazy_adam", num_workers=4,
+                extra=["--routing", "all_to_all", "--lookups_per_group", "3"])
   _check_equal(outs, lib.reference_run("lazy_adam", STEPS))
   _check_all_to_all_bytes(outs, weighted=False)
 
