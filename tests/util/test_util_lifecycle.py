@@ -61,6 +61,78 @@ def test_the_claim_of_a_dead_process_or_a_stale_heartbeat_is_taken_over(tmp_path
     assert lock.holder()["host"] == socket.gethostname()
 
 
+# Waits for a start time, then tries to claim the model_dir; prints "RESULT won" or
+# "RESULT in use", then
+# holds a win until told to stop (a file), so that the others see a live claim.
+_CONTENDER = """
+import os, sys, time
+from mxrec_pipeline.util import model_dir_lock
+model_dir, start, stop = sys.argv[1], float(sys.argv[2]), sys.argv[3]
+time.sleep(max(0.0, start - time.time()))
+try:
+  lock = model_dir_lock.ModelDirLock(model_dir, heartbeat_s=0.05, stale_after_s=30).acquire()
+except model_dir_lock.ModelDirInUse:
+  print("RESULT in use", flush=True)
+  sys.exit(0)
+print("RESULT won", flush=True)
+while not os.path.exists(stop):
+  time.sleep(0.05)
+lock.release()
+"""
+
+
+def test_jobs_taking_over_a_dead_claim_at_once_leave_one_owner(tmp_path):
+  dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                        capture_output=True, text=True, check=True)
+  stop = tmp_path / "stop"
+  for attempt in range(2):  # Rounds of 6 contenders, all released between rounds.
+    _claim(tmp_path, pid=int(dead.stdout), heartbeat=time.time() - 120)
+    start = time.time() + 3.0  # After every contender imported the module.
+    contenders = [
+        subprocess.Popen(
+            [sys.executable, "-c", _CONTENDER,
+             str(tmp_path), str(start),
+             str(stop)], stdout=subprocess.PIPE, text=True) for _ in range(6)
+    ]
+    try:
+      lines = []
+      for process in contenders:  # (Takeover messages come before the result.)
+        lines.append(next(line for line in process.stdout if line.startswith("RESULT"))[7:].strip())
+      assert sorted(lines) == ["in use"] * 5 + ["won"], (attempt, lines)
+      winner = contenders[lines.index("won")].pid
+      assert json.loads((tmp_path / model_dir_lock.LOCK_FILE).read_text())["pid"] == winner
+    finally:
+      stop.touch()
+      for process in contenders:
+        process.wait(timeout=30)
+      stop.unlink()
+    assert not (tmp_path / model_dir_lock.LOCK_FILE).exists()
+
+
+def test_a_takeover_in_progress_refuses_and_one_left_by_a_killed_job_expires(tmp_path, capsys):
+  _claim(tmp_path, host="elsewhere", pid=1, heartbeat=time.time() - 120)  # Dead.
+  mutex = tmp_path / (model_dir_lock.LOCK_FILE + ".takeover")
+  mutex.write_text("{}")
+  with pytest.raises(model_dir_lock.ModelDirInUse, match="another job is taking over the claim"):
+    model_dir_lock.ModelDirLock(str(tmp_path), stale_after_s=60).acquire()
+  assert json.loads((tmp_path / model_dir_lock.LOCK_FILE).read_text())["host"] == "elsewhere"
+  os.utime(mutex, (time.time() - 120, time.time() - 120))  # Its job was killed mid-takeover.
+  with model_dir_lock.ModelDirLock(str(tmp_path), stale_after_s=60) as lock:
+    assert lock.holder()["pid"] == os.getpid() and not mutex.exists()
+  assert "taking over the claim of a job that is gone (host elsewhere, pid 1)" in (
+      capsys.readouterr().out)
+
+
+def test_a_job_whose_claim_was_taken_over_stops_its_heartbeat(tmp_path, capsys):
+  lock = model_dir_lock.ModelDirLock(str(tmp_path), heartbeat_s=0.05, stale_after_s=1).acquire()
+  _claim(tmp_path, host="elsewhere", pid=7)  # Judged dead while it was stopped, taken over.
+  time.sleep(0.3)
+  assert json.loads((tmp_path / model_dir_lock.LOCK_FILE).read_text())["pid"] == 7
+  lock.release()  # Leaves the other job's claim.
+  assert json.loads((tmp_path / model_dir_lock.LOCK_FILE).read_text())["pid"] == 7
+  assert "the claim of this job was taken over by host elsewhere, pid 7" in capsys.readouterr().err
+
+
 def test_the_heartbeat_keeps_the_claim_fresh_and_one_process_shares_it(tmp_path):
   with model_dir_lock.ModelDirLock(str(tmp_path), heartbeat_s=0.05, stale_after_s=1) as lock:
     first = lock.holder()["heartbeat"]
