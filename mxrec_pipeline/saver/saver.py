@@ -359,15 +359,20 @@ class Saver(tf.compat.v1.train.Saver):
     var_list: As tf.compat.v1.train.Saver's (None: all saveable objects); table
       rows, their slots and the tables' key indexes (and row stores, and tiered
       tables' `<table>/tiers`) are taken out of it and go to the sparse part.
+    warm_start_tables: None, or names of this graph's tables (mxRec's
+      argument): `restore` then warm-starts, taking only these tables' keys,
+      rows and slots from the checkpoint (see `restore`).
     **kwargs: tf.compat.v1.train.Saver's other arguments (max_to_keep,
       sharded, ...). Old sparse parts are deleted with their dense checkpoints.
 
   Raises:
     RuntimeError: executing eagerly (use tf.train.Checkpoint), or init() was
       not called.
+    ValueError: `warm_start_tables` is not a list of this graph's table names
+      (the unknown ones and the graph's tables named).
   """
 
-  def __init__(self, var_list=None, **kwargs):
+  def __init__(self, var_list=None, warm_start_tables=None, **kwargs):
     if tf.executing_eagerly():
       raise RuntimeError("mxrec_pipeline Saver works on tf.compat.v1 graphs; eagerly, "
                          "checkpoint tables with tf.train.Checkpoint")
@@ -387,6 +392,7 @@ class Saver(tf.compat.v1.train.Saver):
             self._tables.append(_TieredTableIO(table))
           else:
             self._tables.append(_PlainTableIO(table, _plain_slots(table, variables, claimed)))
+    self._warm_start_tables = self._checked_names(warm_start_tables)
     sparse_ids = set().union(*(io.sparse_ids() for io in self._tables))
     handles = {id(h) for io in self._tables for h in io.handles()}
 
@@ -439,17 +445,31 @@ class Saver(tf.compat.v1.train.Saver):
           model_files.remove(sparse_dir(old))
     return path
 
-  def restore(self, sess, save_path):
-    """Restores the dense part, then every table's keys, rows and slots.
+  def restore(self, sess, save_path, warm_start_tables=None):
+    """Restores the dense part, then every table's keys, rows and slots; or warm-starts.
+
+    With `warm_start_tables` (here or in the constructor; mxRec's argument),
+    only the named tables are restored: their keys, rows and optimizer slots
+    (the checkpoint must hold this graph's slots of them: the same sparse
+    optimizer). The dense part and the other tables keep their values:
+    initialize the session first (a new model: a table or feature added, the
+    dense model changed). Prints one line per table of this graph saying
+    what it took or that it kept its initial values.
 
     Raises:
       FileNotFoundError: the sparse part, or a file of it, is missing (named).
       ValueError: the sparse part is corrupt, lacks a table or slot of this
-        graph, holds a table of another dim or kind, or more keys than a
-        table of this graph has rows (table and path named); nothing was
-        restored then.
+        graph (a warm start: of the named tables), holds a table of another
+        dim or kind, or more keys than a table of this graph has rows (table
+        and path named); nothing was restored then. A warm-start name that
+        is not a table of this graph.
       Errors of tf.compat.v1.train.Saver.restore for the dense part.
     """
+    names = (self._checked_names(warm_start_tables)
+             if warm_start_tables is not None else self._warm_start_tables)
+    if names is not None:
+      self._warm_start(sess, save_path, names)
+      return
     feeds = {}
     if self._tables and tf.io.gfile.exists(f"{save_path}.index"):
       # Checked before anything changes; a missing dense part is the dense restore's error.
@@ -457,6 +477,34 @@ class Saver(tf.compat.v1.train.Saver):
     super().restore(sess, save_path)
     if self._tables:
       sess.run([io.select_restore_op(sess) for io in self._tables], feeds)
+
+  def _checked_names(self, names) -> tuple[str, ...] | None:
+    if names is None:
+      return None
+    known = [io.table.table_name for io in self._tables]
+    if isinstance(names, str) or not all(isinstance(n, str) for n in names):
+      raise ValueError(f"warm_start_tables must be a list of table names, got {names!r}")
+    unknown = [n for n in names if n not in known]
+    if unknown:
+      raise ValueError(f"warm_start_tables {unknown} are not tables of this graph "
+                       f"(its tables: {known})")
+    return tuple(dict.fromkeys(names))
+
+  def _warm_start(self, sess, save_path: str, names: tuple[str, ...]) -> None:
+    """Restores the tables `names` from `save_path`'s sparse part; nothing else."""
+    directory = sparse_dir(save_path)
+    chosen = [io for io in self._tables if io.table.table_name in names]
+    feeds = self._read_sparse(directory, chosen)  # Every check before anything changes.
+    sess.run([io.select_restore_op(sess) for io in chosen], feeds)
+    for io in self._tables:
+      name = io.table.table_name
+      if io in chosen:
+        print(
+            f"warm start: table '{name}' from {directory}: {len(feeds[io.keys])} keys with "
+            "their rows and optimizer slots", flush=True)
+      else:
+        print(f"warm start: table '{name}' keeps its initial values (not in warm_start_tables)",
+              flush=True)
 
   def _write_sparse(self, sess, directory: str) -> None:
     fetched = sess.run([io.export_fetches for io in self._tables])
@@ -477,7 +525,7 @@ class Saver(tf.compat.v1.train.Saver):
     # A re-save of this step (or the orphan of a crash) is replaced whole.
     atomic_dir.write_dir_atomically(directory, write)
 
-  def _read_sparse(self, directory: str) -> dict:
+  def _read_sparse(self, directory: str, ios=None) -> dict:
     meta_path = os.path.join(directory, META_FILE)
     if not tf.io.gfile.isdir(directory):
       raise FileNotFoundError(f"sparse checkpoint '{directory}' does not exist; it is written "
@@ -492,7 +540,7 @@ class Saver(tf.compat.v1.train.Saver):
     except (ValueError, KeyError, TypeError, tf.errors.OpError) as e:
       raise ValueError(f"sparse checkpoint '{meta_path}' is corrupt: {e}") from e
     feeds = {}
-    for io in self._tables:
+    for io in self._tables if ios is None else ios:
       name = io.table.table_name
       where = f"sparse checkpoint '{directory}'"
       if name not in tables:

@@ -351,3 +351,34 @@ def test_saves_restores_and_prunes_on_any_tf_filesystem(mode):
       with tf.compat.v1.Session() as sess:
         saver_lib.Saver().restore(sess, f"{directory}/next-5")
   terminate_config_initializer()
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_warm_start_tables_takes_only_the_named_tables(mode, tmp_path, capsys):
+  path, saved, _ = _train_and_save(mode, str(tmp_path))
+  with tf.Graph().as_default():
+    model = _build(mode, seed=7)  # A new model: other initial rows and dense values.
+    with pytest.raises(
+        ValueError, match=r"warm_start_tables \['nope'\] are not tables of this "
+        r"graph \(its tables: \['item', 'user'\]\)"):
+      saver_lib.Saver(warm_start_tables=["nope"])
+    saver = saver_lib.Saver(warm_start_tables=["item"])
+    with tf.compat.v1.Session() as sess:
+      sess.run(tf.compat.v1.global_variables_initializer())
+      initial = model["read_state"](sess)
+      saver.restore(sess, path)
+      state = model["read_state"](sess)
+      for name, value in state.items():
+        # The named table (and a lookup of it) as saved; the rest as initialized.
+        want = saved if name.startswith("item/") or name == "probe" else initial
+        np.testing.assert_array_equal(value, want[name], err_msg=name)
+      saver.restore(sess, path, warm_start_tables=["user"])  # mxRec's restore argument.
+      for name, value in model["read_state"](sess).items():
+        if name.startswith("user/"):
+          np.testing.assert_array_equal(value, saved[name], err_msg=name)
+  out = capsys.readouterr().out
+  keys = len(saved["item/keys"])
+  assert (f"warm start: table 'item' from {saver_lib.sparse_dir(path)}: {keys} keys with their "
+          "rows and optimizer slots") in out
+  assert "warm start: table 'user' keeps its initial values (not in warm_start_tables)" in out
+  terminate_config_initializer()
