@@ -130,8 +130,7 @@ def train(config: config_lib.JobConfig, verbose: int = 2,
       # TF configures its collective ops (connects to the cluster) when the
       # strategy is created, before any other op of the process: data
       # preparation runs some.
-      strategy = pipeline_lib.get_strategy(config.pipeline.strategy,
-                                           config.pipeline.collective_timeout_s)
+      strategy = _start_strategy(config)
     ranker, paths, pipeline = _setup(config, strategy, shard_checkpoint_dir)
     data_report = _check_data(paths, pipeline)
     start = time.perf_counter()
@@ -252,6 +251,22 @@ def _claim(config: config_lib.JobConfig) -> Iterator[None]:
 
 def _timeout_text(timeout_s: float | None) -> str:
   return "no collective timeout" if timeout_s is None else f"collective timeout {timeout_s:g} s"
+
+
+def _start_strategy(config: config_lib.JobConfig) -> tf.distribute.Strategy:
+  """The cluster strategy of `config`, which starts this task's TensorFlow server.
+
+  Raises:
+    tf_config.TFConfigError: the server could not start at this task's
+      TF_CONFIG address (e.g. another process holds the port), naming both.
+  """
+  try:
+    return pipeline_lib.get_strategy(config.pipeline.strategy, config.pipeline.collective_timeout_s)
+  except tf.errors.UnknownError as e:  # "Could not start gRPC server".
+    cluster = _cluster(config)
+    if cluster is None or "server" not in e.message:
+      raise
+    raise cluster.server_start_error(e.message) from e
 
 
 @contextlib.contextmanager

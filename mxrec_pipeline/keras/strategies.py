@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from mxrec_pipeline.cluster import tf_config
 from mxrec_pipeline.core import placement
 from mxrec_pipeline.hparams import MULTI_WORKER_MIRRORED, PARAMETER_SERVER, STRATEGIES
 
@@ -69,8 +68,6 @@ def get_strategy(name: str | None,
 
   Raises:
     ValueError: an unknown name.
-    tf_config.TFConfigError: this task's TensorFlow server could not start at
-      its TF_CONFIG address (e.g. another process holds the port), naming both.
   """
   if name is None:
     return tf.distribute.get_strategy()
@@ -81,20 +78,8 @@ def get_strategy(name: str | None,
     return tf.distribute.MirroredStrategy(devices) if devices else tf.distribute.get_strategy()
   if name == MULTI_WORKER_MIRRORED:
     options = tf.distribute.experimental.CommunicationOptions(timeout_seconds=collective_timeout_s)
-    return _with_server(
-        lambda: tf.distribute.MultiWorkerMirroredStrategy(communication_options=options))
+    return tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
   if name == PARAMETER_SERVER:
-    return _with_server(lambda: tf.distribute.experimental.ParameterServerStrategy(
-        tf.distribute.cluster_resolver.TFConfigClusterResolver()))
+    return tf.distribute.experimental.ParameterServerStrategy(
+        tf.distribute.cluster_resolver.TFConfigClusterResolver())
   raise ValueError(f"unknown strategy {name!r}; supported: {list(STRATEGIES)}")
-
-
-def _with_server(make_strategy):
-  """make_strategy() (which starts this task's server), its failure to listen named."""
-  try:
-    return make_strategy()
-  except tf.errors.UnknownError as e:
-    config = tf_config.from_environment()
-    if config is None or "server" not in e.message:
-      raise
-    raise config.server_start_error(e.message) from e
