@@ -43,6 +43,12 @@ Usage:
   python benchmarks/bench_distributed.py --only zipf     # 10M keys: 1/2 replicas, 1/2 workers
   python benchmarks/bench_distributed.py --only restore  # 4M keys: peak memory of a restore
   python benchmarks/bench_distributed.py --only restore_export  # ... of a restore and an export
+  python benchmarks/bench_distributed.py --only restore_export --placement ps --restore-keys 400000
+
+`--only restore` / `restore_export`: benchmarks/bench_restore.py (a table
+sharded over MultiWorkerMirrored workers) and benchmarks/bench_restore_ps.py
+(over the ps tasks of a local ParameterServerStrategy cluster); `--placement`
+picks one.
 """
 
 from __future__ import annotations
@@ -444,12 +450,27 @@ def run_zipf(keys: int, global_batch: int, steps: int, tmp: str) -> dict:
   return out
 
 
+def run_restore(restore_only: bool, keys: int, placement: str, json_path: str | None) -> int:
+  """bench_restore.py (workers) and/or bench_restore_ps.py (ps tasks): restores, and exports."""
+  import bench_restore  # pylint: disable=import-outside-toplevel
+  import bench_restore_ps  # pylint: disable=import-outside-toplevel
+  common = ["--part", "restore" if restore_only else "both", "--keys", str(keys)]
+  code = 0
+  if placement in ("workers", "both"):
+    code = bench_restore.main(common + (["--json", json_path] if json_path else []))
+  if placement in ("ps", "both") and code == 0:
+    if json_path and placement == "both":
+      json_path = str(pathlib.Path(json_path).with_suffix(".ps.json"))
+    code = bench_restore_ps.main(common + (["--json", json_path] if json_path else []))
+  return code
+
+
 def main(argv=None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument(
       "--only", choices=("replicas", "workers", "ps", "zipf", "restore", "restore_export"),
       action="append", help="which trials to run (repeatable; default: all but restore and "
-      "restore_export, which are benchmarks/bench_restore.py)")
+      "restore_export, which are benchmarks/bench_restore.py and bench_restore_ps.py)")
   parser.add_argument("--zipf-keys", type=int, default=10_000_000, help="keys of the Zipf job")
   parser.add_argument("--zipf-batch", type=int, default=1024,
                       help="global batch (examples) of the Zipf job")
@@ -458,7 +479,15 @@ def main(argv=None) -> int:
                       help="replica counts of the replicas trials")
   parser.add_argument("--epochs", type=int, default=4,
                       help="epochs per trial; the first (tracing) is not timed")
-  parser.add_argument("--json", help="also write the figures to this file")
+  parser.add_argument("--restore-keys", type=int, default=4_000_000,
+                      help="keys of the table of restore and restore_export")
+  parser.add_argument(
+      "--placement", choices=("workers", "ps", "both"), default="both",
+      help="restore and restore_export: the table sharded over MultiWorkerMirrored workers "
+      "(bench_restore.py), over ps tasks (bench_restore_ps.py), or both")
+  parser.add_argument(
+      "--json", help="also write the figures to this file (restore and restore_export with "
+      "both placements: the ps figures to FILE with the suffix .ps.json)")
   parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
   args = parser.parse_args(argv)
   if args.child:
@@ -470,9 +499,7 @@ def main(argv=None) -> int:
     pathlib.Path(out).write_text(json.dumps(result))
     return 0
   if args.only in (["restore"], ["restore_export"]):
-    import bench_restore  # pylint: disable=import-outside-toplevel
-    part = ["--part", "restore" if args.only == ["restore"] else "both"]
-    return bench_restore.main(part + (["--json", args.json] if args.json else []))
+    return run_restore(args.only == ["restore"], args.restore_keys, args.placement, args.json)
   if args.epochs < 2:
     parser.error("--epochs must be >= 2 (the first epoch is not timed)")
   load = os.getloadavg()

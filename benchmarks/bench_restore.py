@@ -36,6 +36,9 @@ bytes.
 Usage:
   python benchmarks/bench_distributed.py --only restore_export      # 4M keys, both parts
   python benchmarks/bench_restore.py --keys 400000 --part export    # quicker
+
+The ParameterServerStrategy half (a table sharded over ps tasks) is
+benchmarks/bench_restore_ps.py.
 """
 
 from __future__ import annotations
