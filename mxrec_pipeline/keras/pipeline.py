@@ -19,11 +19,9 @@ Example:
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import os
-import re
 from typing import Sequence
 
 import tensorflow as tf
@@ -33,7 +31,7 @@ from mxrec_pipeline.core.asc import feature_spec as fs
 from mxrec_pipeline.core.asc import replicas
 # Re-exported: users import PipelineHparams and RANKING_METRICS from here.
 from mxrec_pipeline.hparams import (MULTI_WORKER_MIRRORED, PARAMETER_SERVER, RANKING_METRICS,
-                                    STRATEGIES, PipelineHparams, Sharding, WarmStart)
+                                    STRATEGIES, PipelineHparams, WarmStart)
 from mxrec_pipeline.keras import callbacks as callbacks_lib
 # Re-exported: tfr users find the dataset builders in the pipeline module.
 from mxrec_pipeline.keras.datasets import (BaseDatasetBuilder, DatasetHparams, SimpleDatasetBuilder,
@@ -42,7 +40,9 @@ from mxrec_pipeline.keras.datasets import (BaseDatasetBuilder, DatasetHparams, S
 from mxrec_pipeline.keras.epochs import EpochGate, epoch_groups, epoch_seed, epoch_steps
 from mxrec_pipeline.keras import export as export_lib
 from mxrec_pipeline.keras import model as model_lib
+from mxrec_pipeline.keras import placed_models
 from mxrec_pipeline.keras import ps
+from mxrec_pipeline.keras import restoring
 from mxrec_pipeline.keras import sharded
 from mxrec_pipeline.keras import table_checkpoints
 # Re-exported: get_strategy was defined here.
@@ -51,7 +51,6 @@ from mxrec_pipeline.keras.strategies import (TablePlacement, get_strategy, place
 from mxrec_pipeline.keras import warm_start as warm_start_lib
 from mxrec_pipeline.distributed import checkpoint as checkpoint_lib
 from mxrec_pipeline.distributed import export as distributed_export
-from mxrec_pipeline.keras.layers import TableSpec
 from mxrec_pipeline.optimizers import factory
 from mxrec_pipeline.util import faults as faults_lib
 from mxrec_pipeline.util import initialize
@@ -83,25 +82,6 @@ def build_ranking_metrics() -> list[tf.keras.metrics.Metric]:
       tfr.keras.metrics.get(key, topn=topn, name=metric_name(name))
       for name, (key, topn) in RANKING_METRICS.items()
   ]
-
-
-@contextlib.contextmanager
-def _generator_rng(enabled: bool):
-  """Keras layers built inside draw from tf.random.Generator (when `enabled`).
-
-  A dropout layer's generator state is then a variable, which the training
-  checkpoint saves (callbacks.random_generators), so a resumed run draws the
-  masks an uninterrupted one would. Keras' process-wide choice is restored on
-  exit; layers keep the kind of generator they were built with.
-  """
-  before = tf.keras.backend.experimental.is_tf_random_generator_enabled()
-  if enabled:
-    tf.keras.backend.experimental.enable_tf_random_generator()
-  try:
-    yield
-  finally:
-    if not before:
-      tf.keras.backend.experimental.disable_tf_random_generator()
 
 
 class ModelFitPipeline(AbstractPipeline):
@@ -186,7 +166,7 @@ class ModelFitPipeline(AbstractPipeline):
     a checkpoint into it to export (as `mxrec_pipeline.jobs.export` does).
     """
     model = self._model_builder.build()
-    self._compile(model)
+    self._compile(model, self._sparse_optimizer())
     return model
 
   def restore_for_export(self, checkpoint: str) -> tf.keras.Model:
@@ -218,7 +198,7 @@ class ModelFitPipeline(AbstractPipeline):
     shards_dir = table_checkpoints.shards_path(os.path.dirname(checkpoint), number)
     if not tf.io.gfile.isdir(shards_dir):
       model = self.build_compiled_model()
-      _restore_every_variable(callbacks_lib.training_checkpoint(model), checkpoint)
+      restoring.restore_every_variable(callbacks_lib.training_checkpoint(model), checkpoint)
       return model
     if not isinstance(self._model_builder, model_lib.ModelBuilder):
       raise ValueError(f"{checkpoint} is a sharded run's checkpoint ({shards_dir}): its tables "
@@ -231,9 +211,12 @@ class ModelFitPipeline(AbstractPipeline):
         for spec in self._model_builder.tables.values()
     ]
     strategy = tf.distribute.get_strategy()  # One replica: one shard holding every key.
-    model = self._build_sharded_model(strategy, specs, build_slots=False)
+    model = self._use(
+        placed_models.sharded_model(strategy, self._model_builder, self._dataset_builder,
+                                    self._hparams, self._compile, self._sparse_optimizer,
+                                    specs=specs, build_slots=False))
     self._placement = TablePlacement.WORKERS
-    _restore_dense_variables(model, self._sharded_tables.values(), checkpoint)
+    restoring.restore_dense_variables(model, self._sharded_tables.values(), checkpoint)
     self._export_source = shards_dir
     self._strategy_in_use = strategy
     return model
@@ -343,13 +326,13 @@ class ModelFitPipeline(AbstractPipeline):
     return factory.get_optimizer(hparams.sparse_optimizer, hparams.sparse_learning_rate or
                                  hparams.learning_rate)
 
-  def _compile(self, model, sparse_optimizer=None):
+  def _compile(self, model, sparse_optimizer):
     hparams = self._hparams
     model.compile(
         optimizer=tf.keras.optimizers.get({
             "class_name": hparams.optimizer, "config": {"learning_rate": hparams.learning_rate}
-        }), sparse_optimizer=sparse_optimizer or self._sparse_optimizer(), loss=self.build_loss(),
-        metrics=self.build_metrics(), weighted_metrics=self.build_weighted_metrics(),
+        }), sparse_optimizer=sparse_optimizer, loss=self.build_loss(), metrics=self.build_metrics(),
+        weighted_metrics=self.build_weighted_metrics(),
         steps_per_execution=hparams.steps_per_execution)
 
   def train_and_validate(
@@ -418,14 +401,9 @@ class ModelFitPipeline(AbstractPipeline):
     self._strategy_in_use = strategy
     self._placement = placement_for(strategy, self._has_sparse_features())
     on_ps = self._placement is TablePlacement.PARAMETER_SERVERS
-    if on_ps:
-      model = self._build_ps_model(strategy)
-    elif self._placement is TablePlacement.WORKERS:
-      model = self._build_sharded_model(strategy)
-    else:
-      with strategy.scope(), _generator_rng(hparams.seed is not None):
-        model = self.build_compiled_model()
-    self.model = model
+    model = self._use(
+        placed_models.build(self._placement, strategy, self._model_builder, self._dataset_builder,
+                            hparams, self._compile, self._sparse_optimizer))
     shards = None
     if self._placement.sharded:
       shards = table_checkpoints.TableCheckpoints(strategy, self._shard_dir(), self._sharded_tables,
@@ -435,8 +413,8 @@ class ModelFitPipeline(AbstractPipeline):
         run_info=self.run_info(), faults=self._faults)
     plan = epoch_steps(hparams.num_epochs, hparams.num_train_steps)
     if hparams.warm_start is not None and not self.checkpoint.exists():
-      self._warm_start(model)
-    start_epoch = self._restore(self.checkpoint, len(plan))
+      restoring.warm_start(hparams, self._placement.sharded, model)
+    start_epoch = restoring.resume(self.checkpoint, hparams, model, len(plan))
     if on_ps:
       return self._train_on_ps(model, plan, start_epoch, callbacks, verbose)
     # One iterator per run of epochs with the same steps (Keras keeps a
@@ -520,104 +498,10 @@ class ModelFitPipeline(AbstractPipeline):
     """Whether the dataset builder has sparse id features (tables to place)."""
     return bool(getattr(self._dataset_builder, "sparse_features", None))
 
-  def _keep_raw_ids(self) -> None:
-    """Batches keep raw ids from now on: a copy of the dataset builder, the given one untouched."""
-    with_raw_ids = getattr(self._dataset_builder, "with_raw_ids", None)
-    self._data = with_raw_ids() if with_raw_ids is not None else self._dataset_builder
-
-  def _build_ps_model(self, strategy: tf.distribute.Strategy) -> tf.keras.Model:
-    """The compiled model with its tables sharded over the ps tasks (keras/ps.py).
-
-    The PSShardedTables (rows, key indexes, hash-optimizer slots) are created
-    outside the strategy's scope, shard i on ps task i; the dense model and
-    its optimizer inside it (TF places them on the ps tasks). The dataset then
-    keeps raw ids.
-
-    Raises:
-      ValueError: a model builder that is not a ModelBuilder (its tables
-        unknown; the pipeline trains only those under the strategy), or bad
-        tier arguments of a table.
-    """
-    if not isinstance(self._model_builder, model_lib.ModelBuilder):
-      raise ValueError(f"{PARAMETER_SERVER} shards the tables of an mxrec_pipeline ModelBuilder; "
-                       f"got {type(self._model_builder).__name__}")
-    sparse_optimizer = self._sparse_optimizer()
-    tables = ps.create_ps_tables(strategy, self._model_builder.tables.values(), sparse_optimizer,
-                                 self._model_builder.seed)
-    self._keep_raw_ids()
-    self._sharded_tables = tables
-    with strategy.scope(), _generator_rng(self._hparams.seed is not None):
-      model = self._model_builder.build(sharded_tables=tables)
-      self._compile(model, sparse_optimizer)
-    return model
-
-  def _build_sharded_model(self, strategy: tf.distribute.Strategy,
-                           specs: Sequence[TableSpec] | None = None,
-                           build_slots: bool = True) -> tf.keras.Model:
-    """The compiled model with its tables sharded by key over the workers (keras/sharded.py).
-
-    The ShardedTables of `specs` (default: the model builder's) and the hash
-    optimizer (with its slots unless not `build_slots`: a model restored to
-    export only) are created outside the strategy's scope, as each worker's
-    own variables; the dense model and its optimizer inside
-    it, mirrored. The dataset then keeps raw ids (no insertion in tf.data).
-
-    Raises:
-      ValueError: a model builder that is not a ModelBuilder (its tables
-        unknown), or a tiered table.
-    """
-    hparams = self._hparams
-    if not isinstance(self._model_builder, model_lib.ModelBuilder):
-      raise ValueError(
-          f"{MULTI_WORKER_MIRRORED} with {strategy.num_replicas_in_sync} workers shards the "
-          f"tables of an mxrec_pipeline ModelBuilder; got {type(self._model_builder).__name__}")
-    tables = sharded.create_sharded_tables(strategy, specs or self._model_builder.tables.values(),
-                                           self._model_builder.seed, hparams.collective_timeout_s or
-                                           0.0,
-                                           routing=Sharding.from_dict(hparams.sharding).routing)
-    sparse_optimizer = self._sparse_optimizer()
-    if build_slots:
-      sparse_optimizer.build([table.variable for table in tables.values()])
-    self._keep_raw_ids()
-    self._sharded_tables = tables
-    with strategy.scope(), _generator_rng(hparams.seed is not None):
-      model = self._model_builder.build(sharded_tables=tables)
-      self._compile(model, sparse_optimizer)
-    return model
-
-  def _restore(self, checkpoint: callbacks_lib.TrainingCheckpoint, num_epochs: int) -> int:
-    """Restores the run's latest checkpoint as `hparams.resume` says; returns the start epoch."""
-    if not checkpoint.exists():
-      return 0
-    if not self._hparams.resume:
-      newest = os.path.basename(checkpoint.latest or checkpoint.newest())
-      raise FileExistsError(
-          f"{checkpoint.directory} holds checkpoint {newest} and `resume` is false: set "
-          "pipeline.resume: true to continue it, or start over with `mxrec-pipeline train --fresh` "
-          "(which clears the run's outputs) or another model_dir")
-    epochs_done = checkpoint.restore()
-    rest = (f"continuing at epoch {epochs_done + 1} of {num_epochs}" if epochs_done < num_epochs
-            else f"nothing left to train ({num_epochs} epoch(s) planned)")
-    print(
-        f"Resumed from {checkpoint.restored}: {epochs_done} epoch(s) and "
-        f"{int(self.model.optimizer.iterations.numpy())} step(s) done, {rest}", flush=True)
-    return epochs_done
-
-  def _warm_start(self, model) -> None:
-    """Applies `hparams.warm_start` to a new run's tables (keras/warm_start.py), printing each.
-
-    Raises:
-      ValueError: tables sharded over workers or ps tasks; see warm_start.apply.
-    """
-    if self._placement.sharded:
-      raise ValueError("pipeline.warm_start fills the tables of a one-host run; this run shards "
-                       f"them ({self._hparams.strategy}): warm start a one-host run first, then "
-                       "resume it on the cluster")
-    spec = WarmStart.from_dict(self._hparams.warm_start)
-    lines = warm_start_lib.apply(spec,
-                                 initialize.get_config_initializer().tables, model.sparse_optimizer)
-    for line in lines:
-      print(line, flush=True)
+  def _use(self, placed: placed_models.PlacedModel) -> tf.keras.Model:
+    """Takes `placed`'s model, the builder its batches come from and its sharded tables."""
+    self.model, self._data, self._sharded_tables = placed.model, placed.data, placed.tables
+    return placed.model
 
   def _distribute(self, strategy: tf.distribute.Strategy, dataset: tf.data.Dataset):
     """Global batches as the strategy's replicas take them.
@@ -643,58 +527,6 @@ class ModelFitPipeline(AbstractPipeline):
       raise ValueError(f"{type(builder).__name__} builds one epoch per dataset, got {list(epochs)}")
     dataset = builder.build_train_dataset(num_epochs=1 if num_steps is None else None)
     return dataset if num_steps is None else dataset.take(num_steps)
-
-
-def _restore_every_variable(checkpoint: tf.train.Checkpoint, path: str) -> None:
-  """Restores `checkpoint` from `path`; every variable built so far must get a value.
-
-  Values the checkpoint holds that nothing built here uses (e.g. the dense
-  optimizer's slots, created only by a first training step) are fine.
-
-  Raises:
-    ValueError: a variable has no value in `path` (TF names the unbound
-      objects), e.g. an export with a config of more hidden layers than the
-      run's: it would otherwise serve its random initial weights.
-  """
-  status = checkpoint.restore(path).expect_partial()
-  try:
-    status.assert_existing_objects_matched()
-  except AssertionError as e:
-    # TF's message lists each unbound object with its values: keep the names.
-    names = re.findall(r"<tf\.Variable '([^']+)'", str(e))
-    found = re.search(r"Found (\d+) Python objects", str(e))
-    detail = (f"{found.group(1) if found else len(names)} unbound, e.g. {', '.join(names)}"
-              if names else str(e))
-    raise ValueError(f"{path}: the model built from this config has variables the checkpoint "
-                     f"lacks (is it the config the run trained with?): {detail}") from None
-
-
-def _restore_dense_variables(model, tables, path: str) -> None:
-  """Restores a sharded run's dense model from `path`; every dense variable must get a value.
-
-  The tables' rows come from their shard files, not this checkpoint, so TF's
-  matching cannot tell them from missing variables: the dense (floating)
-  variables, tables and their slots excluded, are set to NaN first, and one
-  still NaN after the restore had no value in `path`.
-
-  Raises:
-    ValueError: as _restore_every_variable, naming up to three unbound variables.
-  """
-  table_variables = set()
-  for shard in (s for t in tables for s in t.local_shards()):
-    slots = {}
-    with contextlib.suppress(KeyError):  # No slots built for this optimizer.
-      slots = shard.slot_variables(model.sparse_optimizer)
-    table_variables |= {v.ref() for v in [shard.variable, *slots.values()]}
-  dense = [v for v in model.variables if v.dtype.is_floating and v.ref() not in table_variables]
-  for variable in dense:
-    variable.assign(tf.fill(tf.shape(variable), tf.constant(float("nan"), variable.dtype)))
-  callbacks_lib.training_checkpoint(model, sharded=True).restore(path).expect_partial()
-  unbound = [v.name for v in dense if tf.reduce_all(tf.math.is_nan(v)).numpy()]
-  if unbound:
-    raise ValueError(f"{path}: the model built from this config has variables the checkpoint "
-                     f"lacks (is it the config the run trained with?): {len(unbound)} unbound, "
-                     f"e.g. {', '.join(unbound[:3])}")
 
 
 def _ranking_results(results: dict) -> dict[str, float]:
