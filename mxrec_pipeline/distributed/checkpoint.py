@@ -89,7 +89,8 @@ def restore_table(directory: str, table, optimizers=()) -> list[int]:
   return counts
 
 
-def save_shard(directory: str, table, optimizers=()) -> str:
+def save_shard(directory: str, table, optimizers=(),
+               chunk_rows: int = shard_files.CHUNK_ROWS) -> str:
   """Saves this worker's shard of `table` (eagerly); every worker calls it.
 
   Atomic per shard: the bundle appears complete or not at all. Give each
@@ -105,6 +106,9 @@ def save_shard(directory: str, table, optimizers=()) -> str:
     pending_keys, pending_counts, pending_last_seen   [p] int64, keys not admitted yet
     counters           [3] int64       admissions, evictions, latest timestamp
 
+  The [n]-first tensors are saved in slices of shard_files.CHUNK_ROWS keys,
+  so readers of a chunk of keys read only its slice.
+
   Args:
     directory: Checkpoint directory, shared by the workers (or each worker's
       files copied into one directory before a restore).
@@ -113,6 +117,7 @@ def save_shard(directory: str, table, optimizers=()) -> str:
       of 1). Under the shard's device (save_table places it).
     optimizers: The hash optimizers training the table (their slots and step
       counts are saved).
+    chunk_rows: Keys per saved slice of the per-key tensors.
 
   Returns:
     The bundle's prefix.
@@ -152,12 +157,35 @@ def save_shard(directory: str, table, optimizers=()) -> str:
   # process killed while saving leaves no `.index`, so no shard restores from
   # a partial bundle (saved_shards looks for the index files).
   temporary = f"{prefix}_temp_{os.getpid()}"
-  tf.raw_ops.SaveV2(prefix=temporary, tensor_names=names, shape_and_slices=[""] * len(names),
-                    tensors=[tensors[n] for n in names])
+  per_key = {n for n in names if n in ("keys", "values", "last_seen") or n.startswith("slot/")}
+  entries = [
+      entry for n in names
+      for entry in (_slices(n, tensors[n], chunk_rows) if n in per_key else [(n, "", tensors[n])])
+  ]
+  tf.raw_ops.SaveV2(prefix=temporary, tensor_names=[e[0] for e in entries],
+                    shape_and_slices=[e[1] for e in entries], tensors=[e[2] for e in entries])
   for path in tf.io.gfile.glob(temporary + ".data-*"):
     tf.io.gfile.rename(path, prefix + path[len(temporary):], overwrite=True)
   tf.io.gfile.rename(temporary + ".index", prefix + ".index", overwrite=True)
   return prefix
+
+
+def _slices(name: str, tensor: tf.Tensor,
+            chunk_rows: int = shard_files.CHUNK_ROWS) -> list[tuple[str, str, tf.Tensor]]:
+  """(name, shape-and-slice spec, part) entries of SaveV2 for a per-key tensor.
+
+  Saved in slices of `chunk_rows` keys (as TF saves a partitioned variable),
+  so a restore or an export reading keys start..start+length touches only
+  the slices they fall in: RestoreV2 of a slice of a tensor saved whole
+  reads the whole tensor (shard_files.read_rows).
+  """
+  shape = tensor.shape.as_list()
+  if shape[0] <= chunk_rows:
+    return [(name, "", tensor)]
+  full = " ".join(map(str, shape))
+  rest = ":-" * (len(shape) - 1)
+  return [(name, f"{full} {start},{min(chunk_rows, shape[0] - start)}{rest}",
+           tensor[start:start + chunk_rows]) for start in range(0, shape[0], chunk_rows)]
 
 
 def restore_shard(directory: str, table, optimizers=(),

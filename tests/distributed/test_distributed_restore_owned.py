@@ -14,6 +14,7 @@ import tensorflow as tf
 
 from mxrec_pipeline.core import embedding
 from mxrec_pipeline.distributed import checkpoint
+from mxrec_pipeline.distributed import shard_files
 from mxrec_pipeline.distributed import sharding
 from mxrec_pipeline.optimizers import lazy_adam
 from mxrec_pipeline.util import initialize
@@ -118,3 +119,30 @@ def test_restore_streams_rows_into_the_shard_whatever_the_chunk(saved, chunk_row
     np.testing.assert_array_equal(slots[name].numpy()[:count], want[f"slot/LazyAdam/{name}"][order])
     np.testing.assert_array_equal(slots[name].numpy()[count:], 0.0)
   assert int(optimizer.iterations.numpy()) == 2
+
+
+def test_a_shard_saved_in_slices_reads_as_the_shard_saved_whole(saved, tmp_path):
+  # Per-key tensors saved in slices of 3 keys: a reader of a chunk reads only its slices.
+  directory, optimizer = saved
+  table = _shard("item", 0, 1, optimizer)
+  checkpoint.restore_shard(directory, table, [optimizer])
+  for name, chunk_rows in (("whole", shard_files.CHUNK_ROWS), ("sliced", 3)):
+    checkpoint.save_shard(str(tmp_path / name), table, [optimizer], chunk_rows=chunk_rows)
+  whole = checkpoint.read_all_shards(str(tmp_path / "whole"), "item", [optimizer])
+  sliced = checkpoint.read_all_shards(str(tmp_path / "sliced"), "item", [optimizer])
+  assert whole["keys"].size == KEYS.size and sorted(whole) == sorted(sliced)
+  for name, value in whole.items():
+    np.testing.assert_array_equal(sliced[name], value, err_msg=name)
+  owned = sharding.owner_numpy(whole["keys"], 2) == 1
+  want = dict(zip(whole["keys"][owned].tolist(), whole["values"][owned]))
+  for chunk_rows in (2, 5):  # Chunks across slice boundaries, onto shard 1 of 2.
+    initialize.terminate_config_initializer()
+    initialize.init()
+    restored_optimizer = lazy_adam.create_hash_optimizer(0.1)
+    restored = _shard("item", 1, 2, restored_optimizer)
+    checkpoint.restore_shard(str(tmp_path / "sliced"), restored, [restored_optimizer],
+                             chunk_rows=chunk_rows)
+    keys, rows = restored.gather_rows()
+    assert sorted(keys.tolist()) == sorted(want)
+    for key, row in zip(keys.tolist(), rows):
+      np.testing.assert_array_equal(row, want[key])
