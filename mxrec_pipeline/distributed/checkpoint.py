@@ -132,36 +132,37 @@ def save_shard(directory: str, table, optimizers=(),
   # A tiered table's rows are global rows: read each tier's, [n, dim * (1 + slots)].
   whole = None if tiers is None else tiers.read_rows(shard.variable, rows)
 
-  def gather(variable, block: int):
+  def rows_of(variable, block: int):
+    """Its rows of keys start..stop-1 (in key order), gathered only when SaveV2 asks."""
     if whole is None:
-      return tf.gather(variable, rows)
-    return whole[:, block * shard.dim:(block + 1) * shard.dim]
+      return lambda start, stop: tf.gather(variable, rows[start:stop])
+    return lambda start, stop: whole[start:stop, block * shard.dim:(block + 1) * shard.dim]
 
-  tensors = {
-      "keys": keys,
-      "values": gather(shard.variable, 0),
-      "last_seen": tf.gather(state["last_seen"], order),
-      "counters": state["counters"],
+  last_seen = tf.gather(state["last_seen"], order)
+  # Per-key tensors, saved in slices of chunk_rows keys (`_slices`): name -> (start, stop) -> part.
+  per_key = {
+      "keys": lambda start, stop: keys[start:stop],
+      "values": rows_of(shard.variable, 0),
+      "last_seen": lambda start, stop: last_seen[start:stop],
   }
+  tensors = {"counters": state["counters"]}
   tensors.update({name: state[name] for name in shard_files.PENDING})
   for optimizer, optimizer_slots in zip(optimizers, slots):
     for slot_name, slot in optimizer_slots.items():
-      tensors[f"slot/{optimizer.optimizer_name}/{slot_name}"] = gather(
+      per_key[f"slot/{optimizer.optimizer_name}/{slot_name}"] = rows_of(
           slot, 0 if tiers is None else tiers.slot_block(slot))
     tensors[f"iterations/{optimizer.optimizer_name}"] = tf.convert_to_tensor(
         shard.iterations(optimizer))
+  num_keys = int(keys.shape[0])
+  entries = [(n, "", tensors[n]) for n in sorted(tensors)]
+  for name in sorted(per_key):
+    entries += _slices(name, per_key[name], num_keys, chunk_rows)
   prefix = shard_prefix(directory, shard.table_name, shard.shard_id, shard.num_shards)
   tf.io.gfile.makedirs(os.path.dirname(prefix))
-  names = sorted(tensors)
   # Written under a temporary prefix, then renamed data first, index last: a
   # process killed while saving leaves no `.index`, so no shard restores from
   # a partial bundle (saved_shards looks for the index files).
   temporary = f"{prefix}_temp_{os.getpid()}"
-  per_key = {n for n in names if n in ("keys", "values", "last_seen") or n.startswith("slot/")}
-  entries = [
-      entry for n in names
-      for entry in (_slices(n, tensors[n], chunk_rows) if n in per_key else [(n, "", tensors[n])])
-  ]
   tf.raw_ops.SaveV2(prefix=temporary, tensor_names=[e[0] for e in entries],
                     shape_and_slices=[e[1] for e in entries], tensors=[e[2] for e in entries])
   for path in tf.io.gfile.glob(temporary + ".data-*"):
@@ -170,7 +171,7 @@ def save_shard(directory: str, table, optimizers=(),
   return prefix
 
 
-def _slices(name: str, tensor: tf.Tensor,
+def _slices(name: str, part, num_keys: int,
             chunk_rows: int = shard_files.CHUNK_ROWS) -> list[tuple[str, str, tf.Tensor]]:
   """(name, shape-and-slice spec, part) entries of SaveV2 for a per-key tensor.
 
@@ -178,14 +179,22 @@ def _slices(name: str, tensor: tf.Tensor,
   so a restore or an export reading keys start..start+length touches only
   the slices they fall in: RestoreV2 of a slice of a tensor saved whole
   reads the whole tensor (shard_files.read_rows).
+
+  Args:
+    name: The tensor's name in the bundle.
+    part: (start, stop) -> the tensor's rows of keys start..stop-1.
+    num_keys: The shard's keys (the tensor's first dim).
+    chunk_rows: Keys per slice.
   """
-  shape = tensor.shape.as_list()
-  if shape[0] <= chunk_rows:
-    return [(name, "", tensor)]
-  full = " ".join(map(str, shape))
-  rest = ":-" * (len(shape) - 1)
-  return [(name, f"{full} {start},{min(chunk_rows, shape[0] - start)}{rest}",
-           tensor[start:start + chunk_rows]) for start in range(0, shape[0], chunk_rows)]
+  if num_keys <= chunk_rows:
+    return [(name, "", part(0, num_keys))]
+  entries = []
+  for start in range(0, num_keys, chunk_rows):
+    value = part(start, min(start + chunk_rows, num_keys))
+    shape = [num_keys, *value.shape.as_list()[1:]]
+    spec = (" ".join(map(str, shape)) + f" {start},{int(value.shape[0])}" + ":-" * (len(shape) - 1))
+    entries.append((name, spec, value))
+  return entries
 
 
 def restore_shard(directory: str, table, optimizers=(),
@@ -243,7 +252,9 @@ def restore_shard(directory: str, table, optimizers=(),
   shard.key_index.import_state(
       {n: tf.constant(state[n], tf.int64) for n in key_index_lib.STATE_NAMES})
   names = shard_files.row_tensors(optimizers)
-  chunks = shard_files.owned_chunks(owned, name, names, chunk_rows)
+  # A flat table's chunks stay where they were read (a ps shard's: on its ps),
+  # not through this process; a tiered one's are assembled here.
+  chunks = shard_files.owned_chunks(owned, name, names, chunk_rows, as_numpy=tiers is not None)
   if tiers is not None:
     _restore_tiers(shard, tiers, owned, chunks, row_of, optimizers)
     return int(owned.keys.size)
@@ -258,13 +269,13 @@ def restore_shard(directory: str, table, optimizers=(),
     shard.iterations(optimizer).assign(owned.state[f"iterations/{optimizer.optimizer_name}"])
   done = 0
   for chunk in chunks:
-    size = len(chunk["values"])
+    size = int(chunk["values"].shape[0])
     indices = tf.constant(row_of[done:done + size])
     done += size
     for variable, tensor in zip(targets, names):
       # ResourceScatterUpdate: its shape function needs no handle data, which a
       # ps shard's remote variable lacks in eager mode (ScatterNd's does).
-      variable.scatter_update(tf.IndexedSlices(tf.constant(chunk[tensor]), indices))
+      variable.scatter_update(tf.IndexedSlices(chunk[tensor], indices))
   return int(owned.keys.size)
 
 

@@ -212,15 +212,16 @@ def owned_keys(directory: str, table_name: str, shard_id: int, num_shards: int,
                    np.concatenate([h["last_seen"] for h in heads]), state, dim, dtype, layouts)
 
 
-def owned_chunks(owned: OwnedKeys, table_name: str, names,
-                 chunk_rows: int = CHUNK_ROWS) -> Iterator[dict[str, np.ndarray]]:
+def owned_chunks(owned: OwnedKeys, table_name: str, names, chunk_rows: int = CHUNK_ROWS,
+                 as_numpy: bool = True) -> Iterator[dict[str, np.ndarray]]:
   """The owned keys' rows of the tensors `names`, at most `chunk_rows` saved keys read at a time.
 
   `names` are among the row tensors `owned` was read with (row_tensors of its
   optimizers).
 
   Yields:
-    Name -> [k, dim] array of the next k owned keys (in `owned.keys` order).
+    Name -> [k, dim] array of the next k owned keys (in `owned.keys` order):
+    NumPy, or (not `as_numpy`) tensors on the device the read ran on.
 
   Raises:
     FileNotFoundError: a bundle's data cannot be read, naming the table and file.
@@ -230,8 +231,13 @@ def owned_chunks(owned: OwnedKeys, table_name: str, names,
     for start in range(0, keep.size, chunk_rows):
       mask = keep[start:start + chunk_rows]
       if mask.any():
-        chunk = read_rows(prefix, table_name, layout, start, mask.size)
-        yield {n: value if mask.all() else value[mask] for n, value in chunk.items()}
+        chunk = read_rows(prefix, table_name, layout, start, mask.size, as_numpy)
+        if mask.all():
+          yield chunk
+        elif as_numpy:
+          yield {n: value[mask] for n, value in chunk.items()}
+        else:
+          yield {n: tf.boolean_mask(value, mask) for n, value in chunk.items()}
 
 
 def read_owned(directory: str, table_name: str, shard_id: int, num_shards: int, optimizers=(),
@@ -265,8 +271,11 @@ def layout(prefix: str, table_name: str, names) -> dict[str, tuple[list[int], tf
   return {n: (shapes[n], dtypes[n]) for n in names}
 
 
-def read_rows(prefix: str, table_name: str, layout, start: int, length: int):
+def read_rows(prefix: str, table_name: str, layout, start: int, length: int, as_numpy: bool = True):
   """Keys start..start+length-1 of the per-key tensors of `layout` in one bundle (RestoreV2 slices).
+
+  Name -> NumPy array, or (not `as_numpy`) the tensor where RestoreV2 ran:
+  under a ps shard's device, the rows stay on that ps.
 
   Raises:
     FileNotFoundError: the bundle's data cannot be read (naming the table and file).
@@ -282,4 +291,4 @@ def read_rows(prefix: str, table_name: str, layout, start: int, length: int):
   except tf.errors.OpError as e:
     raise FileNotFoundError(f"table '{table_name}': cannot read shard {prefix}: "
                             f"{e.message}") from None
-  return {name: value.numpy() for name, value in zip(names, values)}
+  return {name: value.numpy() if as_numpy else value for name, value in zip(names, values)}
