@@ -9,8 +9,9 @@ protocol (core/table_protocol.py) without gathering the table anywhere but in
 the exporting process: shards held in this process (one process's table,
 every ps shard on the coordinator) are read in place; under
 MultiWorkerMirroredStrategy every other worker writes its shard's keys and
-rows to a staging directory on shared storage, and the worker holding shard 0
-reads its own shard in place and those files one at a time. Rows are copied
+rows to a staging directory on shared storage, `CHUNK_ROWS` keys per file
+(`stage_shard`), and the worker holding shard 0 reads its own shard in place
+and those files one at a time. Rows are copied
 `CHUNK_ROWS` keys at a time into the snapshot's variable, in key order, so
 the exporting process holds the serving rows once (plus one chunk, and about
 100 bytes per key of key arrays while the snapshot is built) and no other
@@ -31,7 +32,6 @@ import tensorflow as tf
 
 from mxrec_pipeline.core import key_index as key_index_lib
 from mxrec_pipeline.core.sorted_key_table import SortedKeyTable
-from mxrec_pipeline.distributed import checkpoint
 from mxrec_pipeline.distributed import shard_files
 from mxrec_pipeline.util import local_variable
 from mxrec_pipeline.util import model_files
@@ -103,6 +103,56 @@ def file_rows(prefix: str, table_name: str) -> ShardRows:
     return shard_files.read_rows(prefix, table_name, layout, start, stop - start)["values"]
 
   return ShardRows(keys, read, int(shape[1]), dtype.as_numpy_dtype)
+
+
+def stage_shard(staging_dir: str, shard, chunk_rows: int = CHUNK_ROWS) -> list[str]:
+  """Writes a shard's keys and rows (no slots) for the exporter, `chunk_rows` keys per file.
+
+  Each part is its own bundle (`<shard prefix>-part-<k>`, SaveV2's format),
+  so the worker holds one part's rows at a time; `staged_rows` reads them.
+
+  Returns:
+    The parts' prefixes, in key order of the shard's parts.
+  """
+  part = shard_rows(shard)
+  prefix = shard_files.shard_prefix(staging_dir, shard.table_name, shard.shard_id, shard.num_shards)
+  tf.io.gfile.makedirs(os.path.dirname(prefix))
+  prefixes = []
+  for k, start in enumerate(range(0, max(part.keys.size, 1), chunk_rows)):
+    stop = min(start + chunk_rows, part.keys.size)
+    prefixes.append(f"{prefix}-part-{k:06d}")
+    tf.raw_ops.SaveV2(prefix=prefixes[-1], tensor_names=["keys",
+                                                         "values"], shape_and_slices=["", ""],
+                      tensors=[tf.constant(part.keys[start:stop]),
+                               part.read(start, stop)])
+  return prefixes
+
+
+def staged_rows(staging_dir: str, table_name: str, shard_id: int, num_shards: int) -> ShardRows:
+  """The ShardRows of a shard `stage_shard` wrote: keys now, rows part by part when asked.
+
+  Raises:
+    FileNotFoundError: no part of the shard, or a part unreadable (named).
+  """
+  prefix = shard_files.shard_prefix(staging_dir, table_name, shard_id, num_shards)
+  prefixes = sorted(p[:-len(".index")] for p in tf.io.gfile.glob(f"{prefix}-part-*.index"))
+  if not prefixes:
+    raise FileNotFoundError(f"table '{table_name}': shard {shard_id} of {num_shards} was not "
+                            f"staged in {staging_dir}")
+  keys = [shard_files.read_tensors(p, table_name, ["keys"])["keys"] for p in prefixes]
+  starts = np.cumsum([0] + [k.size for k in keys])
+  (shape, dtype) = shard_files.layout(prefixes[0], table_name, ["values"])["values"]
+
+  def read(start: int, stop: int) -> np.ndarray:
+    pieces = []
+    for i, p in enumerate(prefixes):  # The parts overlapping [start, stop).
+      lo, hi = max(start, starts[i]), min(stop, starts[i + 1])
+      if lo < hi:
+        values = shard_files.read_tensors(p, table_name, ["values"])["values"]
+        pieces.append(values[lo - starts[i]:hi - starts[i]])
+    return np.concatenate(pieces) if pieces else np.zeros([0, shape[1]], dtype.as_numpy_dtype)
+
+  return ShardRows(np.concatenate(keys), read, int(shape[1]), dtype.as_numpy_dtype)
 
 
 def build_snapshot(name: str, parts: Sequence[ShardRows], chunk_rows: int = CHUNK_ROWS) -> Snapshot:
@@ -177,14 +227,14 @@ def table_snapshot(table, staging_dir: str | None = None, barrier: Callable[[], 
   exporter = any(s.shard_id == 0 for s in local)
   if not exporter:
     for shard in local:  # Keys and rows (no slots) of this worker's shards.
-      checkpoint.save_shard(staging_dir, shard)
+      stage_shard(staging_dir, shard, chunk_rows)
   barrier()
   if not exporter:
     return None
   own = {s.shard_id for s in local}  # Read in place; the others' from their staged files.
   parts = [shard_rows(s) for s in local] + [
-      file_rows(shard_files.shard_prefix(staging_dir, table.table_name, i, table.num_shards),
-                table.table_name) for i in range(table.num_shards) if i not in own
+      staged_rows(staging_dir, table.table_name, i, table.num_shards)
+      for i in range(table.num_shards) if i not in own
   ]
   return build_snapshot(table.table_name, parts, chunk_rows)
 

@@ -70,6 +70,10 @@ def test_staged_shards_build_the_whole_table_in_the_exporter_only(shards, tmp_pa
   # Worker 1 stages its shard and gets nothing; the chief (shard 0) reads its own in place.
   assert export.table_snapshot(shards[1], staging, lambda: barriers.append(1),
                                chunk_rows=chunk_rows) is None
+  # One file per chunk: the worker held one chunk's rows at a time.
+  staged_keys = int(shards[1].key_index.size())
+  assert len(list((tmp_path / "staging" /
+                   "snap1").glob("shard-1-of-2-part-*.index"))) == (-(-staged_keys // chunk_rows))
   _move_files(tmp_path / "staging" / "snap1", tmp_path / "staging" / "snap0")  # One table's name.
   snapshot = export.table_snapshot(shards[0], staging, lambda: barriers.append(0),
                                    chunk_rows=chunk_rows)
