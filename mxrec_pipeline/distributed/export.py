@@ -109,7 +109,7 @@ def stage_shard(staging_dir: str, shard, chunk_rows: int = CHUNK_ROWS) -> list[s
   """Writes a shard's keys and rows (no slots) for the exporter, `chunk_rows` keys per file.
 
   Each part is its own bundle (`<shard prefix>-part-<k>`, SaveV2's format),
-  so the worker holds one part's rows at a time; `staged_rows` reads them.
+  so the worker holds one part's rows at a time; `staged_rows` lists them.
 
   Returns:
     The parts' prefixes, in key order of the shard's parts.
@@ -128,8 +128,9 @@ def stage_shard(staging_dir: str, shard, chunk_rows: int = CHUNK_ROWS) -> list[s
   return prefixes
 
 
-def staged_rows(staging_dir: str, table_name: str, shard_id: int, num_shards: int) -> ShardRows:
-  """The ShardRows of a shard `stage_shard` wrote: keys now, rows part by part when asked.
+def staged_rows(staging_dir: str, table_name: str, shard_id: int,
+                num_shards: int) -> list[ShardRows]:
+  """The parts `stage_shard` wrote of a shard, each a bundle read by `file_rows`.
 
   Raises:
     FileNotFoundError: no part of the shard, or a part unreadable (named).
@@ -139,20 +140,7 @@ def staged_rows(staging_dir: str, table_name: str, shard_id: int, num_shards: in
   if not prefixes:
     raise FileNotFoundError(f"table '{table_name}': shard {shard_id} of {num_shards} was not "
                             f"staged in {staging_dir}")
-  keys = [shard_files.read_tensors(p, table_name, ["keys"])["keys"] for p in prefixes]
-  starts = np.cumsum([0] + [k.size for k in keys])
-  (shape, dtype) = shard_files.layout(prefixes[0], table_name, ["values"])["values"]
-
-  def read(start: int, stop: int) -> np.ndarray:
-    pieces = []
-    for i, p in enumerate(prefixes):  # The parts overlapping [start, stop).
-      lo, hi = max(start, starts[i]), min(stop, starts[i + 1])
-      if lo < hi:
-        values = shard_files.read_tensors(p, table_name, ["values"])["values"]
-        pieces.append(values[lo - starts[i]:hi - starts[i]])
-    return np.concatenate(pieces) if pieces else np.zeros([0, shape[1]], dtype.as_numpy_dtype)
-
-  return ShardRows(np.concatenate(keys), read, int(shape[1]), dtype.as_numpy_dtype)
+  return [file_rows(p, table_name) for p in prefixes]
 
 
 def build_snapshot(name: str, parts: Sequence[ShardRows], chunk_rows: int = CHUNK_ROWS) -> Snapshot:
@@ -233,8 +221,8 @@ def table_snapshot(table, staging_dir: str | None = None, barrier: Callable[[], 
     return None
   own = {s.shard_id for s in local}  # Read in place; the others' from their staged files.
   parts = [shard_rows(s) for s in local] + [
-      staged_rows(staging_dir, table.table_name, i, table.num_shards)
-      for i in range(table.num_shards) if i not in own
+      part for i in range(table.num_shards) if i not in own
+      for part in staged_rows(staging_dir, table.table_name, i, table.num_shards)
   ]
   return build_snapshot(table.table_name, parts, chunk_rows)
 
