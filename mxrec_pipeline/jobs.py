@@ -38,7 +38,7 @@ from mxrec_pipeline.cluster import tf_config
 from mxrec_pipeline.data import checks
 from mxrec_pipeline.data import validation
 from mxrec_pipeline.gbdt import lambdamart
-from mxrec_pipeline.keras import callbacks as callbacks_lib
+from mxrec_pipeline.keras import checkpoints as checkpoints_lib
 from mxrec_pipeline.keras import manifest
 from mxrec_pipeline.keras import pipeline as pipeline_lib
 from mxrec_pipeline.keras import table_checkpoints
@@ -335,7 +335,7 @@ def export(config: config_lib.JobConfig, export_dir: str | None = None,
            checkpoint: str | None = None) -> str:
   """Exports a checkpoint of a trained job as a serving SavedModel, in this process.
 
-  By default the newest complete checkpoint (callbacks.restorable_checkpoint);
+  By default the newest complete checkpoint (checkpoints.restorable_checkpoint);
   `checkpoint` picks another kept one: its number ("2", "ckpt-2") or path
   prefix.
 
@@ -365,7 +365,7 @@ def _checkpoint_to_export(checkpoint_dir: str, checkpoint: str | None) -> str:
   """The path prefix of the checkpoint `export` reads; see there."""
   shards = lambda number: table_checkpoints.shards_path(checkpoint_dir, number)  # noqa: E731
   if checkpoint is None:
-    latest, _, skipped = callbacks_lib.restorable_checkpoint(checkpoint_dir, shards)
+    latest, _, skipped = checkpoints_lib.restorable_checkpoint(checkpoint_dir, shards)
     for prefix, reason in skipped:
       print(f"Skipping checkpoint {prefix}: {reason}", file=sys.stderr, flush=True)
     if latest is None:
@@ -379,11 +379,11 @@ def _checkpoint_to_export(checkpoint_dir: str, checkpoint: str | None) -> str:
         os.path.basename(p)[:-len(".index")]
         for p in tf.io.gfile.glob(os.path.join(checkpoint_dir, "ckpt-*.index")))
     raise FileNotFoundError(f"no checkpoint {prefix}; kept in {checkpoint_dir}: {kept or 'none'}")
-  if tf.io.gfile.exists(manifest.path(prefix)) or not callbacks_lib.is_legacy(prefix):
+  if tf.io.gfile.exists(manifest.path(prefix)) or not checkpoints_lib.is_legacy(prefix):
     reason = manifest.problem(
         prefix,
         table_checkpoints.shards_path(os.path.dirname(prefix),
-                                      callbacks_lib.checkpoint_number(prefix)))
+                                      checkpoints_lib.checkpoint_number(prefix)))
     if reason is not None:
       raise ValueError(f"checkpoint {prefix} cannot be exported: {reason}")
   return prefix

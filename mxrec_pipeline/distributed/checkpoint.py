@@ -73,8 +73,10 @@ def save_table(directory: str, table, optimizers=()) -> list[str]:
   return prefixes
 
 
-def restore_table(directory: str, table, optimizers=()) -> list[int]:
+def restore_table(directory: str, table, optimizers=(), keep_rows: bool = False) -> list[int]:
   """restore_shard of every shard this process holds: the checkpoint re-sharded by owner.
+
+  `keep_rows`: as restore_shard's.
 
   Returns:
     The number of keys restored into each local shard.
@@ -85,7 +87,7 @@ def restore_table(directory: str, table, optimizers=()) -> list[int]:
   counts = []
   for shard in table.local_shards():
     with _on_device(shard):
-      counts.append(restore_shard(directory, shard, optimizers))
+      counts.append(restore_shard(directory, shard, optimizers, keep_rows=keep_rows))
   return counts
 
 
@@ -99,6 +101,8 @@ def save_shard(directory: str, table, optimizers=(),
   The bundle `<directory>/<table>/shard-<i>-of-<W>` holds
 
     keys               [n] int64       the shard's keys
+    rows               [n] int64       their rows in the shard (a restore onto the same
+                                       shard count can keep them: restore_shard's keep_rows)
     values             [n, dim]        their rows (tiered tables: read from every tier)
     slot/<opt>/<slot>  [n, dim]        each hash optimizer's slots of those rows
     iterations/<opt>   [] int64        each hash optimizer's step count
@@ -142,6 +146,7 @@ def save_shard(directory: str, table, optimizers=(),
   # Per-key tensors, saved in slices of chunk_rows keys (`_slices`): name -> (start, stop) -> part.
   per_key = {
       "keys": lambda start, stop: keys[start:stop],
+      "rows": lambda start, stop: rows[start:stop],
       "values": rows_of(shard.variable, 0),
       "last_seen": lambda start, stop: last_seen[start:stop],
   }
@@ -197,8 +202,8 @@ def _slices(name: str, part, num_keys: int,
   return entries
 
 
-def restore_shard(directory: str, table, optimizers=(),
-                  chunk_rows: int = shard_files.CHUNK_ROWS) -> int:
+def restore_shard(directory: str, table, optimizers=(), chunk_rows: int = shard_files.CHUNK_ROWS,
+                  keep_rows: bool = False) -> int:
   """Restores this worker's shard from the shards of any earlier job (eagerly).
 
   Keeps the saved keys this worker owns now (all of them for one process),
@@ -217,6 +222,10 @@ def restore_shard(directory: str, table, optimizers=(),
     table: A shard, or a table with one local shard (as save_shard's).
     optimizers: The hash optimizers training the table, as saved.
     chunk_rows: Saved keys read at a time.
+    keep_rows: A flat table restored onto the shard count that saved it
+      gets each key on its saved row (bundles that record rows), not rows
+      0..m-1: the key index as it was, so new keys get the rows they would
+      have got (a bit-exact resume, keras/checkpoints.py).
 
   Returns:
     The number of keys restored into this shard.
@@ -240,14 +249,18 @@ def restore_shard(directory: str, table, optimizers=(),
   if owned.dim != shard.dim:
     raise ValueError(f"table '{name}': the checkpoint's rows have dim {owned.dim}, the table "
                      f"{shard.dim}")
-  # Row of each owned key, in the order owned_chunks gives them: rows 0..m-1 by key.
+  # Row of each owned key, in the order owned_chunks gives them: rows 0..m-1 by key,
+  # or the saved ones.
   order = np.argsort(owned.keys, kind="stable")
-  row_of = np.empty(order.size, np.int64)
-  row_of[order] = np.arange(order.size, dtype=np.int64)
-  state = {
-      "keys": owned.keys[order], "rows": np.arange(order.size, dtype=np.int64),
-      "last_seen": owned.last_seen[order]
-  }
+  if keep_rows and tiers is None and owned.rows is not None:
+    row_of = owned.rows
+    if row_of.size and row_of.max() >= capacity:
+      raise ValueError(f"table '{name}': the checkpoint's rows reach {row_of.max()}, past the "
+                       f"{capacity} rows of shard {shard_id} of {num_shards}")
+  else:
+    row_of = np.empty(order.size, np.int64)
+    row_of[order] = np.arange(order.size, dtype=np.int64)
+  state = {"keys": owned.keys[order], "rows": row_of[order], "last_seen": owned.last_seen[order]}
   state.update({n: owned.state[n] for n in (*shard_files.PENDING, "counters")})
   shard.key_index.import_state(
       {n: tf.constant(state[n], tf.int64) for n in key_index_lib.STATE_NAMES})

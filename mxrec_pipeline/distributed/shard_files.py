@@ -60,8 +60,8 @@ def saved_shards(directory: str, table_name: str) -> list[str]:
   return prefixes
 
 
-def read_tensors(prefix: str, table_name: str, names) -> dict[str, np.ndarray]:
-  """The tensors `names` of one shard's bundle.
+def read_tensors(prefix: str, table_name: str, names, optional=()) -> dict[str, np.ndarray]:
+  """The tensors `names` of one shard's bundle, and those of `optional` it holds.
 
   Raises:
     ValueError: the bundle lacks a tensor (saved without this optimizer?).
@@ -73,7 +73,8 @@ def read_tensors(prefix: str, table_name: str, names) -> dict[str, np.ndarray]:
   except (tf.errors.OpError, ValueError) as e:
     raise FileNotFoundError(f"table '{table_name}': cannot read shard {prefix}: {e}") from None
   out = {}
-  for name in names:
+  held = reader.get_variable_to_shape_map()
+  for name in [*names, *(n for n in optional if n in held)]:
     try:
       out[name] = reader.get_tensor(name)
     except tf.errors.NotFoundError as e:
@@ -145,6 +146,8 @@ class OwnedKeys:
     masks: Per bundle, [n_b] bool: the keys it owns.
     keys, last_seen: [m] int64, the owned keys and their last-seen times, in
       bundle order (the order owned_chunks yields their rows in).
+    rows: [m] int64, their saved rows, when read from their own shard's
+      bundle (the saved shard count) and it records them; else None.
     state: pending_keys, pending_counts, pending_last_seen ([p] int64, the
       owned pending keys), counters ([3] int64) and iterations/<optimizer>.
     dim, dtype: The rows' dim and NumPy dtype.
@@ -159,6 +162,7 @@ class OwnedKeys:
   dim: int
   dtype: np.dtype
   layouts: list[dict]
+  rows: np.ndarray | None = None
 
 
 def owned_keys(directory: str, table_name: str, shard_id: int, num_shards: int,
@@ -185,7 +189,8 @@ def owned_keys(directory: str, table_name: str, shard_id: int, num_shards: int,
     prefixes = [prefixes[shard_id]]
   heads, masks, layouts = [], [], []
   for prefix in prefixes:
-    head = read_tensors(prefix, table_name, head_names)
+    # Saved rows (not in bundles of versions before them) matter only to their own shard.
+    head = read_tensors(prefix, table_name, head_names, optional=["rows"] if same else [])
     shapes = layout(prefix, table_name, row_tensors(optimizers))
     layouts.append(shapes)
     dim, dtype = shapes["values"][0][1], shapes["values"][1].as_numpy_dtype
@@ -195,7 +200,7 @@ def owned_keys(directory: str, table_name: str, shard_id: int, num_shards: int,
       raise ValueError(f"table '{table_name}': shard {prefix} holds keys that shard {shard_id} of "
                        f"{num_shards} does not own; it was not written with this project's owner "
                        "function")
-    heads.append({n: head[n][keep] for n in ("keys", *KEY_STATE)} |
+    heads.append({n: head[n][keep] for n in ("keys", *KEY_STATE, "rows") if n in head} |
                  {n: head[n][pending] for n in PENDING} |
                  {n: head[n] for n in ["counters", *iterations]})
     masks.append(keep)
@@ -209,7 +214,8 @@ def owned_keys(directory: str, table_name: str, shard_id: int, num_shards: int,
   state["counters"] = counters[0]
   state.update({n: heads[0][n] for n in iterations})
   return OwnedKeys(prefixes, masks, np.concatenate([h["keys"] for h in heads]),
-                   np.concatenate([h["last_seen"] for h in heads]), state, dim, dtype, layouts)
+                   np.concatenate([h["last_seen"] for h in heads]), state, dim, dtype, layouts,
+                   rows=heads[0]["rows"] if same and "rows" in heads[0] else None)
 
 
 def owned_chunks(owned: OwnedKeys, table_name: str, names, chunk_rows: int = CHUNK_ROWS,

@@ -23,7 +23,9 @@ import tensorflow as tf
 import mxrec_pipeline
 
 # 2: checkpoints with manifests, no export state, the best metric in the checkpoint.
-FORMAT = 2
+# 3: every placement's tables by key in shards-N; one host's flat tables only there
+#    (keras/checkpoints.one_host_checkpoint).
+FORMAT = 3
 SUFFIX = ".manifest.json"
 
 
@@ -85,7 +87,10 @@ def problem(prefix: str, shards_dir: str | None = None) -> str | None:
 
   Checks that the manifest exists and parses, that its format is not newer
   than this version's, and that every file it lists exists with its size.
+  `shards_dir` (default: `shards-N` beside `ckpt-N`) holds its table shards.
   """
+  if shards_dir is None:
+    shards_dir = os.path.join(os.path.dirname(prefix), "shards-" + prefix.rsplit("-", 1)[1])
   manifest = read(prefix)
   if manifest is None:
     what = "unreadable" if tf.io.gfile.exists(path(prefix)) else "missing"
@@ -104,6 +109,14 @@ def problem(prefix: str, shards_dir: str | None = None) -> str | None:
       if actual != size:
         return f"{file} holds {actual} bytes, {size} were written"
   return None
+
+
+def tables_placement(prefix: str) -> str | None:
+  """Where checkpoint `prefix`'s tables lived ("one_host", "workers", "parameter_servers").
+
+  None when its manifest is missing or does not say (versions before placements).
+  """
+  return (((read(prefix) or {}).get("run") or {}).get("placement") or {}).get("tables")
 
 
 def differences(recorded: dict, current: dict) -> list[str]:

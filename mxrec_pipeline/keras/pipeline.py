@@ -33,12 +33,14 @@ from mxrec_pipeline.core.asc import replicas
 from mxrec_pipeline.hparams import (MULTI_WORKER_MIRRORED, PARAMETER_SERVER, RANKING_METRICS,
                                     STRATEGIES, PipelineHparams, WarmStart)
 from mxrec_pipeline.keras import callbacks as callbacks_lib
+from mxrec_pipeline.keras import checkpoints as checkpoints_lib
 # Re-exported: tfr users find the dataset builders in the pipeline module.
 from mxrec_pipeline.keras.datasets import (BaseDatasetBuilder, DatasetHparams, SimpleDatasetBuilder,
                                            lists_with_relevant)
 # Re-exported: epoch_seed and epoch_steps were defined here.
 from mxrec_pipeline.keras.epochs import EpochGate, epoch_groups, epoch_seed, epoch_steps
 from mxrec_pipeline.keras import export as export_lib
+from mxrec_pipeline.keras import manifest
 from mxrec_pipeline.keras import model as model_lib
 from mxrec_pipeline.keras import placed_models
 from mxrec_pipeline.keras import ps
@@ -48,7 +50,6 @@ from mxrec_pipeline.keras import table_checkpoints
 # Re-exported: get_strategy was defined here.
 from mxrec_pipeline.keras.strategies import (TablePlacement, get_strategy, placement_for,
                                              splits_batches)
-from mxrec_pipeline.keras import warm_start as warm_start_lib
 from mxrec_pipeline.distributed import checkpoint as checkpoint_lib
 from mxrec_pipeline.distributed import export as distributed_export
 from mxrec_pipeline.optimizers import factory
@@ -196,9 +197,11 @@ class ModelFitPipeline(AbstractPipeline):
     """
     number = int(checkpoint.rsplit("-", 1)[1])
     shards_dir = table_checkpoints.shards_path(os.path.dirname(checkpoint), number)
-    if not tf.io.gfile.isdir(shards_dir):
+    placement = manifest.tables_placement(checkpoint)
+    if placement == TablePlacement.ONE_HOST.value or (placement is None and
+                                                      not tf.io.gfile.isdir(shards_dir)):
       model = self.build_compiled_model()
-      restoring.restore_every_variable(callbacks_lib.training_checkpoint(model), checkpoint)
+      restoring.restore_one_host(model, checkpoint, shards_dir)
       return model
     if not isinstance(self._model_builder, model_lib.ModelBuilder):
       raise ValueError(f"{checkpoint} is a sharded run's checkpoint ({shards_dir}): its tables "
@@ -300,9 +303,9 @@ class ModelFitPipeline(AbstractPipeline):
     {"tables": table name -> the TableSpec fields that shape its saved state
     (None for a model builder that declares no tables), "config": the job
     config the pipeline was given (`run_config`), else the PipelineHparams,
-    "table_rows": table name -> the checkpoint key of its rows (one-process
-    models; keras/warm_start.py reads it), "placement": {"tables":
-    "one_host", "workers" or "parameter_servers", "replicas"}}.
+    "placement": {"tables": "one_host", "workers" or "parameter_servers",
+    "replicas"}}. (Checkpoint format 2 recorded "table_rows" too, the
+    checkpoint keys of one-host tables' rows, which keras/warm_start.py reads.)
     """
     tables = getattr(self._model_builder, "tables", None)
     strategy = self._strategy_in_use
@@ -311,8 +314,6 @@ class ModelFitPipeline(AbstractPipeline):
             "tables": self._placement.value,
             "replicas": strategy.num_replicas_in_sync if strategy is not None else 1
         },
-        "table_rows": (warm_start_lib.row_keys(self.model)
-                       if self.model is not None and not self._placement.sharded else {}),
         "tables": None if tables is None else {
             name: {field: getattr(spec, field) for field in _SAVED_TABLE_FIELDS}
             for name, spec in tables.items()
@@ -384,7 +385,7 @@ class ModelFitPipeline(AbstractPipeline):
     Raises:
       FileExistsError: `hparams.resume` is false and model_dir holds a
         checkpoint.
-      callbacks.CheckpointError (a ValueError): checkpoints exist but none is
+      checkpoints.CheckpointError (a ValueError): checkpoints exist but none is
         complete, or the newest was written with other tables or another
         placement, or holds another model (docs/restarts.md).
       ValueError: a bad `warm_start` (keras/warm_start.py).
@@ -404,13 +405,17 @@ class ModelFitPipeline(AbstractPipeline):
     model = self._use(
         placed_models.build(self._placement, strategy, self._model_builder, self._dataset_builder,
                             hparams, self._compile, self._sparse_optimizer))
+    # Every placement saves its tables by key in `shards-N`, which restores onto any
+    # placement (tiered one-host tables are in `ckpt-N` too: the device cache's mapping).
+    tables = (self._sharded_tables
+              if self._placement.sharded else initialize.get_config_initializer().tables)
     shards = None
-    if self._placement.sharded:
-      shards = table_checkpoints.TableCheckpoints(strategy, self._shard_dir(), self._sharded_tables,
+    if tables:
+      shards = table_checkpoints.TableCheckpoints(strategy, self._shard_dir(), tables,
                                                   [model.sparse_optimizer])
-    self.checkpoint = callbacks_lib.TrainingCheckpoint(
+    self.checkpoint = checkpoints_lib.TrainingCheckpoint(
         model, os.path.join(hparams.model_dir, "checkpoints"), shards=shards,
-        run_info=self.run_info(), faults=self._faults)
+        run_info=self.run_info(), faults=self._faults, sharded=self._placement.sharded)
     plan = epoch_steps(hparams.num_epochs, hparams.num_train_steps)
     if hparams.warm_start is not None and not self.checkpoint.exists():
       restoring.warm_start(hparams, self._placement.sharded, model)

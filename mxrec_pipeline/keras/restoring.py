@@ -18,12 +18,14 @@ import re
 import tensorflow as tf
 
 from mxrec_pipeline.hparams import PipelineHparams, WarmStart
-from mxrec_pipeline.keras import callbacks as callbacks_lib
+from mxrec_pipeline.distributed import checkpoint as checkpoint_lib
+from mxrec_pipeline.keras import checkpoints as checkpoints_lib
+from mxrec_pipeline.keras import manifest
 from mxrec_pipeline.keras import warm_start as warm_start_lib
 from mxrec_pipeline.util import initialize
 
 
-def resume(checkpoint: callbacks_lib.TrainingCheckpoint, hparams: PipelineHparams, model,
+def resume(checkpoint: checkpoints_lib.TrainingCheckpoint, hparams: PipelineHparams, model,
            num_epochs: int) -> int:
   """Restores the run's latest checkpoint as `hparams.resume` says; returns the start epoch.
 
@@ -32,7 +34,7 @@ def resume(checkpoint: callbacks_lib.TrainingCheckpoint, hparams: PipelineHparam
 
   Raises:
     FileExistsError: a checkpoint exists and `hparams.resume` is false.
-    callbacks.CheckpointError: as TrainingCheckpoint.restore.
+    checkpoints.CheckpointError: as TrainingCheckpoint.restore.
   """
   if not checkpoint.exists():
     return 0
@@ -93,6 +95,42 @@ def restore_every_variable(checkpoint: tf.train.Checkpoint, path: str) -> None:
                      f"lacks (is it the config the run trained with?): {detail}") from None
 
 
+def restore_one_host(model, path: str, shards_dir: str) -> None:
+  """Restores a one-host run's checkpoint `path` into `model` (built on one host), for export.
+
+  Format 3 (keras/checkpoints.one_host_checkpoint): `path`, then the flat
+  tables from `shards_dir` onto their saved rows; earlier formats hold every
+  table in `path`.
+
+  Raises:
+    ValueError: as restore_every_variable; FileNotFoundError, ValueError: as
+      distributed/checkpoint.restore_table (a missing or unreadable shard).
+  """
+  if int((manifest.read(path) or {}).get("format", 0)) < 3:
+    restore_every_variable(checkpoints_lib.training_checkpoint(model), path)
+    return
+  # `dense_model/<i>` are by position: more here than saved is a model with variables it lacks.
+  saved = {
+      name.split("/")[1] for name, _ in tf.train.list_variables(path)
+      if name.startswith("dense_model/")
+  }
+  dense = checkpoints_lib.dense_variables(model)
+  if len(dense) > len(saved):
+    raise ValueError(f"{path}: the model built from this config has variables the checkpoint "
+                     f"lacks (is it the config the run trained with?): {len(dense) - len(saved)} "
+                     f"unbound, e.g. {', '.join(v.name for v in dense[len(saved):][:3])}")
+  try:
+    restore_every_variable(checkpoints_lib.one_host_checkpoint(model), path)
+  except ValueError as e:  # A variable of another shape.
+    if str(e).startswith(path):
+      raise
+    raise ValueError(f"{path}: the model built from this config does not match the checkpoint "
+                     f"(is it the config the run trained with?): {e}") from None
+  for table in initialize.get_config_initializer().tables.values():
+    if not table.is_tiered:
+      checkpoint_lib.restore_table(shards_dir, table, [model.sparse_optimizer], keep_rows=True)
+
+
 def restore_dense_variables(model, tables, path: str) -> None:
   """Restores a sharded run's dense model from `path`; every dense variable must get a value.
 
@@ -113,7 +151,7 @@ def restore_dense_variables(model, tables, path: str) -> None:
   dense = [v for v in model.variables if v.dtype.is_floating and v.ref() not in table_variables]
   for variable in dense:
     variable.assign(tf.fill(tf.shape(variable), tf.constant(float("nan"), variable.dtype)))
-  callbacks_lib.training_checkpoint(model, sharded=True).restore(path).expect_partial()
+  checkpoints_lib.training_checkpoint(model, sharded=True).restore(path).expect_partial()
   unbound = [v.name for v in dense if tf.reduce_all(tf.math.is_nan(v)).numpy()]
   if unbound:
     raise ValueError(f"{path}: the model built from this config has variables the checkpoint "

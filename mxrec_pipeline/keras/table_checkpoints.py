@@ -79,16 +79,21 @@ class TableCheckpoints:
     if self._prunes:
       prune_shard_dirs(self.directory, kept)
 
-  def restore(self, number: int) -> None:
+  def restore(self, number: int, tables: Iterable[str] | None = None,
+              keep_rows: bool = False) -> None:
     """Restores the shards this process holds (the keys they own now) from checkpoint `number`.
+
+    `tables`: the names to restore (default every table); `keep_rows`: as
+    checkpoint.restore_shard's (keys on their saved rows).
 
     Raises:
       FileNotFoundError, ValueError: as checkpoint.restore_shard (missing
         shards, a shard too small for its keys, another dim or optimizer),
         naming the table and file.
     """
-    for table in self._tables.values():
-      checkpoint_lib.restore_table(self.path(number), table, self._optimizers)
+    for name, table in self._tables.items():
+      if tables is None or name in tables:
+        checkpoint_lib.restore_table(self.path(number), table, self._optimizers, keep_rows)
 
 
 def summed_over_workers(strategy: tf.distribute.Strategy, values: list[int]) -> list[int]:

@@ -5,12 +5,13 @@ The way a team ships a model with one more feature or another dense part:
 slots: false}` (hparams.WarmStart; mxRec's `Saver(warm_start_tables=...)`).
 When a run starts with no checkpoint in its model_dir, each chosen table of
 the checkpoint is read (keys, rows and, with `slots`, the sparse optimizer's
-slots; from `ckpt-N` of a one-process run, whose manifest names each table's
-rows, or from the `shards-N` of a sharded one) and imported into the new run's
-table of the same (or renamed) name: key k gets row i of the new table, the
-row's values and slots are copied. Everything else (tables not taken, the
-dense model, both optimizers' step counts) starts as initialized; `apply`
-returns one line per table saying which.
+slots; from the checkpoint's `shards-N`, or from `ckpt-N` of a one-process
+run of checkpoint format 2, whose manifest names each table's rows) and
+imported into the new run's table of the same (or renamed) name: key k
+gets row i of the new table, the row's values and slots are copied.
+Everything else (tables not taken, the dense model, both optimizers' step
+counts) starts as initialized; `apply` returns one line per table saying
+which.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import numpy as np
 import tensorflow as tf
 
 from mxrec_pipeline.hparams import WarmStart
-from mxrec_pipeline.keras import callbacks as callbacks_lib
+from mxrec_pipeline.keras import checkpoints as checkpoints_lib
 from mxrec_pipeline.keras import manifest
 from mxrec_pipeline.keras import table_checkpoints
 from mxrec_pipeline.distributed import checkpoint as checkpoint_lib
@@ -45,29 +46,11 @@ def resolve(source: str) -> str:
     return source
   for directory in (source, os.path.join(source, "checkpoints")):
     if tf.io.gfile.isdir(directory):
-      prefix = callbacks_lib.restorable_checkpoint(
+      prefix = checkpoints_lib.restorable_checkpoint(
           directory, lambda n, d=directory: table_checkpoints.shards_path(d, n))[0]
       if prefix is not None:
         return prefix
   raise FileNotFoundError(f"warm_start.from: no checkpoint at {source}")
-
-
-def row_keys(model) -> dict[str, str]:
-  """Table name -> the checkpoint key of its rows in `training_checkpoint(model)`.
-
-  Keras names a functional model's layers with weights `layer_with_weights-<i>`
-  in `model.layers` order; a SparseLookup's rows are its `embeddings`.
-  """
-  keys, index = {}, 0
-  for layer in model.layers:
-    if not layer.weights:
-      continue
-    table = getattr(getattr(layer, "table_spec", None), "name", None)
-    # Features sharing a table share its variable, saved under the first layer's path.
-    if table is not None and table not in keys and getattr(layer, "embeddings", None) is not None:
-      keys[table] = f"model/layer_with_weights-{index}/embeddings/.ATTRIBUTES/VARIABLE_VALUE"
-    index += 1
-  return keys
 
 
 def read_table(prefix: str, table: str, optimizer, slots: bool) -> dict[str, np.ndarray]:
@@ -78,7 +61,7 @@ def read_table(prefix: str, table: str, optimizer, slots: bool) -> dict[str, np.
       checkpoint of a version before manifests) or its slots (named).
   """
   shards_dir = table_checkpoints.shards_path(os.path.dirname(prefix),
-                                             callbacks_lib.checkpoint_number(prefix))
+                                             checkpoints_lib.checkpoint_number(prefix))
   slot_names = list(optimizer.slot_initial_values) if slots else []
   if tf.io.gfile.isdir(shards_dir):
     if not tf.io.gfile.isdir(os.path.join(shards_dir, table)):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import pathlib
 import re
@@ -14,6 +15,9 @@ import uuid
 
 import numpy as np
 import tensorflow as tf
+
+from mxrec_pipeline.distributed import checkpoint as checkpoint_lib
+from mxrec_pipeline.optimizers import factory
 
 MARKER_VAR = "MXREC_CLUSTER_TEST_MARKER"
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -94,6 +98,41 @@ def movielens_overrides(tmp_path, data_dir, model_dir, **pipeline) -> list[str]:
       "pipeline.export_best_model=false"
   ] + [f"pipeline.{k}={v}" for k, v in pipeline.items()]
   return [a for s in sets for a in ("--set", s)]
+
+
+# What a run prints of where its tables live (callbacks._PLACEMENTS), by `train_on`'s spec.
+PLACEMENT_NAMES = {
+    "one": "one host (no sharding)",
+    "workers": "workers (MultiWorkerMirroredStrategy shards)",
+    "ps": "ps tasks (ParameterServerStrategy shards)",
+}
+
+
+def placement_name(spec: str) -> str:
+  """PLACEMENT_NAMES of a `train_on` spec: "one", "workers=N" or "workers=N,ps=M"."""
+  return PLACEMENT_NAMES["one" if spec == "one" else "ps" if "ps=" in spec else "workers"]
+
+
+def train_on(spec: str, tmp_path, data_dir, model_dir, epochs: int,
+             **pipeline) -> subprocess.CompletedProcess:
+  """`train` of the tiny MovieLens job, `epochs` epochs of 3 steps, on `spec`, to its end.
+
+  `spec`: "one" (one process, no strategy) or a `--local-cluster` spec.
+  """
+  env, marker = marked_env()
+  placement = ["--local-cluster", spec] if spec != "one" else []
+  if spec == "one":
+    pipeline.setdefault("strategy", "null")
+  try:
+    done = subprocess.run([
+        sys.executable, "-m", "mxrec_pipeline.cli", "train", MOVIELENS_CONFIG, "--verbose=0",
+        *placement, *movielens_overrides(tmp_path, data_dir, model_dir, collective_timeout_s=60,
+                                         num_epochs=epochs, num_train_steps=3 * epochs, **pipeline)
+    ], env=env, capture_output=True, text=True, timeout=TIMEOUT_S, check=False)
+    assert marked_pids(marker) == []  # The launcher stopped every task.
+  finally:
+    kill_marked(marker)
+  return done
 
 
 def epoch_losses(model_dir: pathlib.Path) -> list[float]:
@@ -190,3 +229,48 @@ def check_export_of_sharded_checkpoint(tmp_path: pathlib.Path, data_dir, model_d
   assert re.search(r"variables the checkpoint lacks .*: \d+ unbound, e\.g\. \S+",
                    done.stderr), (done.stderr[-3000:])
   assert not extra.exists()
+
+
+def assert_moved(done: subprocess.CompletedProcess, model_dir: pathlib.Path, before: str, now: str,
+                 epochs_done: int) -> None:
+  """`done` (a `train_on` run on `now`) finished, resuming ckpt-`epochs_done` saved on `before`."""
+  assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+  prefix = model_dir / "checkpoints" / f"ckpt-{epochs_done}"
+  assert (f"Moved checkpoint {prefix} from {placement_name(before)} to "
+          f"{placement_name(now)}") in done.stdout, done.stdout[-3000:]
+  assert f"{epochs_done} epoch(s) and {3 * epochs_done} step(s) done" in done.stdout
+
+
+def assert_ends_as(model_dir: pathlib.Path, reference: pathlib.Path, epochs: int,
+                   sparse_optimizer: str = "lazy_adam") -> None:
+  """A run ends as `reference` (one process, same epochs): losses, metrics, rows and slots by key.
+
+  Compares the per-epoch losses, validation metrics, the latest export's rows
+  of every key and the last checkpoint's keys, rows, optimizer slots and step
+  count by key (its shards-N, whatever placement wrote them).
+  """
+  runs = (model_dir, reference)
+  losses = [epoch_losses(d) for d in runs]
+  assert len(losses[0]) == epochs
+  np.testing.assert_allclose(losses[0], losses[1], rtol=1e-5)
+  metrics = [json.loads((d / "metrics.json").read_text())["model"] for d in runs]
+  np.testing.assert_allclose([metrics[0][k] for k in sorted(metrics[1])],
+                             [metrics[1][k] for k in sorted(metrics[1])], atol=1e-5)
+  assert 0.0 < metrics[0]["ndcg@1"] < 1.0  # Validation that can tell models apart.
+  exports = [tf.saved_model.load(str(d / "export" / "latest_model")) for d in runs]
+  optimizer = factory.get_optimizer(sparse_optimizer, 0.01)
+  slots = [f"slot/{optimizer.optimizer_name}/{s}" for s in optimizer.slot_initial_values]
+  for table in MOVIELENS_TABLES:
+    rows = [e.serving_rows[table].numpy() for e in exports]
+    assert rows[0].shape == rows[1].shape and np.abs(rows[1][:-1]).max() > 0, table
+    np.testing.assert_allclose(rows[0], rows[1], atol=1e-5, err_msg=table)
+    saved = [
+        checkpoint_lib.read_all_shards(str(d / "checkpoints" / f"shards-{epochs}"), table,
+                                       [optimizer]) for d in runs
+    ]
+    np.testing.assert_array_equal(saved[0]["keys"], saved[1]["keys"], err_msg=table)
+    for field in ("values", *slots):
+      np.testing.assert_allclose(saved[0][field], saved[1][field], atol=1e-5,
+                                 err_msg=f"{table}/{field}")
+    name = f"iterations/{optimizer.optimizer_name}"
+    assert saved[0][name] == saved[1][name] == 3 * epochs, table

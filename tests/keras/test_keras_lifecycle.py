@@ -9,6 +9,8 @@ the same command; the end state must equal an uninterrupted run's bit for bit.
 import dataclasses
 import json
 import os
+import pathlib
+import re
 import shutil
 import subprocess
 import uuid
@@ -20,7 +22,8 @@ import tensorflow as tf
 import keras_testlib as lib
 import test_keras_resume
 from test_keras_resume import assert_same_state, run_worker
-from mxrec_pipeline.keras import callbacks as callbacks_lib
+from mxrec_pipeline.distributed import checkpoint as checkpoint_lib
+from mxrec_pipeline.keras import checkpoints as checkpoints_lib
 from mxrec_pipeline.keras import manifest
 from mxrec_pipeline.keras import pipeline as pipeline_lib
 from mxrec_pipeline.util import initialize
@@ -167,7 +170,7 @@ def test_full_disk_during_a_save_exits_2_and_the_rerun_ends_as_uninterrupted(
             "checkpoint ckpt-1 is intact")
     assert f"error: cannot write {what.format(model_dir)}" in full.stderr, full.stderr[-2000:]
     filler.unlink()
-    latest, _, skipped = callbacks_lib.restorable_checkpoint(str(model_dir / "checkpoints"))
+    latest, _, skipped = checkpoints_lib.restorable_checkpoint(str(model_dir / "checkpoints"))
     assert latest.endswith("ckpt-1") and manifest.problem(latest) is None, skipped
     again = run_worker(task, model_dir, tmp_path / "state.json", *best)
     assert again.returncode == 0, again.stderr[-3000:]
@@ -184,29 +187,90 @@ def test_checkpoint_of_other_tables_is_refused_naming_what_differs(task, referen
       lib.dataset_builder(str(task / "train.tfrecord"), str(task / "valid.tfrecord")), hparams)
   name, dim = lib.TABLES[0].name, lib.TABLES[0].dim
   with pytest.raises(
-      callbacks_lib.CheckpointError,
+      checkpoints_lib.CheckpointError,
       match=rf"ckpt-3 was written with another config: table '{name}' dim "
       rf"{dim} -> {2 * dim}"):
     pipe.train_and_validate()
 
 
-def test_checkpoint_of_sharded_tables_is_refused_by_a_one_host_run(task, reference, tmp_path):
-  """As a 2-worker run's checkpoint: its manifest says the tables were sharded over workers."""
-  model_dir = tmp_path / "model"
-  shutil.copytree(reference["dir"] / "checkpoints", model_dir / "checkpoints")
-  path = model_dir / "checkpoints" / "ckpt-3.manifest.json"
+def _as_workers_checkpoint(checkpoints, model_dir, number: int = 3) -> pathlib.Path:
+  """A copy of `checkpoints`; ckpt-`number`'s manifest says its tables were on 2 workers."""
+  shutil.copytree(checkpoints, model_dir / "checkpoints")
+  path = model_dir / "checkpoints" / f"ckpt-{number}.manifest.json"
   record = json.loads(path.read_text())
   assert record["run"]["placement"] == {"tables": "one_host", "replicas": 1}
   record["run"]["placement"] = {"tables": "workers", "replicas": 2}
   path.write_text(json.dumps(record))
+  return path
+
+
+def _saved_tables(directory, optimizer) -> dict:
+  """Table name -> everything of it in a `shards-N` directory: keys, rows, slots, counters."""
+  return {
+      name: checkpoint_lib.read_all_shards(str(directory), name, [optimizer])
+      for name in (t.name for t in lib.TABLES)
+  }
+
+
+@pytest.mark.parametrize("sparse_optimizer", ["lazy_adam", "adagrad", "ftrl"])
+def test_checkpoint_of_another_placement_moves_every_table_by_key(sparse_optimizer, task, tmp_path,
+                                                                  capsys):
+  """As a 2-worker run's checkpoint (its manifest says so): restored from its shards-N by key.
+
+  Every table's keys, rows, optimizer slots, step count and admission state,
+  the dense model and its optimizer come back: saved again, the shards equal
+  the checkpoint's, and the validation metrics equal the run's own.
+  """
+  train, valid = str(task / "train.tfrecord"), str(task / "valid.tfrecord")
+  hparams = pipeline_lib.PipelineHparams(model_dir=str(tmp_path / "source"), num_epochs=1,
+                                         num_train_steps=4, seed=7,
+                                         sparse_optimizer=sparse_optimizer)
+  source = pipeline_lib.SimplePipeline(lib.model_builder(), lib.dataset_builder(train, valid),
+                                       hparams)
+  trained = source.train_and_validate()
+  steps = int(source.model.optimizer.iterations.numpy())
+  initialize.terminate_config_initializer()
+  model_dir = tmp_path / "model"
+  _as_workers_checkpoint(tmp_path / "source" / "checkpoints", model_dir, number=1)
+  capsys.readouterr()
+
+  pipe = pipeline_lib.SimplePipeline(lib.model_builder(), lib.dataset_builder(train, valid),
+                                     dataclasses.replace(hparams, model_dir=str(model_dir)))
+  metrics = pipe.train_and_validate()  # Nothing left to train: restore, validate, export.
+  out = capsys.readouterr().out
+  assert re.search(
+      r"Moved checkpoint .*ckpt-1 from workers \(MultiWorkerMirroredStrategy "
+      r"shards\) to one host", out), out
+  optimizer = pipe.model.sparse_optimizer
+  for table in initialize.get_config_initializer().tables.values():
+    checkpoint_lib.save_table(str(tmp_path / "again"), table, [optimizer])
+  saved = _saved_tables(tmp_path / "source" / "checkpoints" / "shards-1", optimizer)
+  again = _saved_tables(tmp_path / "again", optimizer)
+  for name, arrays in saved.items():
+    assert arrays["keys"].size > 0, name
+    assert arrays.keys() == again[name].keys()
+    for field, values in arrays.items():
+      np.testing.assert_array_equal(values, again[name][field], err_msg=f"{name}/{field}")
+  assert int(pipe.model.optimizer.iterations.numpy()) == steps == 4
+  assert metrics == pytest.approx(trained, abs=1e-6)
+
+
+def test_checkpoint_of_another_placement_without_table_shards_is_refused(task, reference, tmp_path):
+  """What a version before placement moves wrote on one host: tables only in ckpt-N."""
+  model_dir = tmp_path / "model"
+  path = _as_workers_checkpoint(reference["dir"] / "checkpoints", model_dir)
+  record = json.loads(path.read_text())
+  record["shards"] = {}
+  path.write_text(json.dumps(record))
+  shutil.rmtree(model_dir / "checkpoints" / "shards-3")
   hparams = pipeline_lib.PipelineHparams(model_dir=str(model_dir), num_epochs=4, seed=7)
   pipe = pipeline_lib.SimplePipeline(
       lib.model_builder(),
       lib.dataset_builder(str(task / "train.tfrecord"), str(task / "valid.tfrecord")), hparams)
   with pytest.raises(
-      callbacks_lib.CheckpointError,
+      checkpoints_lib.CheckpointError,
       match=r"ckpt-3 holds tables placed on workers \(MultiWorkerMirroredStrategy "
-      r"shards\); this run places them on one host .*not supported"):
+      r"shards\); this run places them on one host .*no table shards .*resume it on workers"):
     pipe.train_and_validate()
 
 
@@ -220,7 +284,7 @@ def test_checkpoint_of_an_earlier_version_with_export_state_still_resumes(task, 
   pipe.train_and_validate()
   layer = pipe.model._sparse_layers[0]  # pylint: disable=protected-access
   layer.serving_rows = tf.Variable(tf.zeros([3, 4]))  # Tracked, as export.py once did.
-  old = callbacks_lib.training_checkpoint(pipe.model, epoch=tf.Variable(1, dtype=tf.int64))
+  old = checkpoints_lib.training_checkpoint(pipe.model, epoch=tf.Variable(1, dtype=tf.int64))
   prefix = old.save(str(tmp_path / "old" / "checkpoints" / "ckpt"))  # ckpt-1, as the manager
   assert any("serving_rows" in n for n, _ in tf.train.list_variables(prefix))
   initialize.terminate_config_initializer()
@@ -234,3 +298,67 @@ def test_checkpoint_of_an_earlier_version_with_export_state_still_resumes(task, 
   assert "Resumed from" in capsys.readouterr().out
   assert (tmp_path / "old" / "export" / "best_model_by_metric" / "saved_model.pb").exists()
   assert manifest.problem(str(tmp_path / "old" / "checkpoints" / "ckpt-2")) is None
+
+
+def _one_epoch(task, model_dir, **hparams) -> pipeline_lib.SimplePipeline:
+  """One epoch of 4 steps of the task in this process; its pipeline (tables still registered)."""
+  train, valid = str(task / "train.tfrecord"), str(task / "valid.tfrecord")
+  pipe = pipeline_lib.SimplePipeline(
+      lib.model_builder(), lib.dataset_builder(train, valid),
+      pipeline_lib.PipelineHparams(model_dir=str(model_dir), num_epochs=1, num_train_steps=4,
+                                   seed=7, **hparams))
+  pipe.train_and_validate()
+  return pipe
+
+
+def _table_state(pipe) -> dict:
+  """Table name -> (keys, rows, values, slots m, v) of the run's tables, by key, NumPy."""
+  out = {}
+  for name, table in initialize.get_config_initializer().tables.items():
+    keys, rows = (t.numpy() for t in table.key_index.export())
+    keys, rows = keys[np.argsort(keys)], rows[np.argsort(keys)]
+    slots = table.slot_variables(pipe.model.sparse_optimizer)
+    out[name] = [keys, rows, table.variable.numpy()[rows]] + [slots[s].numpy()[rows] for s in "mv"]
+  return out
+
+
+def test_a_one_host_checkpoint_holds_the_used_keys_not_the_capacity(task, tmp_path):
+  """Flat tables only in shards-1 (keys on their rows); ckpt-1 holds no [capacity, dim] tensor."""
+  _one_epoch(task, tmp_path / "model")
+  checkpoints = tmp_path / "model" / "checkpoints"
+  assert json.loads((checkpoints / "ckpt-1.manifest.json").read_text())["format"] == 3
+  capacity = {(t.device_vocabulary_size, t.dim) for t in lib.TABLES}
+  saved = tf.train.list_variables(str(checkpoints / "ckpt-1"))
+  assert not [n for n, shape in saved if tuple(shape) in capacity]
+  assert [n for n, _ in saved if n.startswith("dense_model/")]
+  for table in initialize.get_config_initializer().tables.values():
+    keys, rows = (t.numpy() for t in table.key_index.export())
+    bundle = str(checkpoints / "shards-1" / table.table_name / "shard-0-of-1")
+    order = np.argsort(keys)
+    np.testing.assert_array_equal(tf.train.load_variable(bundle, "keys"), keys[order])
+    np.testing.assert_array_equal(tf.train.load_variable(bundle, "rows"), rows[order])
+  initialize.terminate_config_initializer()
+
+
+def test_a_checkpoint_of_format_2_still_resumes_with_its_tables(task, tmp_path, capsys):
+  """What the version before format 3 wrote on one host: every table inside ckpt-N."""
+  pipe = _one_epoch(task, tmp_path / "first")
+  before = _table_state(pipe)
+  best = checkpoints_lib.BestMetric()
+  old = checkpoints_lib.training_checkpoint(pipe.model, epoch=tf.Variable(1, dtype=tf.int64),
+                                            **best.trackables())
+  prefix = old.save(str(tmp_path / "old" / "checkpoints" / "ckpt"))  # ckpt-1, as the manager
+  assert prefix.endswith("ckpt-1")
+  path = pathlib.Path(manifest.write(prefix, pipe.run_info()))
+  record = json.loads(path.read_text())
+  path.write_text(json.dumps(record | {"format": 2}))
+  initialize.terminate_config_initializer()
+  capsys.readouterr()
+
+  again = _one_epoch(task, tmp_path / "old")  # Nothing left to train: restore, validate, export.
+  assert "1 epoch(s) and 4 step(s) done, nothing left to train" in capsys.readouterr().out
+  after = _table_state(again)
+  for name, arrays in before.items():
+    for saved, restored in zip(arrays, after[name]):
+      np.testing.assert_array_equal(saved, restored, err_msg=name)
+  initialize.terminate_config_initializer()

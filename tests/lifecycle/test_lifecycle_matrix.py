@@ -161,3 +161,71 @@ def test_two_workers_killed_then_the_same_command_finishes(fault, data, tmp_path
   assert "continuing at epoch" in outputs[1].stdout
   assert len(cluster_testlib.epoch_losses(model_dir)) == 3  # Each epoch logged once.
   assert tf.saved_model.load(str(model_dir / "export" / "best_model_by_metric")) is not None
+
+
+# Placement moves: epoch 1 on `before`, then the same command with 2 epochs on `after`; the end
+# equals one process's 2 epochs by key (cluster_testlib.assert_ends_as).
+MOVES = [("one", "workers=2", "lazy_adam"), ("workers=2", "one", "lazy_adam"),
+         ("workers=2", "workers=3", "lazy_adam"), ("workers=1,ps=2", "workers=1,ps=1", "lazy_adam"),
+         ("one", "workers=1,ps=2", "lazy_adam"), ("workers=1,ps=2", "one", "lazy_adam"),
+         ("workers=1,ps=2", "workers=2", "lazy_adam"), ("workers=2", "workers=1,ps=2", "lazy_adam"),
+         ("one", "workers=2", "adagrad"), ("workers=2", "one", "adagrad"),
+         ("one", "workers=1,ps=2", "ftrl"), ("workers=2", "one", "ftrl")]
+
+
+@pytest.fixture(scope="module")
+def one_process_runs(data):
+  """Sparse optimizer -> the model_dir of one process's 2 epochs of the tiny MovieLens job."""
+  runs = {}
+
+  def run(sparse_optimizer: str) -> pathlib.Path:
+    if sparse_optimizer not in runs:
+      model_dir = data["tmp"] / f"one_process_{sparse_optimizer}"
+      done = cluster_testlib.train_on("one", data["tmp"], data["movielens"], model_dir, 2,
+                                      sparse_optimizer=sparse_optimizer)
+      assert done.returncode == 0, done.stderr[-3000:]
+      runs[sparse_optimizer] = model_dir
+    return runs[sparse_optimizer]
+
+  return run
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize("before, after, sparse_optimizer", MOVES)
+def test_moved_between_placements_ends_as_one_process(before, after, sparse_optimizer, data,
+                                                      one_process_runs, tmp_path):
+  reference = one_process_runs(sparse_optimizer)
+  model_dir = tmp_path / "model"
+  first = cluster_testlib.train_on(before, data["tmp"], data["movielens"], model_dir, 1,
+                                   sparse_optimizer=sparse_optimizer)
+  assert first.returncode == 0, first.stderr[-3000:]
+  moved = cluster_testlib.train_on(after, data["tmp"], data["movielens"], model_dir, 2,
+                                   sparse_optimizer=sparse_optimizer)
+  if before.split(",")[-1].split("=")[0] == after.split(",")[-1].split("=")[0]:  # Re-sharded.
+    assert moved.returncode == 0, moved.stderr[-3000:]
+    assert "1 epoch(s) and 3 step(s) done" in moved.stdout
+  else:
+    cluster_testlib.assert_moved(moved, model_dir, before, after, 1)
+  cluster_testlib.assert_ends_as(model_dir, reference, epochs=2, sparse_optimizer=sparse_optimizer)
+
+
+@pytest.mark.cluster
+def test_a_tiered_table_cannot_move_onto_workers_and_says_where_it_can(data, tmp_path):
+  model_dir = tmp_path / "model"
+  done = _train("movielens_tiered", data, model_dir)
+  assert done.returncode == 0, done.stderr[-3000:]
+  env, marker = cluster_testlib.marked_env()
+  try:
+    moved = subprocess.run([
+        sys.executable, "-m", "mxrec_pipeline.cli", "train",
+        str(REPO / "configs" / "movielens_tiered.yaml"), "--verbose=0", "--local-cluster",
+        "workers=2", *_sets("movielens_tiered", data, model_dir), "--set", "pipeline.num_epochs=4",
+        "--set", "pipeline.num_train_steps=8"
+    ], capture_output=True, text=True, cwd=REPO, timeout=TIMEOUT_S, check=False, env=env)
+  finally:
+    cluster_testlib.kill_marked(marker)
+  assert moved.returncode != 0
+  assert ("tiered tables (host_vocabulary_size > 0) cannot be sharded over "
+          "MultiWorkerMirroredStrategy workers yet; use ParameterServerStrategy") in (
+              moved.stdout + moved.stderr), moved.stderr[-3000:]
+  assert "Traceback" not in moved.stdout + moved.stderr

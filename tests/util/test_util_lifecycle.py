@@ -11,7 +11,7 @@ import time
 import pytest
 import tensorflow as tf
 
-from mxrec_pipeline.keras import callbacks as callbacks_lib
+from mxrec_pipeline.keras import checkpoints as checkpoints_lib
 from mxrec_pipeline.keras import manifest
 from mxrec_pipeline.util import faults
 from mxrec_pipeline.util import model_dir_lock
@@ -214,11 +214,11 @@ def test_manifest_vouches_for_sizes_and_format(tmp_path):
 def test_restorable_checkpoint_takes_the_newest_complete_one(tmp_path):
   directory = str(tmp_path)
   legacy = tf.train.Checkpoint(v=tf.Variable([1.0])).write(os.path.join(directory, "ckpt-1"))
-  assert callbacks_lib.restorable_checkpoint(directory) == (legacy, True, [])
+  assert checkpoints_lib.restorable_checkpoint(directory) == (legacy, True, [])
   second = _save(directory, 2)
   manifest.write(second, {})
   third = _save(directory, 3)  # Killed before its manifest.
-  latest, is_legacy, skipped = callbacks_lib.restorable_checkpoint(directory)
+  latest, is_legacy, skipped = checkpoints_lib.restorable_checkpoint(directory)
   assert (latest, is_legacy) == (second, False)
   assert skipped == [(third, f"its manifest {third}.manifest.json is missing (the save did not "
                       "finish)")]
