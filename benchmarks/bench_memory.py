@@ -5,7 +5,8 @@ int64 keys in batches of 4096 (as training inserts them) and reads
 `KeyIndex.memory_bytes()` at each fill level; then the same with admission
 (`access_threshold=1` and a timestamp per batch: the last-seen times and the
 admission counters are kept) and with a quarter of an extra batch pending
-(`access_threshold=2`, keys seen once). Rows and lazy Adam slots are computed:
+(`access_threshold=2`, keys seen once), and with change tracking on (delta
+checkpoints: one bit per row). Rows and lazy Adam slots are computed:
 a flat table's variable and slots hold every row of capacity ([capacity, dim]
 float32 each), so per stored key they cost capacity / keys times their row.
 
@@ -27,13 +28,16 @@ DIMS = (16, 64)
 BATCH = 4096
 
 
-def index_bytes_per_key(capacity: int, admission: int | None) -> dict[float, float]:
+def index_bytes_per_key(capacity: int, admission: int | None,
+                        track_changes: bool = False) -> dict[float, float]:
   """Index bytes per stored key at each fill of FILLS.
 
   Args:
     capacity: Rows of the table.
     admission: None (plain insertion) or the access_threshold of an admitting
       insertion with a timestamp per batch.
+    track_changes: Change tracking on (for delta checkpoints,
+      KeyIndex.export_changes) from the start.
 
   Returns:
     {fill: bytes per stored key}.
@@ -47,8 +51,10 @@ def index_bytes_per_key(capacity: int, admission: int | None) -> dict[float, flo
   keys = np.unique(rng.integers(-2**62, 2**62, int(capacity * 1.01), dtype=np.int64))
   rng.shuffle(keys)
   keys = keys[:capacity]
-  index = key_index.KeyIndex("bench_memory", f"t_{admission}", capacity)
+  index = key_index.KeyIndex("bench_memory", f"t_{admission}_{track_changes}", capacity)
   handle = index.resource_handle
+  if track_changes:
+    index.export_changes(clear=True)
   out, done = {}, 0
   for step, fill in enumerate(FILLS):
     target = int(capacity * fill)
@@ -84,12 +90,15 @@ def main(argv=None) -> int:
   args = parser.parse_args(argv)
   plain = index_bytes_per_key(args.capacity, None)
   admit = index_bytes_per_key(args.capacity, 2)
+  tracked = index_bytes_per_key(args.capacity, None, track_changes=True)
   print(f"capacity {args.capacity:,} rows; bytes per stored key (B)")
   print("| component | " + " | ".join(f"{int(f * 100)}% fill" for f in FILLS) + " |")
   print("|---|" + "---:|" * len(FILLS))
   print("| key index (slots) | " + " | ".join(f"{plain[f]:.1f}" for f in FILLS) + " |")
   print("| key index with admission (slots + last-seen) | " +
         " | ".join(f"{admit[f]:.1f}" for f in FILLS) + " |")
+  print("| key index tracking changes (slots + changed-row bitmap) | " +
+        " | ".join(f"{tracked[f]:.2f} (+{tracked[f] - plain[f]:.2f})" for f in FILLS) + " |")
   for dim in DIMS:
     row, slots = 4 * dim, 8 * dim
     print(f"| rows, dim {dim} ([capacity, {dim}] float32) | " +

@@ -246,6 +246,28 @@ class KeyIndex(tf.Module):
     with tf.device(HOST_DEVICE):
       return dict(zip(STATE_NAMES, ops.load().mx_key_index_export_state(self._handle)))
 
+  def export_changes(self, clear: bool) -> dict[str, tf.Tensor]:
+    """What changed since change tracking began or the last `clear` (delta checkpoints).
+
+    Tracking is off until the first call with `clear`; from then on every
+    row a training insert gives or finds (the rows a step updates) is marked
+    changed and every key eviction removes is logged; `import_`,
+    `import_state` and a restore start a new base. Costs one bit per row
+    (C++ KeyIndex::ExportChanges).
+
+    Args:
+      clear: Start anew afterwards (and turn tracking on); False: a peek.
+
+    Returns:
+      STATE_NAMES -> int64 vectors as `export_state` gives them, of the
+      admitted keys whose rows changed (every admitted key before tracking
+      began), the whole pending state and the counters; plus
+      "deleted_keys": [d] int64, the keys eviction removed since.
+    """
+    with tf.device(HOST_DEVICE):
+      out = ops.load().mx_key_index_export_changes(self._handle, clear=clear)
+    return dict(zip((*STATE_NAMES, "deleted_keys"), out))
+
   def import_state(self, state: dict):
     """Replaces the content with an `export_state()`; creates the index if needed."""
     with tf.device(HOST_DEVICE):

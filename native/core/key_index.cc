@@ -366,7 +366,10 @@ Status KeyIndex::FindOrInsert(const int64_t* keys, int64_t n, int64_t* rows) {
       deferred_at.push_back(i);
     }
   });
-  if (deferred_at.empty()) return Status::Ok();
+  if (deferred_at.empty()) {
+    MarkChangedLocked(rows, n);
+    return Status::Ok();
+  }
   int64_t deferred = static_cast<int64_t>(deferred_at.size());
   // Room for the deferred keys (at most one rehash), or the whole batch undone.
   const int64_t new_keys = static_cast<int64_t>(inserted.size());
@@ -406,7 +409,28 @@ Status KeyIndex::FindOrInsert(const int64_t* keys, int64_t n, int64_t* rows) {
     Slot& slot = slots_[ProbeFrom(static_cast<uint64_t>(-2 - rows[i]), keys[i])];
     rows[i] = slot.row == kMissingRow ? InsertAtLocked(slot, keys[i]) : slot.row;
   }
+  MarkChangedLocked(rows, n);
   return Status::Ok();
+}
+
+void KeyIndex::MarkChangedLocked(const int64_t* rows, int64_t n) {
+  if (!tracking_) return;
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t row = rows[i];
+    if (row < 0) continue;
+    const size_t word = static_cast<size_t>(row) >> 6;
+    if (word >= changed_.size()) {
+      // Rows are handed out lowest first: grown to next_row_, by 1.25x at least.
+      const size_t bound = (static_cast<size_t>(std::max(row + 1, next_row_)) + 63) >> 6;
+      changed_.resize(std::max(bound, changed_.size() + changed_.size() / 4), 0);
+    }
+    changed_[word] |= uint64_t{1} << (row & 63);
+  }
+}
+
+bool KeyIndex::ChangedLocked(int64_t row) const {
+  const size_t word = static_cast<size_t>(row) >> 6;
+  return word < changed_.size() && ((changed_[word] >> (row & 63)) & 1) != 0;
 }
 
 void KeyIndex::TouchLocked(int64_t row, int64_t time) {
@@ -475,6 +499,7 @@ Status KeyIndex::FindOrInsertAdmitting(const int64_t* keys, const int64_t* count
       continue;
     }
     TouchLocked(rows[i], time);
+    MarkChangedLocked(&rows[i], 1);
   }
   return Status::Ok();
 }
@@ -512,6 +537,7 @@ void KeyIndex::Evict(int64_t idle, std::vector<int64_t>* freed_rows) {
     const uint64_t s = Probe(key);
     freed_rows->push_back(slots_[s].row);
     free_rows_.push_back(slots_[s].row);
+    if (tracking_) deleted_.push_back(key);
     EraseSlotLocked(s);
     --size_;
     ++evictions_;
@@ -543,10 +569,14 @@ KeyIndex::Stats KeyIndex::stats() const {
 
 void KeyIndex::ExportState(State* state) const {
   std::shared_lock<std::shared_mutex> lock(mu_);
+  ExportStateLocked(/*changed_only=*/false, state);
+}
+
+void KeyIndex::ExportStateLocked(bool changed_only, State* state) const {
   *state = State();
   const int64_t seen = static_cast<int64_t>(last_seen_.size());
   for (const Slot& slot : slots_) {
-    if (slot.row == kMissingRow) continue;
+    if (slot.row == kMissingRow || (changed_only && !ChangedLocked(slot.row))) continue;
     state->keys.push_back(slot.key);
     state->rows.push_back(slot.row);
     state->last_seen.push_back(slot.row < seen ? last_seen_[slot.row] : -1);
@@ -557,6 +587,22 @@ void KeyIndex::ExportState(State* state) const {
     state->pending_last_seen.push_back(pending.last_seen);
   }
   state->counters = {admissions_, evictions_, now_};
+}
+
+void KeyIndex::ExportChanges(bool clear, Changes* changes) {
+  std::unique_lock<std::shared_mutex> lock(mu_);
+  ExportStateLocked(/*changed_only=*/tracking_, &changes->changed);
+  changes->deleted = deleted_;
+  if (clear) {
+    std::fill(changed_.begin(), changed_.end(), 0);
+    std::vector<int64_t>().swap(deleted_);
+    tracking_ = true;
+  }
+}
+
+bool KeyIndex::tracking_changes() const {
+  std::shared_lock<std::shared_mutex> lock(mu_);
+  return tracking_;
 }
 
 Status KeyIndex::ImportState(const State& state) {
@@ -716,6 +762,9 @@ void KeyIndex::ClearLocked() {
   now_ = -1;
   admissions_ = 0;
   evictions_ = 0;
+  // Tracking stays as it was; what changed is relative to the new content.
+  std::vector<uint64_t>().swap(changed_);
+  std::vector<int64_t>().swap(deleted_);
 }
 
 int64_t KeyIndex::size() const {
@@ -730,7 +779,9 @@ int64_t KeyIndex::MemoryBytes() const {
   // empty map's single bucket is inline: nothing allocated).
   constexpr size_t kPendingNodeBytes = 48;
   return static_cast<int64_t>(slots_.size() * sizeof(Slot) +
-                              (free_rows_.capacity() + last_seen_.capacity()) * sizeof(int64_t) +
+                              (free_rows_.capacity() + last_seen_.capacity() +
+                               changed_.capacity() + deleted_.capacity()) *
+                                  sizeof(int64_t) +
                               pending_.size() * kPendingNodeBytes +
                               (pending_.bucket_count() > 1 ? pending_.bucket_count() : 0) *
                                   sizeof(void*));

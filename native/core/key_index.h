@@ -148,6 +148,26 @@ class KeyIndex {
   // is also admitted (InvalidArgument naming the table, changing nothing).
   Status ImportState(const State& state);
 
+  // Change tracking, for delta checkpoints (docs/restarts.md). Off until the
+  // first ExportChanges with `clear`: from then on every row a training insert
+  // gives or finds (FindOrInsert, FindOrInsertAdmitting: the rows a step
+  // updates, with their last-seen times) is marked changed, and every admitted
+  // key Evict removes is logged as deleted. Import, ImportState and Clear
+  // drop the marks and the log (the restored content is the new base).
+  // Costs 1 bit per row handed out and 8 B per key deleted since the last
+  // clear.
+  struct Changes {
+    // The admitted keys whose rows changed (keys, rows, last_seen), the whole
+    // pending state and the counters, as ExportState. Every admitted key when
+    // tracking was off.
+    State changed;
+    std::vector<int64_t> deleted;  // Keys Evict removed, in eviction order.
+  };
+  // The changes since tracking began or since the last call with `clear`,
+  // which then starts anew (and turns tracking on).
+  void ExportChanges(bool clear, Changes* changes);
+  bool tracking_changes() const;
+
   // Evaluation path: rows[i] is the row of keys[i], or kMissingRow if absent.
   // Never inserts.
   void Find(const int64_t* keys,  // (n)
@@ -176,7 +196,8 @@ class KeyIndex {
   // 20-24 B per stored key), the free list (8 B per evicted row not reused
   // yet) and, with admission, the last-seen times (8 B per row, up to 10 B with
   // the 1.25x growth slack) and the pending keys (their hash map's nodes, 48 B
-  // each as allocated by glibc malloc, and 8 B per bucket).
+  // each as allocated by glibc malloc, and 8 B per bucket); tracking changes,
+  // 1 bit per row (up to 1.25 bits with growth slack) and 8 B per deleted key.
   int64_t MemoryBytes() const;
 
   // Fewest slots the array holds (an empty index: 256 bytes).
@@ -262,6 +283,12 @@ class KeyIndex {
   void EraseSlotLocked(uint64_t s);
   // Writes `time` as the last-seen time of `row`, growing last_seen_.
   void TouchLocked(int64_t row, int64_t time);
+  // Marks rows[0..n) changed (rows < 0 skipped) when tracking changes.
+  void MarkChangedLocked(const int64_t* rows, int64_t n);
+  bool ChangedLocked(int64_t row) const;
+  // ExportState's content (only the admitted keys of changed rows when
+  // `changed_only`); caller holds mu_.
+  void ExportStateLocked(bool changed_only, State* state) const;
 
   struct Pending {
     int64_t count;
@@ -288,6 +315,9 @@ class KeyIndex {
   int64_t now_ = -1;               // guarded by mu_: latest timestamp seen, -1 none
   int64_t admissions_ = 0;         // guarded by mu_
   int64_t evictions_ = 0;          // guarded by mu_
+  bool tracking_ = false;          // guarded by mu_: change tracking on
+  std::vector<uint64_t> changed_;  // guarded by mu_: bitmap of changed rows, grown on use
+  std::vector<int64_t> deleted_;   // guarded by mu_: keys evicted since the last clear
 };
 
 }  // namespace mxrec

@@ -324,6 +324,28 @@ class KeyIndexExportStateOp : public ExistingResourceOp<KeyIndexResource> {
   }
 };
 
+class KeyIndexExportChangesOp : public ExistingResourceOp<KeyIndexResource> {
+ public:
+  explicit KeyIndexExportChangesOp(OpKernelConstruction* ctx) : ExistingResourceOp(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("clear", &clear_));
+  }
+
+  void ComputeWith(OpKernelContext* ctx, KeyIndexResource& resource) override {
+    KeyIndex::Changes changes;
+    OP_REQUIRES_OK(ctx, GuardAllocation(resource.index().name(),
+                                        "the exported changes (host memory)",
+                                        [&] { resource.index().ExportChanges(clear_, &changes); }));
+    KeyIndex::State& state = changes.changed;
+    OP_REQUIRES_OK(ctx, OutputVectors(ctx, {&state.keys, &state.rows, &state.last_seen,
+                                            &state.pending_keys, &state.pending_counts,
+                                            &state.pending_last_seen, &state.counters,
+                                            &changes.deleted}));
+  }
+
+ private:
+  bool clear_ = false;
+};
+
 class KeyIndexImportStateOp : public OpKernel {
  public:
   explicit KeyIndexImportStateOp(OpKernelConstruction* ctx) : OpKernel(ctx), attrs_(ctx) {}
@@ -366,5 +388,6 @@ MXREC_REGISTER_CPU("MxKeyIndexEvict", KeyIndexEvictOp);
 MXREC_REGISTER_CPU("MxKeyIndexStats", KeyIndexStatsOp);
 MXREC_REGISTER_CPU("MxKeyIndexExportState", KeyIndexExportStateOp);
 MXREC_REGISTER_CPU("MxKeyIndexImportState", KeyIndexImportStateOp);
+MXREC_REGISTER_CPU("MxKeyIndexExportChanges", KeyIndexExportChangesOp);
 
 }  // namespace mxrec

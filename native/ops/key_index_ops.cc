@@ -191,6 +191,32 @@ The index with its admission and eviction state, for checkpoints: admitted
 [admissions, evictions, latest timestamp].
 )doc");
 
+REGISTER_OP("MxKeyIndexExportChanges")
+    .Input("handle: resource")
+    .Output("keys: int64")
+    .Output("rows: int64")
+    .Output("last_seen: int64")
+    .Output("pending_keys: int64")
+    .Output("pending_counts: int64")
+    .Output("pending_last_seen: int64")
+    .Output("counters: int64")
+    .Output("deleted_keys: int64")
+    .Attr("clear: bool")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext* c) -> Status {
+      TF_RETURN_IF_ERROR(VectorsShape(c, 0, 6));
+      c->set_output(6, c->Vector(3));
+      c->set_output(7, c->Vector(InferenceContext::kUnknownDim));
+      return ::tensorflow::OkStatus();
+    })
+    .Doc(R"doc(
+What changed since change tracking began or since the last call with `clear`
+(which starts anew and turns tracking on), for delta checkpoints: the
+admitted keys whose rows training touched (keys, rows, last_seen; every
+admitted key before tracking began), the whole pending state, the counters
+and the keys eviction removed.
+)doc");
+
 REGISTER_OP("MxKeyIndexImportState")
     .Input("handle: resource")
     .Input("keys: int64")

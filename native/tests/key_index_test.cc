@@ -1025,5 +1025,94 @@ TEST(AdmissionTest, ImportStateRejectsBadPendingKeysAndKeepsContent) {
   EXPECT_EQ(index.stats().pending, 1);
 }
 
+// -- change tracking (delta checkpoints) -------------------------------------
+
+std::vector<std::pair<int64_t, int64_t>> ChangedPairs(const KeyIndex::Changes& changes) {
+  std::vector<std::pair<int64_t, int64_t>> out;
+  for (size_t i = 0; i < changes.changed.keys.size(); ++i) {
+    out.emplace_back(changes.changed.keys[i], changes.changed.rows[i]);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+TEST(ChangeTrackingTest, OffUntilTheFirstClearThenOnlyTrainedRowsAndEvictedKeys) {
+  KeyIndex index(8, "delta_t");
+  std::vector<int64_t> keys = {10, 11, 12};
+  std::vector<int64_t> rows(3);
+  ASSERT_TRUE(index.FindOrInsert(keys.data(), 3, rows.data()).ok());
+  EXPECT_FALSE(index.tracking_changes());
+  KeyIndex::Changes changes;
+  index.ExportChanges(/*clear=*/true, &changes);  // Before tracking: everything.
+  EXPECT_EQ(ChangedPairs(changes), (std::vector<std::pair<int64_t, int64_t>>{
+                                       {10, 0}, {11, 1}, {12, 2}}));
+  EXPECT_TRUE(index.tracking_changes());
+  index.ExportChanges(false, &changes);
+  EXPECT_TRUE(changes.changed.keys.empty() && changes.deleted.empty());
+
+  std::vector<int64_t> batch = {12, 13};  // One present, one new key.
+  ASSERT_TRUE(index.FindOrInsert(batch.data(), 2, rows.data()).ok());
+  std::vector<int64_t> found(1);
+  index.Find(keys.data(), 1, found.data());  // Evaluation: no change.
+  index.ExportChanges(false, &changes);      // A peek: marks kept.
+  EXPECT_EQ(ChangedPairs(changes), (std::vector<std::pair<int64_t, int64_t>>{{12, 2}, {13, 3}}));
+  index.ExportChanges(true, &changes);
+  EXPECT_EQ(ChangedPairs(changes).size(), 2u);
+  index.ExportChanges(true, &changes);
+  EXPECT_TRUE(changes.changed.keys.empty());
+  EXPECT_EQ(changes.changed.counters.size(), 3u);
+}
+
+TEST(ChangeTrackingTest, EvictionLogsDeletedKeysAndAReusedRowIsChanged) {
+  KeyIndex index(4, "delta_t");
+  std::vector<int64_t> keys = {1, 2, 3};
+  std::vector<int64_t> counts = {1, 1, 1};
+  std::vector<int64_t> rows(3);
+  ASSERT_TRUE(index.FindOrInsertAdmitting(keys.data(), counts.data(), 3, 1, 100, rows.data()).ok());
+  KeyIndex::Changes changes;
+  index.ExportChanges(true, &changes);
+  std::vector<int64_t> later = {3, 4};  // 1 and 2 idle; 4 pending (threshold 2 below).
+  ASSERT_TRUE(
+      index.FindOrInsertAdmitting(later.data(), counts.data(), 2, 2, 200, rows.data()).ok());
+  std::vector<int64_t> freed;
+  index.Evict(50, &freed);
+  EXPECT_EQ(freed, (std::vector<int64_t>{0, 1}));
+  index.ExportChanges(true, &changes);
+  EXPECT_EQ(ChangedPairs(changes), (std::vector<std::pair<int64_t, int64_t>>{{3, 2}}));
+  EXPECT_EQ(changes.changed.last_seen, (std::vector<int64_t>{200}));
+  std::vector<int64_t> deleted = changes.deleted;
+  std::sort(deleted.begin(), deleted.end());
+  EXPECT_EQ(deleted, (std::vector<int64_t>{1, 2}));
+  EXPECT_EQ(changes.changed.pending_keys, (std::vector<int64_t>{4}));  // Pending: whole.
+  EXPECT_EQ(changes.changed.counters, (std::vector<int64_t>{3, 2, 200}));
+
+  std::vector<int64_t> again = {5};  // Takes the freed row 0.
+  ASSERT_TRUE(index.FindOrInsertAdmitting(again.data(), counts.data(), 1, 1, 210, rows.data()).ok());
+  index.ExportChanges(true, &changes);
+  EXPECT_EQ(ChangedPairs(changes), (std::vector<std::pair<int64_t, int64_t>>{{5, 0}}));
+  EXPECT_TRUE(changes.deleted.empty());
+}
+
+TEST(ChangeTrackingTest, ImportStartsANewBaseAndMemoryCountsTheBitmap) {
+  KeyIndex index(1 << 16, "delta_t");
+  std::vector<int64_t> keys(1000);
+  std::iota(keys.begin(), keys.end(), 0);
+  std::vector<int64_t> rows(keys.size());
+  KeyIndex::Changes changes;
+  index.ExportChanges(true, &changes);
+  const int64_t before = index.MemoryBytes();
+  ASSERT_TRUE(index.FindOrInsert(keys.data(), 1000, rows.data()).ok());
+  KeyIndex untracked(1 << 16, "delta_t");
+  ASSERT_TRUE(untracked.FindOrInsert(keys.data(), 1000, rows.data()).ok());
+  const int64_t bitmap = index.MemoryBytes() - untracked.MemoryBytes();
+  EXPECT_GT(bitmap, 0);
+  EXPECT_LE(bitmap, 1000 / 8 * 5 / 4 + 8);  // 1 bit per row, growth slack included.
+  EXPECT_GE(index.MemoryBytes(), before);
+  ASSERT_TRUE(index.Import(keys.data(), rows.data(), 1000).ok());
+  EXPECT_TRUE(index.tracking_changes());
+  index.ExportChanges(false, &changes);
+  EXPECT_TRUE(changes.changed.keys.empty() && changes.deleted.empty());
+}
+
 }  // namespace
 }  // namespace mxrec

@@ -189,3 +189,26 @@ def test_parallel_dataset_insertion_gives_each_key_one_row():
     rows = tf.gather(batch[fs.unique_rows_key("item")], batch[fs.restore_key("item")]).numpy()
     expected = np.vectorize(final.get)(batch["item"].numpy())
     np.testing.assert_array_equal(rows, expected)
+
+
+def _changed(changes) -> dict[int, int]:
+  return dict(zip(changes["keys"].numpy().tolist(), changes["rows"].numpy().tolist()))
+
+
+def test_export_changes_reports_trained_rows_and_evicted_keys_since_the_last_clear():
+  """Delta checkpoints' change tracking, through the op (C++: ChangeTrackingTest)."""
+  table = lib.make_table(capacity=8)
+  index = table.key_index
+  index.insert(tf.constant([30, 10], tf.int64), training=True)
+  first = index.export_changes(clear=True)  # Tracking was off: every key; now on.
+  assert _changed(first) == {30: 0, 10: 1}
+  assert first["deleted_keys"].shape == [0] and first["counters"].shape == [3]
+  assert _changed(index.export_changes(clear=True)) == {}
+  index.insert(tf.constant([10, 20], tf.int64), training=True)
+  _rows_of(index, [30, 40])  # Evaluation lookups change nothing.
+  assert _changed(index.export_changes(clear=False)) == {10: 1, 20: 2}
+  assert _changed(index.export_changes(clear=True)) == {10: 1, 20: 2}
+  assert _changed(index.export_changes(clear=True)) == {}
+  # A restore is the new base: nothing changed relative to it.
+  index.import_(tf.constant([5, 6], tf.int64), tf.constant([0, 3], tf.int64))
+  assert _changed(index.export_changes(clear=False)) == {}
