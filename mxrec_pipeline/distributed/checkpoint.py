@@ -57,8 +57,10 @@ def _on_device(shard):
   return contextlib.nullcontext() if shard.device is None else tf.device(shard.device)
 
 
-def save_table(directory: str, table, optimizers=()) -> list[str]:
+def save_table(directory: str, table, optimizers=(), start_chain: bool = False) -> list[str]:
   """save_shard of every shard this process holds (core/table_protocol.Table.local_shards).
+
+  `start_chain`: as save_shard's (delta checkpoints follow, distributed/delta.py).
 
   One worker's shard of a ShardedTable, every ps shard of a PSShardedTable
   (read from their ps tasks), or a single-process table as shard 0 of 1.
@@ -69,7 +71,7 @@ def save_table(directory: str, table, optimizers=()) -> list[str]:
   prefixes = []
   for shard in table.local_shards():
     with _on_device(shard):
-      prefixes.append(save_shard(directory, shard, optimizers))
+      prefixes.append(save_shard(directory, shard, optimizers, start_chain=start_chain))
   return prefixes
 
 
@@ -91,8 +93,8 @@ def restore_table(directory: str, table, optimizers=(), keep_rows: bool = False)
   return counts
 
 
-def save_shard(directory: str, table, optimizers=(),
-               chunk_rows: int = shard_files.CHUNK_ROWS) -> str:
+def save_shard(directory: str, table, optimizers=(), chunk_rows: int = shard_files.CHUNK_ROWS,
+               start_chain: bool = False) -> str:
   """Saves this worker's shard of `table` (eagerly); every worker calls it.
 
   Atomic per shard: the bundle appears complete or not at all. Give each
@@ -122,6 +124,8 @@ def save_shard(directory: str, table, optimizers=(),
     optimizers: The hash optimizers training the table (their slots and step
       counts are saved).
     chunk_rows: Keys per saved slice of the per-key tensors.
+    start_chain: This full save starts a chain of delta checkpoints
+      (distributed/delta.py): the key index's change tracking starts anew.
 
   Returns:
     The bundle's prefix.
@@ -162,11 +166,20 @@ def save_shard(directory: str, table, optimizers=(),
   entries = [(n, "", tensors[n]) for n in sorted(tensors)]
   for name in sorted(per_key):
     entries += _slices(name, per_key[name], num_keys, chunk_rows)
-  prefix = shard_prefix(directory, shard.table_name, shard.shard_id, shard.num_shards)
+  if start_chain:  # Delta checkpoints after this save hold what changed since it.
+    shard.key_index.export_changes(clear=True)
+  return write_bundle(shard_prefix(directory, shard.table_name, shard.shard_id, shard.num_shards),
+                      entries)
+
+
+def write_bundle(prefix: str, entries: list[tuple[str, str, tf.Tensor]]) -> str:
+  """Writes SaveV2 `entries` (name, shape-and-slice spec, tensor) as bundle `prefix`, atomically.
+
+  Written under a temporary prefix, then renamed data first, index last: a
+  process killed while saving leaves no `.index`, so no shard restores from
+  a partial bundle (saved_shards looks for the index files).
+  """
   tf.io.gfile.makedirs(os.path.dirname(prefix))
-  # Written under a temporary prefix, then renamed data first, index last: a
-  # process killed while saving leaves no `.index`, so no shard restores from
-  # a partial bundle (saved_shards looks for the index files).
   temporary = f"{prefix}_temp_{os.getpid()}"
   tf.raw_ops.SaveV2(prefix=temporary, tensor_names=[e[0] for e in entries],
                     shape_and_slices=[e[1] for e in entries], tensors=[e[2] for e in entries])

@@ -1,0 +1,149 @@
+"""Delta checkpoints of tables: what changed since the previous save, and a chain's restore.
+
+A full save that starts a chain (`checkpoint.save_shard(..., start_chain=True)`)
+clears the key index's change tracking (core/key_index.KeyIndex.export_changes);
+`save_delta` then writes, per shard, a bundle of the same format as a full
+one holding only the keys whose rows training touched since the previous
+save of the chain (full or delta), with their rows, slots and last-seen
+times, the whole pending (not yet admitted) state, the counters and step
+counts, plus `deleted_keys`: the keys eviction removed since. A chain is
+restored by `restore_chain`: per saved shard, the full bundle with each delta
+applied in order (deletions, then the changed keys), then restored as one
+checkpoint (checkpoint.restore_shard: onto the same or another shard count).
+It equals the full save taken at the last delta's step bit for bit.
+
+Mirrors mxRec's incremental checkpoints (`saver.save(..., save_delta=True)`,
+`delta-sparse-*` directories) and DeepRec's sparse incremental checkpoints;
+unlike mxRec's, admission and eviction state ride along. Flat tables only:
+a tiered table's rows move between tiers without training touching them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+
+import numpy as np
+import tensorflow as tf
+
+from mxrec_pipeline.distributed import checkpoint as checkpoint_lib
+from mxrec_pipeline.distributed import shard_files
+
+DELETED = "deleted_keys"
+# Per-key tensors of a bundle other than the rows and slots (checkpoint.save_shard).
+_KEY_STATE = ("keys", "rows", "last_seen")
+
+
+def save_delta(directory: str, table, optimizers=()) -> list[str]:
+  """Saves what changed in each shard this process holds since the chain's previous save.
+
+  Args:
+    directory: This delta's directory (one per delta: `<table>/shard-<i>-of-<S>`
+      under it, as a full save's).
+    table: A table of the protocol (core/table_protocol.Table) or a shard.
+    optimizers: The hash optimizers training the table, as in its full save.
+
+  Returns:
+    The bundles' prefixes.
+
+  A shard whose change tracking never started (no full save with
+  `start_chain` before) saves every key: still a correct delta.
+
+  Raises:
+    ValueError: a tiered table, naming it.
+  """
+  shards = table.local_shards() if hasattr(table, "local_shards") else [table]
+  prefixes = []
+  for shard in shards:
+    with contextlib.nullcontext() if shard.device is None else tf.device(shard.device):
+      prefixes.append(_save_shard_delta(directory, shard, optimizers))
+  return prefixes
+
+
+def _save_shard_delta(directory: str, shard, optimizers) -> str:
+  name = shard.table_name
+  if shard.is_tiered:
+    raise ValueError(f"table '{name}': delta checkpoints of tiered tables are not supported; "
+                     "save it in full")
+  changes = shard.key_index.export_changes(clear=True)
+  order = tf.argsort(changes["keys"])
+  keys, rows = tf.gather(changes["keys"], order), tf.gather(changes["rows"], order)
+  tensors = {
+      "keys": keys, "rows": rows, "last_seen": tf.gather(changes["last_seen"], order),
+      "values": tf.gather(shard.variable,
+                          rows), "counters": changes["counters"], DELETED: tf.sort(changes[DELETED])
+  }
+  tensors.update({n: changes[n] for n in shard_files.PENDING})
+  for optimizer in optimizers:
+    for slot_name, slot in shard.slot_variables(optimizer, create=True).items():
+      tensors[f"slot/{optimizer.optimizer_name}/{slot_name}"] = tf.gather(slot, rows)
+    tensors[f"iterations/{optimizer.optimizer_name}"] = tf.convert_to_tensor(
+        shard.iterations(optimizer))
+  prefix = checkpoint_lib.shard_prefix(directory, name, shard.shard_id, shard.num_shards)
+  return checkpoint_lib.write_bundle(prefix, [(n, "", tensors[n]) for n in sorted(tensors)])
+
+
+def merged_shard(full_dir: str, delta_dirs, table_name: str, shard_prefix_name: str,
+                 optimizers=()) -> dict[str, np.ndarray]:
+  """One saved shard's state after its full bundle and each delta, in order (NumPy).
+
+  Args:
+    full_dir, delta_dirs: The chain's full checkpoint and deltas, oldest first.
+    table_name: The table.
+    shard_prefix_name: The shard's bundle name, `shard-<i>-of-<S>`.
+    optimizers: The hash optimizers, as saved.
+
+  Raises:
+    FileNotFoundError: a delta lacks this shard (naming it).
+  """
+  names = ["keys", "rows", "values", "last_seen", *shard_files.PENDING, "counters"]
+  for optimizer in optimizers:
+    names += [f"slot/{optimizer.optimizer_name}/{s}" for s in optimizer.slot_initial_values]
+    names.append(f"iterations/{optimizer.optimizer_name}")
+  state = shard_files.read_tensors(os.path.join(full_dir, table_name, shard_prefix_name),
+                                   table_name, names)
+  per_key = [n for n in names if n in _KEY_STATE or n == "values" or n.startswith("slot/")]
+  for directory in delta_dirs:
+    prefix = os.path.join(directory, table_name, shard_prefix_name)
+    if not tf.io.gfile.exists(prefix + ".index"):
+      raise FileNotFoundError(f"table '{table_name}': delta {directory} has no {shard_prefix_name}")
+    delta = shard_files.read_tensors(prefix, table_name, names + [DELETED])
+    gone = np.isin(state["keys"], np.concatenate([delta[DELETED], delta["keys"]]))
+    for name in per_key:
+      state[name] = np.concatenate([state[name][~gone], delta[name]])
+    for name in names:
+      if name not in per_key:
+        state[name] = delta[name]
+  order = np.argsort(state["keys"], kind="stable")
+  for name in per_key:
+    state[name] = state[name][order]
+  return state
+
+
+def restore_chain(full_dir: str, delta_dirs, table, optimizers=(), keep_rows: bool = False,
+                  scratch_dir: str | None = None) -> list[int]:
+  """Restores a full checkpoint and its deltas, in order, into the shards this process holds.
+
+  Each saved shard's bundles are merged (`merged_shard`) into a full bundle
+  in `scratch_dir` (default: a temporary directory, removed after), which
+  then restores as any checkpoint (checkpoint.restore_table: re-sharded by
+  owner; `keep_rows` as there).
+
+  Returns:
+    The number of keys restored into each local shard.
+
+  Raises:
+    FileNotFoundError, ValueError: as checkpoint.restore_table; a delta
+      missing a shard.
+  """
+  shards = table.local_shards() if hasattr(table, "local_shards") else [table]
+  name = shards[0].table_name
+  with tempfile.TemporaryDirectory() as temporary:
+    scratch = scratch_dir or temporary
+    for prefix in shard_files.saved_shards(full_dir, name):
+      bundle = os.path.basename(prefix)
+      state = merged_shard(full_dir, list(delta_dirs), name, bundle, optimizers)
+      checkpoint_lib.write_bundle(os.path.join(scratch, name, bundle),
+                                  [(n, "", tf.constant(state[n])) for n in sorted(state)])
+    return checkpoint_lib.restore_table(scratch, table, optimizers, keep_rows=keep_rows)
