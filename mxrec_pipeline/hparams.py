@@ -104,6 +104,10 @@ class PipelineHparams:
     sharding: None, or how tables sharded over MultiWorkerMirroredStrategy
       workers route a lookup: {"routing": "all_gather" | "all_to_all" |
       "auto"} (default auto: all_to_all on 2+ workers); see `Sharding`.
+    checkpoint: None, or how epochs' checkpoints save the tables:
+      {"full_every_epochs": N} (default 1): a full save every N checkpoints,
+      delta checkpoints between (what changed since the previous one); see
+      `CheckpointSchedule`.
   """
 
   model_dir: str
@@ -126,6 +130,7 @@ class PipelineHparams:
   resume: bool = True
   warm_start: dict | None = None
   sharding: dict | None = None
+  checkpoint: dict | None = None
 
   def __post_init__(self):
     if not self.model_dir:
@@ -157,6 +162,7 @@ class PipelineHparams:
     if self.warm_start is not None:
       WarmStart.from_dict(self.warm_start)
     Sharding.from_dict(self.sharding)
+    CheckpointSchedule.from_dict(self.checkpoint)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -243,6 +249,40 @@ class Sharding:
     if routing not in ROUTINGS:
       raise ValueError(f"`sharding.routing` must be one of {list(ROUTINGS)}, got {routing!r}")
     return cls(routing)
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointSchedule:
+  """PipelineHparams.checkpoint, checked: full and delta saves of the tables.
+
+  Attributes:
+    full_every_epochs: Every this many epochs' checkpoints, one saves the
+      tables in full; the others hold deltas: the keys training touched since
+      the previous checkpoint, with their rows, slots and admission state,
+      and the keys eviction removed (distributed/delta.py; mxRec's
+      `save_delta`). A restore reads the full save and its deltas in order.
+      1 (default): every checkpoint full. Not for tiered tables.
+  """
+
+  full_every_epochs: int = 1
+
+  @classmethod
+  def from_dict(cls, raw: dict | None) -> "CheckpointSchedule":
+    """From {"full_every_epochs"} (None: the defaults).
+
+    Raises:
+      ValueError: not a mapping, unknown keys, or not a positive int (named).
+    """
+    if raw is None:
+      return cls()
+    if not isinstance(raw, dict):
+      raise ValueError(f"`checkpoint` must be a mapping, got {raw!r}")
+    unknown = sorted(set(raw) - {"full_every_epochs"})
+    if unknown:
+      raise ValueError(f"`checkpoint`: unknown keys {unknown}; known: full_every_epochs")
+    every = raw.get("full_every_epochs", cls.full_every_epochs)
+    _check_positive_int("checkpoint.full_every_epochs", every)
+    return cls(every)
 
 
 def _check_positive_int(name, value):

@@ -138,12 +138,22 @@ def restore_chain(full_dir: str, delta_dirs, table, optimizers=(), keep_rows: bo
       missing a shard.
   """
   shards = table.local_shards() if hasattr(table, "local_shards") else [table]
-  name = shards[0].table_name
   with tempfile.TemporaryDirectory() as temporary:
     scratch = scratch_dir or temporary
-    for prefix in shard_files.saved_shards(full_dir, name):
-      bundle = os.path.basename(prefix)
-      state = merged_shard(full_dir, list(delta_dirs), name, bundle, optimizers)
-      checkpoint_lib.write_bundle(os.path.join(scratch, name, bundle),
-                                  [(n, "", tf.constant(state[n])) for n in sorted(state)])
+    materialize_chain(full_dir, delta_dirs, shards[0].table_name, scratch, optimizers)
     return checkpoint_lib.restore_table(scratch, table, optimizers, keep_rows=keep_rows)
+
+
+def materialize_chain(full_dir: str, delta_dirs, table_name: str, out_dir: str,
+                      optimizers=()) -> None:
+  """Writes a table's chain (full save, then deltas in order) as full bundles under `out_dir`.
+
+  One bundle per saved shard, `<out_dir>/<table>/shard-<i>-of-<S>`, each the
+  `merged_shard` of that shard: what a full save at the last delta's step
+  holds. Readers of full checkpoints (restores, exports, warm starts) read it.
+  """
+  for prefix in shard_files.saved_shards(full_dir, table_name):
+    bundle = os.path.basename(prefix)
+    state = merged_shard(full_dir, list(delta_dirs), table_name, bundle, optimizers)
+    checkpoint_lib.write_bundle(os.path.join(out_dir, table_name, bundle),
+                                [(n, "", tf.constant(state[n])) for n in sorted(state)])

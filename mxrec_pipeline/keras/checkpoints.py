@@ -236,6 +236,9 @@ class TrainingCheckpoint:
       its "tables" (name -> spec fields) are compared on restore.
     faults: The run's util/faults.FaultPoints (checkpoint_shards, checkpoint_files).
     sharded: The tables are sharded over workers or ps tasks (else on one host).
+    full_every: Every this many checkpoints of a chain, a full save of the
+      tables; the ones between hold them as deltas (what changed since the
+      previous; distributed/delta.py). 1: every save full.
 
   Attributes:
     epoch: int64 variable, the number of epochs trained (saved with the rest).
@@ -244,8 +247,12 @@ class TrainingCheckpoint:
 
   def __init__(self, model, directory: str, max_to_keep: int = 3, shards=None,
                run_info: dict | None = None, faults: faults_lib.FaultPoints | None = None,
-               sharded: bool = False):
+               sharded: bool = False, full_every: int = 1):
     self.directory = directory
+    self._full_every = full_every
+    # The checkpoint the tables were last saved as or restored from (by their shards), which a
+    # delta builds on; None: the next save is full.
+    self._base = None
     self._shards = shards
     self._run_info = dict(run_info or {})
     self._faults = faults or faults_lib.FaultPoints()
@@ -346,8 +353,12 @@ class TrainingCheckpoint:
                             "move it aside to resume from the one before") from e
     if self._shards is not None and self._sharded:
       self._shards.restore(checkpoint_number(latest))
+      # Deltas of a chain come from one shard count: another count starts a new chain.
+      same = self._shards.same_shards(checkpoint_number(latest))
+      self._base = checkpoint_number(latest) if same else None
     elif self._shards is not None and not tables_in_ckpt:  # Flat ones; tiered are in ckpt-N.
       self._shards.restore(checkpoint_number(latest), tables=self._flat_tables(), keep_rows=True)
+      self._base = checkpoint_number(latest)
     self.restored = latest
     return int(self.epoch.numpy())
 
@@ -394,7 +405,7 @@ class TrainingCheckpoint:
       raise CheckpointError(f"{moving}, and its dense model does not match this model "
                             f"(another config?): {str(e).splitlines()[0]}") from e
     if self._shards is not None:
-      self._shards.restore(number)
+      self._shards.restore(number)  # The next save starts a chain on this placement.
     print(
         f"Moved checkpoint {prefix} from {_PLACEMENTS[before]} to {_PLACEMENTS[now]}: dense "
         "model and optimizer, every table's keys, rows, slots and admission state", flush=True)
@@ -416,7 +427,10 @@ class TrainingCheckpoint:
       if tf.io.gfile.exists(manifest.path(prefix)):
         tf.io.gfile.remove(manifest.path(prefix))
       if self._shards is not None:
-        self._shards.save(epochs_done)
+        after = self._base if self._base is not None and self._base < epochs_done and len(
+            self._shards.chain(self._base)) < self._full_every else None
+        self._shards.save(epochs_done, after=after)
+        self._base = epochs_done
       self._faults.reach("checkpoint_shards")
       path = self._manager.save(checkpoint_number=epochs_done)
       self._faults.reach("checkpoint_files")

@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import tempfile
 from typing import Sequence
 
 import tensorflow as tf
@@ -31,7 +32,7 @@ from mxrec_pipeline.core.asc import feature_spec as fs
 from mxrec_pipeline.core.asc import replicas
 # Re-exported: users import PipelineHparams and RANKING_METRICS from here.
 from mxrec_pipeline.hparams import (MULTI_WORKER_MIRRORED, PARAMETER_SERVER, RANKING_METRICS,
-                                    STRATEGIES, PipelineHparams, WarmStart)
+                                    STRATEGIES, CheckpointSchedule, PipelineHparams, WarmStart)
 from mxrec_pipeline.keras import callbacks as callbacks_lib
 from mxrec_pipeline.keras import checkpoints as checkpoints_lib
 # Re-exported: tfr users find the dataset builders in the pipeline module.
@@ -55,6 +56,7 @@ from mxrec_pipeline.distributed import export as distributed_export
 from mxrec_pipeline.optimizers import factory
 from mxrec_pipeline.util import faults as faults_lib
 from mxrec_pipeline.util import initialize
+from mxrec_pipeline.util import model_files
 
 # The module's API: tfr.keras.pipeline's names, plus what the sparse core adds.
 __all__ = [
@@ -133,6 +135,7 @@ class ModelFitPipeline(AbstractPipeline):
     self._shard_checkpoint_dir = shard_checkpoint_dir
     self._exports = 0  # Exports so far: each stages its shards in its own directory.
     self._export_source = None  # The shards' directory of restore_for_export's checkpoint.
+    self._export_scratch = None  # Its delta chain merged, removed after the export.
     self._run_config = run_config
     self._faults = faults_lib.FaultPoints()  # train_and_validate reads MXREC_FAULT.
     self.checkpoint = None
@@ -207,6 +210,11 @@ class ModelFitPipeline(AbstractPipeline):
       raise ValueError(f"{checkpoint} is a sharded run's checkpoint ({shards_dir}): its tables "
                        "export through an mxrec_pipeline ModelBuilder; got "
                        f"{type(self._model_builder).__name__}")
+    if len(table_checkpoints.chain(os.path.dirname(checkpoint), number)) > 1:  # A delta.
+      self._export_scratch = tempfile.mkdtemp(prefix="mxrec-export-")
+      shards_dir = table_checkpoints.full_shards_in(os.path.dirname(checkpoint), number,
+                                                    self._model_builder.tables,
+                                                    self._export_scratch)
     for name in self._model_builder.tables:  # Checks every shard before anything is built.
       checkpoint_lib.saved_key_count(shards_dir, name)
     specs = [  # Unused rows: the export reads the shard files (tiered ones hold every tier's).
@@ -262,10 +270,15 @@ class ModelFitPipeline(AbstractPipeline):
     """
     snapshots = staging = None
     if self._export_source is not None:  # restore_for_export of a sharded run's checkpoint.
-      snapshots = {
-          name: distributed_export.files_snapshot(self._export_source, name)
-          for name in self._sharded_tables
-      }
+      try:
+        snapshots = {
+            name: distributed_export.files_snapshot(self._export_source, name)
+            for name in self._sharded_tables
+        }
+      finally:
+        if self._export_scratch is not None:
+          model_files.remove(self._export_scratch)
+          self._export_scratch = None
     elif self._placement.sharded:  # Built one shard at a time by the chief, or the coordinator.
       self._exports += 1
       staging = distributed_export.staging_path(self._shard_dir(), self._exports)
@@ -413,9 +426,16 @@ class ModelFitPipeline(AbstractPipeline):
     if tables:
       shards = table_checkpoints.TableCheckpoints(strategy, self._shard_dir(), tables,
                                                   [model.sparse_optimizer])
+    full_every = CheckpointSchedule.from_dict(hparams.checkpoint).full_every_epochs
+    tiered = [n for n, t in (tables or {}).items() if t.local_shards()[0].is_tiered]
+    if full_every > 1 and tiered:
+      raise ValueError(f"pipeline.checkpoint.full_every_epochs {full_every}: table "
+                       f"'{tiered[0]}' is tiered, and delta checkpoints hold flat tables only; "
+                       "set full_every_epochs: 1")
     self.checkpoint = checkpoints_lib.TrainingCheckpoint(
-        model, os.path.join(hparams.model_dir, "checkpoints"), shards=shards,
-        run_info=self.run_info(), faults=self._faults, sharded=self._placement.sharded)
+        model, os.path.join(hparams.model_dir,
+                            "checkpoints"), shards=shards, run_info=self.run_info(),
+        faults=self._faults, sharded=self._placement.sharded, full_every=full_every)
     plan = epoch_steps(hparams.num_epochs, hparams.num_train_steps)
     if hparams.warm_start is not None and not self.checkpoint.exists():
       restoring.warm_start(hparams, self._placement.sharded, model)

@@ -21,6 +21,7 @@ from mxrec_pipeline.hparams import PipelineHparams, WarmStart
 from mxrec_pipeline.distributed import checkpoint as checkpoint_lib
 from mxrec_pipeline.keras import checkpoints as checkpoints_lib
 from mxrec_pipeline.keras import manifest
+from mxrec_pipeline.keras import table_checkpoints
 from mxrec_pipeline.keras import warm_start as warm_start_lib
 from mxrec_pipeline.util import initialize
 
@@ -126,9 +127,12 @@ def restore_one_host(model, path: str, shards_dir: str) -> None:
       raise
     raise ValueError(f"{path}: the model built from this config does not match the checkpoint "
                      f"(is it the config the run trained with?): {e}") from None
-  for table in initialize.get_config_initializer().tables.values():
-    if not table.is_tiered:
-      checkpoint_lib.restore_table(shards_dir, table, [model.sparse_optimizer], keep_rows=True)
+  flat = {n: t for n, t in initialize.get_config_initializer().tables.items() if not t.is_tiered}
+  number = checkpoints_lib.checkpoint_number(path)
+  with table_checkpoints.full_shards(os.path.dirname(shards_dir), number, flat,
+                                     [model.sparse_optimizer]) as full:  # A delta: its chain.
+    for table in flat.values():
+      checkpoint_lib.restore_table(full, table, [model.sparse_optimizer], keep_rows=True)
 
 
 def restore_dense_variables(model, tables, path: str) -> None:

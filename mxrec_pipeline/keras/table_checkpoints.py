@@ -7,18 +7,24 @@ each process saving the shards it holds (core/table_protocol.Table.local_shards)
 a MultiWorkerMirroredStrategy worker its own, the ParameterServerStrategy
 coordinator every ps task's. Restoring re-shards the keys by owner, so a run
 resumes onto another number of shards, and one process restores the bundles
-with distributed/checkpoint.restore_table.
+with distributed/checkpoint.restore_table. With `pipeline.checkpoint.
+full_every_epochs` > 1, the saves between full ones are deltas
+(distributed/delta.py), `shards-<N>/chain.json` naming the checkpoints whose
+shards they build on.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import tempfile
 from typing import Iterable, Mapping, Sequence
 
 import tensorflow as tf
 
 from mxrec_pipeline.distributed import checkpoint as checkpoint_lib
+from mxrec_pipeline.distributed import delta
 from mxrec_pipeline.util import model_files
 
 
@@ -27,9 +33,48 @@ def shards_path(directory: str, number: int) -> str:
   return os.path.join(directory, f"shards-{number}")
 
 
+CHAIN_FILE = "chain.json"
+
+
+def chain(directory: str, number: int) -> list[int]:
+  """The checkpoints whose shards make checkpoint `number`'s tables, oldest first.
+
+  [number] for a full save; for a delta (`pipeline.checkpoint.full_every_epochs`
+  > 1), the full save it builds on, then every delta up to `number`, as its
+  `shards-<number>/chain.json` records.
+  """
+  path = os.path.join(shards_path(directory, number), CHAIN_FILE)
+  if not tf.io.gfile.exists(path):
+    return [number]
+  with tf.io.gfile.GFile(path) as f:
+    return [int(n) for n in json.loads(f.read())["chain"]]
+
+
+def full_shards_in(directory: str, number: int, tables: Iterable[str], scratch: str,
+                   optimizers=()) -> str:
+  """A directory of checkpoint `number`'s tables as full bundles: `shards-<number>` itself,
+  or, for a delta, its chain merged into `scratch` (distributed/delta.materialize_chain)."""
+  numbers = chain(directory, number)
+  if len(numbers) == 1:
+    return shards_path(directory, number)
+  for name in tables:
+    delta.materialize_chain(shards_path(directory, numbers[0]),
+                            [shards_path(directory, n) for n in numbers[1:]], name, scratch,
+                            optimizers)
+  return scratch
+
+
+@contextlib.contextmanager
+def full_shards(directory: str, number: int, tables: Iterable[str], optimizers=()):
+  """`full_shards_in` a temporary scratch directory, removed on exit."""
+  with tempfile.TemporaryDirectory() as scratch:
+    yield full_shards_in(directory, number, tables, scratch, optimizers)
+
+
 def prune_shard_dirs(directory: str, kept: Iterable[int]) -> None:
-  """Removes the `shards-<N>` directories of `directory` whose N is not in `kept`."""
-  keep = {shards_path(directory, n) for n in kept}
+  """Removes the `shards-<N>` directories of `directory` whose N is not in `kept`, nor in the
+  chain of a kept one (a delta's full save and earlier deltas)."""
+  keep = {shards_path(directory, m) for n in kept for m in chain(directory, n)}
   for path in tf.io.gfile.glob(os.path.join(directory, "shards-*")):
     if path.rstrip("/") not in keep:
       with contextlib.suppress(tf.errors.OpError):  # Best effort: the next prune retries.
@@ -67,12 +112,39 @@ class TableCheckpoints:
     """`<directory>/shards-<number>`: the shards of checkpoint ckpt-<number>."""
     return shards_path(self.directory, number)
 
-  def save(self, number: int) -> None:
-    """Saves the shards this process holds as checkpoint `number`."""
+  def save(self, number: int, after: int | None = None) -> None:
+    """Saves the shards this process holds as checkpoint `number`.
+
+    Args:
+      number: The checkpoint's number.
+      after: None: a full save, which starts a chain. Else a delta
+        (distributed/delta.py) after checkpoint `after`, the previous save of
+        this run's chain: what changed since it (or since the restore of it).
+    """
+    stale = os.path.join(self.path(number), CHAIN_FILE)  # Of an earlier save of this number.
+    if self._prunes and tf.io.gfile.exists(stale):
+      tf.io.gfile.remove(stale)
     for table in self._tables.values():
-      checkpoint_lib.save_table(self.path(number), table, self._optimizers)
+      if after is None:
+        checkpoint_lib.save_table(self.path(number), table, self._optimizers, start_chain=True)
+      else:
+        delta.save_delta(self.path(number), table, self._optimizers)
+    if after is not None and self._prunes:
+      with tf.io.gfile.GFile(os.path.join(self.path(number), CHAIN_FILE), "w") as f:
+        f.write(json.dumps({"chain": chain(self.directory, after) + [number]}))
     if self._shared:
       barrier(self._strategy)
+
+  def same_shards(self, number: int) -> bool:
+    """Whether checkpoint `number` was saved by as many shards as each table has now (a delta
+    after restoring it can build on its chain)."""
+    return all(
+        len(checkpoint_lib.saved_shards(self.path(number), name)) == table.num_shards
+        for name, table in self._tables.items())
+
+  def chain(self, number: int) -> list[int]:
+    """`chain` of checkpoint `number` in this directory."""
+    return chain(self.directory, number)
 
   def prune(self, kept: Iterable[int]) -> None:
     """Removes the shards of checkpoints other than `kept` (the process holding shard 0)."""
@@ -91,9 +163,18 @@ class TableCheckpoints:
         shards, a shard too small for its keys, another dim or optimizer),
         naming the table and file.
     """
+    numbers = chain(self.directory, number)
     for name, table in self._tables.items():
-      if tables is None or name in tables:
+      if tables is not None and name not in tables:
+        continue
+      if len(numbers) == 1:
         checkpoint_lib.restore_table(self.path(number), table, self._optimizers, keep_rows)
+      else:
+        delta.restore_chain(self.path(numbers[0]), [self.path(n) for n in numbers[1:]], table,
+                            self._optimizers, keep_rows)
+      for shard in table.local_shards():  # Deltas after this restore hold what changes next.
+        with contextlib.nullcontext() if shard.device is None else tf.device(shard.device):
+          shard.key_index.export_changes(clear=True)
 
 
 def summed_over_workers(strategy: tf.distribute.Strategy, values: list[int]) -> list[int]:

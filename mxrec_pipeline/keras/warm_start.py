@@ -66,7 +66,11 @@ def read_table(prefix: str, table: str, optimizer, slots: bool) -> dict[str, np.
   if tf.io.gfile.isdir(shards_dir):
     if not tf.io.gfile.isdir(os.path.join(shards_dir, table)):
       raise MissingTable(f"warm_start: checkpoint {prefix} has no table '{table}'")
-    saved = checkpoint_lib.read_all_shards(shards_dir, table, [optimizer] if slots else [])
+    optimizers = [optimizer] if slots else []
+    with table_checkpoints.full_shards(os.path.dirname(prefix),
+                                       checkpoints_lib.checkpoint_number(prefix), [table],
+                                       optimizers) as full:  # A delta: its chain merged.
+      saved = checkpoint_lib.read_all_shards(full, table, optimizers)
     return {"keys": saved["keys"], "rows": saved["values"]
            } | {f"slot/{s}": saved[f"slot/{optimizer.optimizer_name}/{s}"] for s in slot_names}
   reader = tf.train.load_checkpoint(prefix)

@@ -2,6 +2,7 @@
 
   python resume_worker.py TASK_DIR MODEL_DIR OUT_JSON [--epochs E] [--steps N]
       [--kill-at EPOCH:BATCH] [--no-resume] [--tiered-ssd-dir DIR] [--export-best]
+      [--full-every N]
 
 Writes OUT_JSON: per-epoch training losses of this process, the optimizers'
 iterations, and, per table, the sorted (key, row) pairs of the key index with
@@ -105,14 +106,15 @@ def main():
                       help="fill PATH's filesystem after the validation of that epoch (0-based)")
   parser.add_argument("--export-best", action="store_true",
                       help="export_best_model by validation loss")
+  parser.add_argument("--full-every", type=int, default=1,
+                      help="pipeline.checkpoint.full_every_epochs (delta checkpoints between)")
   args = parser.parse_args()
   train, valid = (os.path.join(args.task_dir, f) for f in ("train.tfrecord", "valid.tfrecord"))
-  hparams = pipeline_lib.PipelineHparams(model_dir=args.model_dir, num_epochs=args.epochs,
-                                         num_train_steps=args.steps, learning_rate=0.05, seed=7,
-                                         resume=not args.no_resume,
-                                         export_best_model=args.export_best,
-                                         best_exporter_metric="loss",
-                                         best_exporter_metric_higher_better=False)
+  hparams = pipeline_lib.PipelineHparams(
+      model_dir=args.model_dir, num_epochs=args.epochs, num_train_steps=args.steps,
+      learning_rate=0.05, seed=7, resume=not args.no_resume, export_best_model=args.export_best,
+      best_exporter_metric="loss", best_exporter_metric_higher_better=False,
+      checkpoint={"full_every_epochs": args.full_every})
   if args.tiered_ssd_dir:  # Batches of 2 lists: each batch's items fit the 12 device rows.
     model_builder = lib.model_builder(tables=lib.tiered_tables(args.tiered_ssd_dir))
     datasets = lib.dataset_builder(train, valid, train_batch_size=2)

@@ -362,3 +362,39 @@ def test_a_checkpoint_of_format_2_still_resumes_with_its_tables(task, tmp_path, 
     for saved, restored in zip(arrays, after[name]):
       np.testing.assert_array_equal(saved, restored, err_msg=name)
   initialize.terminate_config_initializer()
+
+
+def test_delta_checkpoints_between_full_ones_resume_and_export_as_full_ones(
+    task, reference, tmp_path):
+  """full_every_epochs 2: ckpt-1 full, ckpt-2 a delta on it, ckpt-3 full; killed in epoch 3."""
+  model_dir = tmp_path / "model"
+  killed = run_worker(task, model_dir, tmp_path / "state.json", "--export-best", "--full-every",
+                      "2", env={"MXREC_FAULT": "train_batch:15"})  # Epoch 3's 3rd batch.
+  assert killed.returncode == -9, killed.stderr[-3000:]
+  shards = model_dir / "checkpoints"
+  assert not (shards / "shards-1" / "chain.json").exists()
+  assert json.loads((shards / "shards-2" / "chain.json").read_text()) == {"chain": [1, 2]}
+  names = [
+      n for n, _ in tf.train.list_variables(str(shards / "shards-2" / "user" / "shard-0-of-1"))
+  ]
+  assert "deleted_keys" in names  # A delta bundle.
+  # The export of the delta checkpoint (`mxrec-pipeline export --checkpoint 2`) equals the
+  # export of the reference's full ckpt-2.
+  train, valid = str(task / "train.tfrecord"), str(task / "valid.tfrecord")
+  for source, out in ((shards, "exported"), (reference["dir"] / "checkpoints", "reference")):
+    pipe = pipeline_lib.SimplePipeline(
+        lib.model_builder(), lib.dataset_builder(train, valid),
+        pipeline_lib.PipelineHparams(model_dir=str(model_dir), num_epochs=3, seed=7))
+    initialize.init()
+    try:
+      model = pipe.restore_for_export(str(source / "ckpt-2"))
+      pipe.export_saved_model(model, str(tmp_path / out))
+    finally:
+      initialize.terminate_config_initializer()
+  _exports_equal(tmp_path / "exported", tmp_path / "reference")
+
+  again = run_worker(task, model_dir, tmp_path / "state.json", "--export-best", "--full-every",
+                     "2")  # Resumes from the delta ckpt-2: its chain.
+  assert again.returncode == 0, again.stderr[-3000:]
+  _assert_ends_as_reference(model_dir, _state(tmp_path / "state.json"), reference)
+  assert not (shards / "shards-3" / "chain.json").exists()  # Full again.

@@ -6,6 +6,7 @@ import pytest
 
 import builders
 from builders import registry as registry_lib
+from mxrec_pipeline import hparams as hparams_lib
 from mxrec_pipeline.util import config_parsing
 
 
@@ -85,3 +86,18 @@ def test_registry_imports_nothing_for_names_and_accepts_classes():
   assert registry["eager"] is Ranker and registry.config_classes("eager") == (Section, Section)
   with pytest.raises(ValueError, match="unknown builder 'nope'; known: .*mslr_dnn"):
     builders.get_config_classes("nope")
+
+
+@pytest.mark.parametrize("raw, message", [
+    ("x", r"`checkpoint` must be a mapping"),
+    ({"full_every": 2}, r"`checkpoint`: unknown keys \['full_every'\]; known: full_every_epochs"),
+    ({"full_every_epochs": 0}, r"`checkpoint.full_every_epochs` must be a positive int, got 0"),
+])
+def test_checkpoint_schedule_errors_name_the_key(raw, message):
+  with pytest.raises(ValueError, match=message):
+    hparams_lib.PipelineHparams(model_dir="m", checkpoint=raw)
+
+
+def test_checkpoint_schedule_defaults_to_full_saves():
+  assert hparams_lib.CheckpointSchedule.from_dict(None).full_every_epochs == 1
+  assert hparams_lib.CheckpointSchedule.from_dict({"full_every_epochs": 4}).full_every_epochs == 4
