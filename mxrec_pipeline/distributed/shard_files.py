@@ -20,6 +20,7 @@ import numpy as np
 import tensorflow as tf
 
 from mxrec_pipeline.distributed import sharding
+from mxrec_pipeline.util import model_files
 
 SHARD_FILE = re.compile(r"shard-(\d+)-of-(\d+)\.index")
 KEY_STATE = ("last_seen",)
@@ -69,7 +70,7 @@ def read_tensors(prefix: str, table_name: str, names, optional=()) -> dict[str, 
       truncated), naming the table and the file.
   """
   try:
-    reader = tf.train.load_checkpoint(prefix)
+    reader = model_files.checkpoint_reader(prefix)
   except (tf.errors.OpError, ValueError) as e:
     raise FileNotFoundError(f"table '{table_name}': cannot read shard {prefix}: {e}") from None
   out = {}
@@ -268,7 +269,7 @@ def layout(prefix: str, table_name: str, names) -> dict[str, tuple[list[int], tf
   Raises:
     ValueError: the bundle lacks one (saved without this optimizer?).
   """
-  reader = tf.train.load_checkpoint(prefix)  # Its index only: read_tensors read the bundle.
+  reader = model_files.checkpoint_reader(prefix)  # Its index only: read_tensors read the bundle.
   shapes, dtypes = reader.get_variable_to_shape_map(), reader.get_variable_to_dtype_map()
   missing = [n for n in names if n not in shapes]
   if missing:

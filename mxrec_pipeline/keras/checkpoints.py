@@ -22,6 +22,7 @@ from mxrec_pipeline.keras import table_checkpoints
 from mxrec_pipeline.util import atomic_dir
 from mxrec_pipeline.util import faults as faults_lib
 from mxrec_pipeline.util import initialize
+from mxrec_pipeline.util import model_files
 from mxrec_pipeline.util import storage
 
 
@@ -206,7 +207,7 @@ def restorable_checkpoint(
 def is_legacy(prefix: str) -> bool:
   """Whether checkpoint `prefix` was written by a version before manifests (holds no BestMetric)."""
   try:
-    names = {name for name, _ in tf.train.list_variables(prefix)}
+    names = {name for name, _ in model_files.checkpoint_names(prefix).items()}
   except (tf.errors.OpError, ValueError):
     return False
   return not any(name.startswith("best_metric/") for name in names)
@@ -396,7 +397,9 @@ class TrainingCheckpoint:
     if self._shards is not None and not tf.io.gfile.isdir(self._shards.path(number)):
       raise CheckpointError(f"{moving}, but it has no table shards ({self._shards.path(number)}): "
                             f"{earlier}")
-    if not any(name.startswith("dense_model/") for name, _ in tf.train.list_variables(prefix)):
+    if not any(
+        name.startswith("dense_model/")
+        for name, _ in model_files.checkpoint_names(prefix).items()):
       raise CheckpointError(f"{moving}, but it has no placement-independent dense model: "
                             f"{earlier}")
     try:

@@ -24,6 +24,7 @@ from mxrec_pipeline.keras import manifest
 from mxrec_pipeline.keras import table_checkpoints
 from mxrec_pipeline.keras import warm_start as warm_start_lib
 from mxrec_pipeline.util import initialize
+from mxrec_pipeline.util import model_files
 
 
 def resume(checkpoint: checkpoints_lib.TrainingCheckpoint, hparams: PipelineHparams, model,
@@ -112,7 +113,7 @@ def restore_one_host(model, path: str, shards_dir: str) -> None:
     return
   # `dense_model/<i>` are by position: more here than saved is a model with variables it lacks.
   saved = {
-      name.split("/")[1] for name, _ in tf.train.list_variables(path)
+      name.split("/")[1] for name, _ in model_files.checkpoint_names(path).items()
       if name.startswith("dense_model/")
   }
   dense = checkpoints_lib.dense_variables(model)

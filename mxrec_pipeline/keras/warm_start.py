@@ -27,6 +27,7 @@ from mxrec_pipeline.keras import checkpoints as checkpoints_lib
 from mxrec_pipeline.keras import manifest
 from mxrec_pipeline.keras import table_checkpoints
 from mxrec_pipeline.distributed import checkpoint as checkpoint_lib
+from mxrec_pipeline.util import model_files
 
 SLOTS_PATH = "sparse_optimizer/_slots/{table}/{slot}/.ATTRIBUTES/VARIABLE_VALUE"
 KEY_INDEX_PATH = "key_indexes/{table}/.ATTRIBUTES/{field}"
@@ -73,7 +74,7 @@ def read_table(prefix: str, table: str, optimizer, slots: bool) -> dict[str, np.
       saved = checkpoint_lib.read_all_shards(full, table, optimizers)
     return {"keys": saved["keys"], "rows": saved["values"]
            } | {f"slot/{s}": saved[f"slot/{optimizer.optimizer_name}/{s}"] for s in slot_names}
-  reader = tf.train.load_checkpoint(prefix)
+  reader = model_files.checkpoint_reader(prefix)
   names = reader.get_variable_to_shape_map()
   if KEY_INDEX_PATH.format(table=table, field="keys") not in names:
     raise MissingTable(f"warm_start: checkpoint {prefix} has no table '{table}'")

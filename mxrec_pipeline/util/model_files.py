@@ -114,3 +114,21 @@ def copy_tree(source: str, target: str, ignore: Sequence[str] = ()) -> None:
       except tf.errors.OpError as e:  # TF's message may not name the file.
         raise type(e)(e.node_def, e.op,
                       f"copying {source_path} to {target_path}: {e.message}") from None
+
+
+def checkpoint_reader(prefix: str):
+  """A reader of the TF checkpoint bundle `prefix` (its `.index` and data files).
+
+  tf.train.load_checkpoint would first ask whether `prefix` is a directory,
+  which a filesystem without directories (ram://, object stores) answers yes
+  for any prefix of a file's name; this reads the bundle itself.
+
+  Raises:
+    tf.errors.OpError: the bundle cannot be read.
+  """
+  return tf.compat.v1.train.NewCheckpointReader(prefix)
+
+
+def checkpoint_names(prefix: str) -> dict[str, list[int]]:
+  """Name -> shape of every tensor in checkpoint bundle `prefix` (checkpoint_reader)."""
+  return checkpoint_reader(prefix).get_variable_to_shape_map()

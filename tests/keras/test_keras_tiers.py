@@ -1,6 +1,7 @@
 """The Keras pipeline with a tiered table: trains, logs table stats, checkpoints and serves."""
 
 import glob
+import pathlib
 
 import numpy as np
 import pytest
@@ -64,9 +65,14 @@ def test_table_stats_reach_tensorboard(trained):
 
 
 def test_checkpoint_holds_the_tiers(trained):
+  """The tiered table whole in ckpt-N (its device cache's mapping); flat ones only in shards-N."""
   checkpoint = tf.train.latest_checkpoint(str(trained["tmp"] / "model" / "checkpoints"))
   names = [name for name, _ in tf.train.list_variables(checkpoint)]
-  assert any(name.startswith("tiers/item/") and "store_values" in name for name in names)
+  assert any(
+      name.startswith("tiered_tables/item/tiers/") and "store_values" in name for name in names)
+  assert not [name for name in names if name.startswith("tiered_tables/user/")]
+  shards = pathlib.Path(checkpoint).parent / f"shards-{checkpoint.rsplit('-', 1)[1]}"
+  assert sorted(p.name for p in shards.iterdir()) == ["item", "user", "word"]
 
 
 def test_saved_model_serves_every_tier_without_the_op_library(trained):
