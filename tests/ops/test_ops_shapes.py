@@ -89,7 +89,8 @@ CASES = (
     _handle_only("MxKeyIndexStats", ([5],)),
     _handle_only("MxKeyIndexExportState",
                  _vectors(6) + ([3],)),
-    _handle_only("MxKeyIndexExportChanges", _vectors(6) + ([3], [None]), {"clear": False}),
+    _handle_only("MxKeyIndexExportChanges",
+                 _vectors(6) + ([3], [None]), {"clear": False}),
     Case(
         "MxKeyIndexImportState", (HANDLE,) + ((I64, [4]),) * 3 + ((I64, [2]),) * 3 + ((I64, [3]),),
         (), (), {"capacity": 4, **TABLE},
