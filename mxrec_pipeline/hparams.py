@@ -190,11 +190,7 @@ class WarmStart:
     Raises:
       ValueError: unknown keys, no `from`, or values of the wrong type (named).
     """
-    if not isinstance(raw, dict):
-      raise ValueError(f"`warm_start` must be a mapping, got {raw!r}")
-    unknown = sorted(set(raw) - {"from", "tables", "rename", "slots"})
-    if unknown:
-      raise ValueError(f"`warm_start`: unknown keys {unknown}; known: from, tables, rename, slots")
+    _check_mapping("warm_start", raw, ("from", "tables", "rename", "slots"))
     source = raw.get("from")
     if not isinstance(source, str) or not source:
       raise ValueError(f"`warm_start.from` must be a checkpoint path, got {source!r}")
@@ -240,11 +236,7 @@ class Sharding:
     """
     if raw is None:
       return cls()
-    if not isinstance(raw, dict):
-      raise ValueError(f"`sharding` must be a mapping, got {raw!r}")
-    unknown = sorted(set(raw) - {"routing"})
-    if unknown:
-      raise ValueError(f"`sharding`: unknown keys {unknown}; known: routing")
+    _check_mapping("sharding", raw, ("routing",))
     routing = raw.get("routing", cls.routing)
     if routing not in ROUTINGS:
       raise ValueError(f"`sharding.routing` must be one of {list(ROUTINGS)}, got {routing!r}")
@@ -275,14 +267,19 @@ class CheckpointSchedule:
     """
     if raw is None:
       return cls()
-    if not isinstance(raw, dict):
-      raise ValueError(f"`checkpoint` must be a mapping, got {raw!r}")
-    unknown = sorted(set(raw) - {"full_every_epochs"})
-    if unknown:
-      raise ValueError(f"`checkpoint`: unknown keys {unknown}; known: full_every_epochs")
+    _check_mapping("checkpoint", raw, ("full_every_epochs",))
     every = raw.get("full_every_epochs", cls.full_every_epochs)
     _check_positive_int("checkpoint.full_every_epochs", every)
     return cls(every)
+
+
+def _check_mapping(name: str, raw, known: tuple[str, ...]) -> None:
+  """Raises ValueError unless `raw` is a mapping whose keys are among `known` (`name` in it)."""
+  if not isinstance(raw, dict):
+    raise ValueError(f"`{name}` must be a mapping, got {raw!r}")
+  unknown = sorted(set(raw) - set(known))
+  if unknown:
+    raise ValueError(f"`{name}`: unknown keys {unknown}; known: {', '.join(known)}")
 
 
 def _check_positive_int(name, value):
