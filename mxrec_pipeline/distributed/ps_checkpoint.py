@@ -24,13 +24,16 @@ from mxrec_pipeline.distributed import export
 from mxrec_pipeline.distributed.ps_table import PSShardedTable
 
 
-def save(directory: str, table: PSShardedTable) -> list[str]:
+def save(directory: str, table: PSShardedTable, start_chain: bool = False) -> list[str]:
   """Saves every shard of `table` (its keys, rows, slots and step): checkpoint.save_table.
+
+  `start_chain`: delta checkpoints follow (distributed/delta.save_delta: each
+  ps shard writes its own), as checkpoint.save_table's.
 
   Returns:
     The bundles' prefixes, shard 0 first.
   """
-  return checkpoint.save_table(directory, table, [table.optimizer])
+  return checkpoint.save_table(directory, table, [table.optimizer], start_chain=start_chain)
 
 
 def restore(directory: str, table: PSShardedTable) -> list[int]:

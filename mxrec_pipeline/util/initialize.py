@@ -24,7 +24,10 @@ if TYPE_CHECKING:  # pragma: no cover
 
 MAX_STEPS = 2**31 - 1
 _STEP_KWARGS = ("train_steps", "eval_steps", "save_steps", "max_steps")
-_BOOL_KWARGS = ("use_dynamic", "use_dynamic_expansion", "if_load", "use_mpi")
+_BOOL_KWARGS = ("use_dynamic", "use_dynamic_expansion", "if_load", "use_mpi",
+                "is_incremental_checkpoint")
+# Seconds between saves (saver.DeltaCheckpointHook), None: not timed.
+_SECONDS_KWARGS = ("save_checkpoint_due_time", "save_delta_checkpoints_secs")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,6 +50,15 @@ class InitConfig:
       restoring is done by the Saver / tf.train.Checkpoint the user calls).
     use_mpi: Accepted for mxRec scripts; one process per machine here, so it
       changes nothing (scale-out uses tf.distribute, see docs).
+    is_incremental_checkpoint: Delta checkpoints: a full save of the Saver
+      starts a chain, `Saver.save(..., save_delta=True)` writes what changed
+      since the chain's previous save (saver/saver.py).
+    save_checkpoint_due_time: Seconds between full saves of
+      saver.DeltaCheckpointHook (None: only its first and last saves).
+    save_delta_checkpoints_secs: Seconds between its delta saves (None: none);
+      needs is_incremental_checkpoint.
+    restore_model_version: The step whose checkpoint `Saver.restore` of a
+      directory restores (None: the newest).
   """
 
   train_steps: int = -1
@@ -57,6 +69,10 @@ class InitConfig:
   use_dynamic_expansion: bool = False
   if_load: bool = False
   use_mpi: bool = False
+  is_incremental_checkpoint: bool = False
+  save_checkpoint_due_time: int | None = None
+  save_delta_checkpoints_secs: int | None = None
+  restore_model_version: int | None = None
 
   def __post_init__(self):
     for name in _STEP_KWARGS:
@@ -78,6 +94,19 @@ class InitConfig:
       value = getattr(self, name)
       if not isinstance(value, bool):
         raise TypeError(f"`{name}` must be a bool, got {value!r}")
+    for name in (*_SECONDS_KWARGS, "restore_model_version"):
+      value = getattr(self, name)
+      if value is None:
+        continue
+      if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"`{name}` must be an int or None, got {value!r}")
+      if not (0 if name == "restore_model_version" else 1) <= value <= MAX_STEPS:
+        raise ValueError(f"`{name}` must be in [{0 if name == 'restore_model_version' else 1}, "
+                         f"{MAX_STEPS}], got {value}")
+      object.__setattr__(self, name, int(value))
+    if self.save_delta_checkpoints_secs is not None and not self.is_incremental_checkpoint:
+      raise ValueError(f"`save_delta_checkpoints_secs`={self.save_delta_checkpoints_secs} needs "
+                       "`is_incremental_checkpoint=True` (delta checkpoints)")
 
 
 class ConfigInitializer:
@@ -120,14 +149,18 @@ def init(**kwargs) -> ConfigInitializer:
   Args:
     **kwargs: mxRec's init arguments, see `InitConfig` for each one:
       train_steps, eval_steps, save_steps, max_steps (ints in [-1, 2^31-1], not
-      0), use_dynamic, use_dynamic_expansion, if_load, use_mpi (bools).
+      0), use_dynamic, use_dynamic_expansion, if_load, use_mpi,
+      is_incremental_checkpoint (bools), save_checkpoint_due_time,
+      save_delta_checkpoints_secs (seconds >= 1 or None), restore_model_version
+      (a step >= 0 or None).
 
   Returns:
     The process's ConfigInitializer.
 
   Raises:
     TypeError: an unknown argument (named) or a value of the wrong type.
-    ValueError: a step count out of range.
+    ValueError: a step count or number of seconds out of range;
+      save_delta_checkpoints_secs without is_incremental_checkpoint.
     RuntimeError: init() was called before without terminate_config_initializer().
   """
   global _initializer

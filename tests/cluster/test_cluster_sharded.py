@@ -4,8 +4,10 @@ The Keras pipeline's sparse features under MultiWorkerMirroredStrategy
 (keras/sharded.py over distributed.ShardedTable) against one process on the
 same global batches: per-epoch losses, validation metrics, every table's rows
 by key in the exports (gathered from the shards), and the served scores; the
-2-worker job stops after epoch 1 and resumes from its per-shard checkpoints;
-`mxrec-pipeline export` of its checkpoint serves as its own export.
+2-worker job stops after epoch 1 and resumes from its per-shard checkpoints,
+saving epoch 2 as a delta of each shard (pipeline.checkpoint.full_every_epochs
+2), whose chain equals the one-process run's full save; `mxrec-pipeline
+export` of its checkpoint serves as its own export.
 """
 
 import json
@@ -20,13 +22,17 @@ import tensorflow as tf
 import cluster_testlib as lib
 from mxrec_pipeline import cli
 from mxrec_pipeline import serving
+from mxrec_pipeline.distributed import checkpoint as checkpoint_lib
 from mxrec_pipeline.evaluation import METRICS_FILE
+from mxrec_pipeline.keras import table_checkpoints
 
 pytestmark = [pytest.mark.slow, pytest.mark.cluster]
 
 CONFIG = lib.MOVIELENS_CONFIG
 TIMEOUT_S = lib.TIMEOUT_S
 TABLES = lib.MOVIELENS_TABLES
+
+DELTAS = {"checkpoint.full_every_epochs": 2}  # ckpt-1 full, ckpt-2 a delta on it.
 
 
 def _overrides(tmp_path, data_dir, model_dir, **pipeline):
@@ -51,7 +57,7 @@ def test_movielens_on_two_workers_trains_as_one_process(tmp_path, capsys):
       launcher = subprocess.run([
           sys.executable, "-m", "mxrec_pipeline.cli", "train", CONFIG, "--verbose=0",
           "--local-cluster", "workers=2",
-          *_overrides(tmp_path, data_dir, model_dir, export_best_model="true")
+          *_overrides(tmp_path, data_dir, model_dir, export_best_model="true", **DELTAS)
       ], env={**env, "MXREC_FAULT": fault}, capture_output=True, text=True, timeout=TIMEOUT_S,
                                 check=False)
       assert lib.marked_pids(marker) == []
@@ -71,6 +77,10 @@ def test_movielens_on_two_workers_trains_as_one_process(tmp_path, capsys):
       assert sorted(
           p.name for p in (model_dir / "checkpoints" / f"shards-{number}" /
                            table).glob("*.index")) == ["shard-0-of-2.index", "shard-1-of-2.index"]
+
+  # Epoch 2's shards are deltas on epoch 1's, each worker's of its own shard.
+  assert json.loads(
+      (model_dir / "checkpoints" / "shards-2" / "chain.json").read_text()) == {"chain": [1, 2]}
 
   # One process, the same global batches.
   assert cli.main(["train", CONFIG, "--verbose=0"] +
@@ -94,6 +104,16 @@ def test_movielens_on_two_workers_trains_as_one_process(tmp_path, capsys):
     # The chief's TensorBoard table sizes sum both workers' shards (at the last global step).
     sizes = [lib.scalars(d, "tables", f"tables/{table}/size")[-1] for d in runs]
     assert sizes == [rows[0].shape[0] - 1] * 2, table
+    # The 2 workers' chain (full save, then deltas) holds what one process's full save does.
+    with table_checkpoints.full_shards(str(model_dir / "checkpoints"), 2, [table]) as merged:
+      saved = [
+          checkpoint_lib.read_all_shards(d, table)
+          for d in (merged, str(runs[1] / "checkpoints" / "shards-2"))
+      ]
+    orders = [np.argsort(s["keys"]) for s in saved]
+    np.testing.assert_array_equal(*[s["keys"][o] for s, o in zip(saved, orders)], err_msg=table)
+    np.testing.assert_allclose(*[s["values"][o] for s, o in zip(saved, orders)], atol=1e-5,
+                               err_msg=table)
 
   # It serves raw ids with plain TF, as `mxrec-pipeline predict` does.
   valid = str(tmp_path / "elwc" / "valid.tfrecord")
@@ -102,4 +122,5 @@ def test_movielens_on_two_workers_trains_as_one_process(tmp_path, capsys):
   np.testing.assert_allclose(np.concatenate(scores[0]), np.concatenate(scores[1]), atol=1e-5)
 
   # `mxrec-pipeline export` of its checkpoint, in one process, serves as its own export.
-  lib.check_export_of_sharded_checkpoint(tmp_path, data_dir, model_dir, collective_timeout_s=60)
+  lib.check_export_of_sharded_checkpoint(tmp_path, data_dir, model_dir, collective_timeout_s=60,
+                                         **DELTAS)

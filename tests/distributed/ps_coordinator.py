@@ -2,7 +2,8 @@
 
 Usage: ps_coordinator.py OUT.npz STEPS [--local] [--restore DIR] [--save DIR] [--export DIR]
                          [--access_threshold N] [--eviction_threshold_s S]
-                         [--tiers DEVICE,HOST]
+                         [--tiers DEVICE,HOST] [--chain_at K --delta DIR]
+                         [--restore_delta DIR]
 
 With TF_CONFIG (a chief task of a cluster with ps and worker tasks running
 mxrec_pipeline.cluster.ps_server) it trains through ParameterServerStrategy +
@@ -16,6 +17,9 @@ training. --access_threshold and --eviction_threshold_s give the table
 admission and eviction: step s has time distributed_testlib.step_time(s) and
 every step evicts after its update. --tiers makes the table tiered
 (distributed/ps_tiers.py): DEVICE cache rows and HOST host rows per shard.
+--chain_at K with --save and --delta: the full save (starting a chain of
+delta checkpoints) after the first K steps, a delta (distributed/delta.py)
+after the rest; --restore_delta restores --restore and that delta as a chain.
 OUT.npz gets per shard its keys, values, m and v and its key index's state
 (state_<name>, key_index.STATE_NAMES), the loss of every step (in step order)
 and steps/s of the training loop.
@@ -33,6 +37,7 @@ from mxrec_pipeline import ops
 from mxrec_pipeline.cluster import reach
 from mxrec_pipeline.cluster import tf_config
 from mxrec_pipeline.core import tiers as tiers_lib
+from mxrec_pipeline.distributed import delta as delta_lib
 from mxrec_pipeline.distributed import ps_checkpoint
 from mxrec_pipeline.distributed import ps_table
 from mxrec_pipeline.optimizers import lazy_adam
@@ -46,7 +51,8 @@ BIAS_LEARNING_RATE = 0.1  # SGD of the dense bias, a variable of the strategy (o
 
 def main(out: str, steps: int, local: bool = False, restore: str = "", save: str = "",
          export_dir: str = "", reach_timeout_s: float = 30.0, access_threshold: int | None = None,
-         eviction_threshold_s: int | None = None, tiers: str = "") -> None:
+         eviction_threshold_s: int | None = None, tiers: str = "", chain_at: int = 0,
+         delta: str = "", restore_delta: str = "") -> None:
   ops.load()
   if local:
     strategy, coordinator = None, None
@@ -65,7 +71,9 @@ def main(out: str, steps: int, local: bool = False, restore: str = "", save: str
       optimizer=lazy_adam.create_hash_optimizer(LEARNING_RATE),
       emb_initializer=tf.keras.initializers.Constant(INITIAL), access_threshold=access_threshold,
       eviction_threshold_s=eviction_threshold_s, tiers=tier_config)
-  if restore:
+  if restore_delta:
+    delta_lib.restore_chain(restore, [restore_delta], table, [table.optimizer])
+  elif restore:
     ps_checkpoint.restore(restore, table)
   w = tf.constant(W)
   if strategy is None:
@@ -75,7 +83,7 @@ def main(out: str, steps: int, local: bool = False, restore: str = "", save: str
       bias = tf.Variable(0.0, name="bias")
   checkpoint = tf.train.Checkpoint(bias=bias)
   if restore:
-    checkpoint.read(os.path.join(restore, "dense")).assert_consumed()
+    checkpoint.read(os.path.join(restore_delta or restore, "dense")).assert_consumed()
 
   @tf.function
   def train_step(ids, labels, time):
@@ -99,20 +107,17 @@ def main(out: str, steps: int, local: bool = False, restore: str = "", save: str
         (tf.constant(ids), tf.constant(labels), tf.constant(lib.step_time(step), tf.int64)))
   print(f"ps_coordinator: training {steps} steps", flush=True)
   start = time.perf_counter()
-  if coordinator is None:
-    losses = [float(train_step(*batch)) for batch in batches]
+  if chain_at:
+    losses = _train(coordinator, train_step, batches[:chain_at])
+    ps_checkpoint.save(save, table, start_chain=True)
+    checkpoint.write(os.path.join(save, "dense"))
+    losses += _train(coordinator, train_step, batches[chain_at:])
+    delta_lib.save_delta(delta, table, [table.optimizer])
+    checkpoint.write(os.path.join(delta, "dense"))
   else:
-    try:  # schedule, join and fetch all raise a ps's loss.
-      results = [coordinator.schedule(train_step, args=batch) for batch in batches]
-      coordinator.join()
-      losses = [float(r.fetch()) for r in results]
-    except tf.errors.UnavailableError as e:
-      lost = reach.lost_ps_error(tf_config.parse(os.environ[tf_config.ENV_VAR]), e)
-      if lost is None:
-        raise
-      raise lost from e
+    losses = _train(coordinator, train_step, batches)
   steps_per_s = steps / (time.perf_counter() - start)
-  if save:
+  if save and not chain_at:
     ps_checkpoint.save(save, table)
     checkpoint.write(os.path.join(save, "dense"))
   if export_dir:
@@ -131,6 +136,21 @@ def main(out: str, steps: int, local: bool = False, restore: str = "", save: str
   print(f"ps_coordinator: {steps} steps, {steps_per_s:.1f} steps/s", flush=True)
 
 
+def _train(coordinator, train_step, batches) -> list[float]:
+  """The losses of `train_step` on `batches`, in order (scheduled on the workers, if any)."""
+  if coordinator is None:
+    return [float(train_step(*batch)) for batch in batches]
+  try:  # schedule, join and fetch all raise a ps's loss.
+    results = [coordinator.schedule(train_step, args=batch) for batch in batches]
+    coordinator.join()
+    return [float(r.fetch()) for r in results]
+  except tf.errors.UnavailableError as e:
+    lost = reach.lost_ps_error(tf_config.parse(os.environ[tf_config.ENV_VAR]), e)
+    if lost is None:
+      raise
+    raise lost from e
+
+
 if __name__ == "__main__":
   parser = argparse.ArgumentParser()
   parser.add_argument("out")
@@ -143,6 +163,9 @@ if __name__ == "__main__":
   parser.add_argument("--access_threshold", type=int, default=None)
   parser.add_argument("--eviction_threshold_s", type=int, default=None)
   parser.add_argument("--tiers", default="")
+  parser.add_argument("--chain_at", type=int, default=0)
+  parser.add_argument("--delta", default="")
+  parser.add_argument("--restore_delta", default="")
   a = parser.parse_args()
   main(a.out, a.steps, a.local, a.restore, a.save, a.export, a.reach_timeout_s, a.access_threshold,
-       a.eviction_threshold_s, a.tiers)
+       a.eviction_threshold_s, a.tiers, a.chain_at, a.delta, a.restore_delta)

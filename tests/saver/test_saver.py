@@ -33,10 +33,10 @@ PROBE_ITEMS = np.array([1, 2, 5, 9, 12, 77])  # Trained, untrained and never-see
 MODES = ["plain", "expansion"]
 
 
-def _build(mode, seed):
-  """A two-table model with a dense part; returns its handles in a dict."""
+def _build(mode, seed, **init_kwargs):
+  """A two-table model with a dense part (init() with `init_kwargs`); its handles in a dict."""
   expansion = mode == "expansion"
-  init(use_dynamic_expansion=expansion)
+  init(use_dynamic_expansion=expansion, **init_kwargs)
   item = lib.make_table("item", dim=3, capacity=16 if not expansion else 4, seed=seed)
   user = lib.make_table("user", dim=2, capacity=8, key_dtype=tf.int32, seed=seed + 1)
   item_ids = tf.compat.v1.placeholder(tf.int64, [None, None])
@@ -81,7 +81,11 @@ def _build(mode, seed):
         values[f"{name}/{part}"] = values[f"{name}/{part}"][order]
     return values
 
-  return {"run_step": run_step, "read_state": read_state, "item": item, "loss": loss}
+  return {
+      "run_step": run_step, "read_state": read_state, "item": item, "loss": loss,
+      "train_op": train_op,
+      "feed": lambda step: {item_ids: ITEM_BATCHES[step], user_ids: USER_BATCHES[step]}
+  }
 
 
 def _assert_states_equal(got, expected):
