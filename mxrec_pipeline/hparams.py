@@ -253,7 +253,7 @@ class CheckpointSchedule:
       the previous checkpoint, with their rows, slots and admission state,
       and the keys eviction removed (distributed/delta.py; mxRec's
       `save_delta`). A restore reads the full save and its deltas in order.
-      1 (default): every checkpoint full. Not for tiered tables.
+      1 (default): every checkpoint full. Flat and tiered tables.
   """
 
   full_every_epochs: int = 1

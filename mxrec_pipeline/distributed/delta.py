@@ -14,8 +14,10 @@ It equals the full save taken at the last delta's step bit for bit.
 
 Mirrors mxRec's incremental checkpoints (`saver.save(..., save_delta=True)`,
 `delta-sparse-*` directories) and DeepRec's sparse incremental checkpoints;
-unlike mxRec's, admission and eviction state ride along. Flat tables only:
-a tiered table's rows move between tiers without training touching them.
+unlike mxRec's, admission and eviction state ride along. Flat and tiered
+tables: a tiered table's change tracking is by global row, whose values only
+training changes (moves between tiers do not), and its delta reads them from
+whichever tier holds them, as its full save does.
 """
 
 from __future__ import annotations
@@ -50,8 +52,6 @@ def save_delta(directory: str, table, optimizers=()) -> list[str]:
   A shard whose change tracking never started (no full save with
   `start_chain` before) saves every key: still a correct delta.
 
-  Raises:
-    ValueError: a tiered table, naming it.
   """
   shards = table.local_shards() if hasattr(table, "local_shards") else [table]
   prefixes = []
@@ -63,21 +63,30 @@ def save_delta(directory: str, table, optimizers=()) -> list[str]:
 
 def _save_shard_delta(directory: str, shard, optimizers) -> str:
   name = shard.table_name
-  if shard.is_tiered:
-    raise ValueError(f"table '{name}': delta checkpoints of tiered tables are not supported; "
-                     "save it in full")
+  # Before reading a tiered table's rows: building attaches its slots to the tiers.
+  slots = [shard.slot_variables(optimizer, create=True) for optimizer in optimizers]
   changes = shard.key_index.export_changes(clear=True)
   order = tf.argsort(changes["keys"])
   keys, rows = tf.gather(changes["keys"], order), tf.gather(changes["rows"], order)
+  tiers = shard.tiers if shard.is_tiered else None
+  # A tiered table's rows are global rows, read from whichever tier holds them.
+  whole = None if tiers is None else tiers.read_rows(shard.variable, rows)
+
+  def rows_of(variable, block: int) -> tf.Tensor:
+    if whole is None:
+      return tf.gather(variable, rows)
+    return whole[:, block * shard.dim:(block + 1) * shard.dim]
+
   tensors = {
       "keys": keys, "rows": rows, "last_seen": tf.gather(changes["last_seen"], order),
-      "values": tf.gather(shard.variable,
-                          rows), "counters": changes["counters"], DELETED: tf.sort(changes[DELETED])
+      "values": rows_of(shard.variable,
+                        0), "counters": changes["counters"], DELETED: tf.sort(changes[DELETED])
   }
   tensors.update({n: changes[n] for n in shard_files.PENDING})
-  for optimizer in optimizers:
-    for slot_name, slot in shard.slot_variables(optimizer, create=True).items():
-      tensors[f"slot/{optimizer.optimizer_name}/{slot_name}"] = tf.gather(slot, rows)
+  for optimizer, optimizer_slots in zip(optimizers, slots):
+    for slot_name, slot in optimizer_slots.items():
+      tensors[f"slot/{optimizer.optimizer_name}/{slot_name}"] = rows_of(
+          slot, 0 if tiers is None else tiers.slot_block(slot))
     tensors[f"iterations/{optimizer.optimizer_name}"] = tf.convert_to_tensor(
         shard.iterations(optimizer))
   prefix = checkpoint_lib.shard_prefix(directory, name, shard.shard_id, shard.num_shards)
@@ -104,20 +113,42 @@ def merged_shard(full_dir: str, delta_dirs, table_name: str, shard_prefix_name: 
   state = shard_files.read_tensors(os.path.join(full_dir, table_name, shard_prefix_name),
                                    table_name, names)
   per_key = [n for n in names if n in _KEY_STATE or n == "values" or n.startswith("slot/")]
+  deltas = []
   for directory in delta_dirs:
     prefix = os.path.join(directory, table_name, shard_prefix_name)
     if not tf.io.gfile.exists(prefix + ".index"):
       raise FileNotFoundError(f"table '{table_name}': delta {directory} has no {shard_prefix_name}")
-    delta = shard_files.read_tensors(prefix, table_name, names + [DELETED])
-    gone = np.isin(state["keys"], np.concatenate([delta[DELETED], delta["keys"]]))
-    for name in per_key:
-      state[name] = np.concatenate([state[name][~gone], delta[name]])
-    for name in names:
-      if name not in per_key:
-        state[name] = delta[name]
-  order = np.argsort(state["keys"], kind="stable")
+    deltas.append(shard_files.read_tensors(prefix, table_name, names + [DELETED]))
+  if not deltas:
+    return state
+  # A key's last event in the chain decides: held (with that delta's state) or deleted. A
+  # delta's deletions come before its changed keys; every event of a delta supersedes the full
+  # save's copy of the key.
+  event_keys = np.concatenate([a for d in deltas for a in (d[DELETED], d["keys"])])
+  order_in_chain = np.concatenate(
+      [np.full(d[DELETED].size + d["keys"].size, i, np.int64) for i, d in enumerate(deltas)])
+  held = np.concatenate([
+      np.concatenate([np.zeros(d[DELETED].size, bool),
+                      np.ones(d["keys"].size, bool)]) for d in deltas
+  ])
+  position = np.concatenate(
+      [np.concatenate([np.full(d[DELETED].size, -1),
+                       np.arange(d["keys"].size)]) for d in deltas])
+  # Sorted by key, then chain order, then held after deleted: the last of each key decides.
+  last = np.lexsort((held, order_in_chain, event_keys))
+  is_last = np.append(event_keys[last][1:] != event_keys[last][:-1], True)
+  final = last[is_last & held[last]]
+  keep = ~np.isin(state["keys"], event_keys)
+  merged = {}
   for name in per_key:
-    state[name] = state[name][order]
+    parts = [state[name][keep]]
+    for i, d in enumerate(deltas):
+      mine = final[order_in_chain[final] == i]
+      parts.append(d[name][position[mine]])
+    merged[name] = np.concatenate(parts)
+  key_order = np.argsort(merged["keys"], kind="stable")
+  for name in names:
+    state[name] = merged[name][key_order] if name in per_key else deltas[-1][name]
   return state
 
 

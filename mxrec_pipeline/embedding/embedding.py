@@ -209,6 +209,23 @@ class Embedding(tf.Module):
         for config, name in zip(self._table_configs, self._table_names)
     }
 
+  def sparse_tables(self) -> dict[str, tuple[object, list]]:
+    """Table name -> (its sparse-core table, [its hash optimizer] or [] without one).
+
+    The tables of the table protocol (core/table_protocol.Table) behind the
+    TableConfigs, for the by-key and delta checkpoints of
+    distributed/embedding_checkpoint.py.
+    """
+    return {
+        name: (self._tables[name], [self._optimizers[self._optimizer_of_table[name]]]
+               if name in self._optimizer_of_table else []) for name in self._table_names
+    }
+
+  @property
+  def num_replicas(self) -> int:
+    """Replicas of the strategy the Embedding was built under (1: none)."""
+    return self._strategy.num_replicas_in_sync
+
   def export_key_index(self) -> dict[TableConfig, tuple[tf.Tensor, tf.Tensor]]:
     """TableConfig -> (keys [n] int64, rows [n] int64): which id owns which row.
 

@@ -427,11 +427,6 @@ class ModelFitPipeline(AbstractPipeline):
       shards = table_checkpoints.TableCheckpoints(strategy, self._shard_dir(), tables,
                                                   [model.sparse_optimizer])
     full_every = CheckpointSchedule.from_dict(hparams.checkpoint).full_every_epochs
-    tiered = [n for n, t in (tables or {}).items() if t.local_shards()[0].is_tiered]
-    if full_every > 1 and tiered:
-      raise ValueError(f"pipeline.checkpoint.full_every_epochs {full_every}: table "
-                       f"'{tiered[0]}' is tiered, and delta checkpoints hold flat tables only; "
-                       "set full_every_epochs: 1")
     self.checkpoint = checkpoints_lib.TrainingCheckpoint(
         model, os.path.join(hparams.model_dir,
                             "checkpoints"), shards=shards, run_info=self.run_info(),

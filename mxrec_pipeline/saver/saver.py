@@ -15,7 +15,8 @@ Plain, tiered (core/tiers.py: rows read wherever they live) and
 dynamic-expansion (core/expansion.py) tables are saved (per kind:
 saver/table_io.py); plain and tiered checkpoints restore into each other.
 With `init(is_incremental_checkpoint=True)`, `save(..., save_delta=True)`
-writes a delta of plain tables (saver/sparse_files.py: files and chains).
+writes a delta of every kind of table (saver/sparse_files.py: files and
+chains).
 Main names: `Saver`, `sparse_dir`, `delta_dir`. See
 docs/migrating-from-mxrec.md#sparse-checkpoint-files for the files and the
 restore rules.
@@ -130,8 +131,8 @@ class Saver(tf.compat.v1.train.Saver):
 
     Raises:
       ValueError: `save_delta` without `init(is_incremental_checkpoint=True)`,
-        before any full save or restore of this Saver, or with a tiered or
-        dynamic-expansion table (named): nothing is written then.
+        or before any full save or restore of this Saver: nothing is written
+        then.
     """
     if global_step is not None and not isinstance(global_step, (int, np.integer)):
       global_step = tf.compat.v1.train.global_step(sess, global_step)
@@ -178,10 +179,6 @@ class Saver(tf.compat.v1.train.Saver):
   def _check_delta(self) -> None:
     if not initialize.get_config_initializer().config.is_incremental_checkpoint:
       raise ValueError("save_delta=True needs init(is_incremental_checkpoint=True)")
-    unsupported = [io.table.table_name for io in self._tables if io.delta_fetches is None]
-    if unsupported:
-      raise ValueError(f"save_delta=True: tables {unsupported} are tiered or dynamic-expansion "
-                       "tables, whose delta checkpoints are not supported; save in full")
     if self._tables and not self._chain:
       raise ValueError("save_delta=True needs a full save (save_delta=False) or a restore by "
                        "this Saver before it: a delta holds what changed since one")
@@ -254,7 +251,7 @@ class Saver(tf.compat.v1.train.Saver):
     """
     if not initialize.get_config_initializer().config.is_incremental_checkpoint:
       return
-    sess.run([io.start_chain_op for io in self._tables if io.start_chain_op is not None])
+    sess.run([io.start_chain_op for io in self._tables])
     self._chain = chain
 
   def _checked_names(self, names) -> tuple[str, ...] | None:

@@ -24,13 +24,13 @@ class TableIO:
   """Base of the tables' export and restore ops: `restore_op` restores, fed by `feed`.
 
   `start_chain_op` (run once a save or restore succeeded) starts the key
-  index's change tracking anew; `delta_fetches` are what changed since (None:
-  a kind without delta checkpoints).
+  index's change tracking anew; `delta_fetches` are what changed since: the
+  export fetches of the changed keys plus the keys eviction removed.
   """
 
   restore_op: tf.Operation
-  start_chain_op: tf.Operation | None = None
-  delta_fetches: dict | None = None
+  start_chain_op: tf.Operation
+  delta_fetches: dict
 
   def select_restore_op(self, sess) -> tf.Operation:
     """The op that restores this table in `sess` (its state decides for plain tables)."""
@@ -153,6 +153,13 @@ class TieredTableIO(TableIO):
     self.export_fetches = {
         "keys": keys, "rows": rows, "values": tiers.read_rows(table.variable, rows)
     }
+    self.start_chain_op = tf.group(*table.key_index.export_changes(clear=True).values())
+    changes = table.key_index.export_changes(clear=False)  # Cleared once the save succeeded.
+    self.delta_fetches = {  # Global rows training changed, read from whichever tier holds them.
+        "keys": changes["keys"], "rows": changes["rows"],
+        "values": tiers.read_rows(table.variable, changes["rows"]),
+        sparse_files.DELETED: changes[sparse_files.DELETED]
+    }
     self.keys = tf.compat.v1.placeholder(tf.int64, [None], name="keys")
     self.rows = tf.compat.v1.placeholder(tf.int64, [None], name="rows")
     self.values = tf.compat.v1.placeholder(tf.float32, [None, tiers.width], name="values")
@@ -173,6 +180,8 @@ class TieredTableIO(TableIO):
   def to_arrays(self, fetched) -> tuple[dict, dict]:
     dim = self.table.dim
     arrays = _key_ordered_blocks(fetched, dim)
+    if sparse_files.DELETED in fetched:  # A delta's.
+      arrays[sparse_files.DELETED] = np.sort(fetched[sparse_files.DELETED])
     config = self.table.tiers.config
     meta = {
         "kind": self.kind, "dim": dim, "capacity": self.table.device_vocabulary_size,
@@ -219,6 +228,12 @@ class ExpansionTableIO(TableIO):
         "keys": keys, "rows": rows, "values": values, "slot_initial_values": initial,
         "num_slots": table.store.size()[1]
     }
+    self.start_chain_op = tf.group(*table.key_index.export_changes(clear=True).values())
+    changes = table.key_index.export_changes(clear=False)  # Cleared once the save succeeded.
+    changed_values, _ = table.store.read_rows(changes["rows"])
+    self.delta_fetches = dict(self.export_fetches, keys=changes["keys"], rows=changes["rows"],
+                              values=changed_values,
+                              **{sparse_files.DELETED: changes[sparse_files.DELETED]})
     self.keys = tf.compat.v1.placeholder(tf.int64, [None], name="keys")
     self.rows = tf.compat.v1.placeholder(tf.int64, [None], name="rows")
     self.values = tf.compat.v1.placeholder(tf.float32, [None, None], name="values")
@@ -242,6 +257,8 @@ class ExpansionTableIO(TableIO):
   def to_arrays(self, fetched) -> tuple[dict, dict]:
     dim = self.table.dim
     arrays = _key_ordered_blocks(fetched, dim)
+    if sparse_files.DELETED in fetched:  # A delta's.
+      arrays[sparse_files.DELETED] = np.sort(fetched[sparse_files.DELETED])
     num_slots = fetched["values"].shape[1] // dim - 1
     names = self.table.slot_names
     if names is None or len(names) != num_slots:

@@ -3,11 +3,13 @@
 The MovieLens job's user and item tables get a device cache of 8 rows per ps
 shard in front of host and SSD tiers of each shard (distributed/ps_tiers.py),
 batches of one list (up to 8 distinct movies). Epoch 1 trains with 1 worker
-on 2 ps tasks; the job resumes on 1 ps task with 2 asynchronous workers (the
-shards re-sharded, every tier's rows handed over): no key is lost, the one
-shard holds more item keys than its 8 device rows (the host and SSD tiers
-hold the rest), and the run's export and `mxrec-pipeline export` of its
-checkpoint serve in a fresh process with plain TensorFlow.
+on 2 ps tasks; the job resumes on 1 ps task with 2 asynchronous workers for
+epochs 2 and 3 (the shards re-sharded, every tier's rows handed over): no key
+is lost, the one shard holds more item keys than its 8 device rows (the host
+and SSD tiers hold the rest), epoch 3 saves each tiered shard as a delta on
+epoch 2's full save (`full_every_epochs` 2), and the run's export and
+`mxrec-pipeline export` of that checkpoint serve in a fresh process with
+plain TensorFlow.
 """
 
 import subprocess
@@ -18,6 +20,7 @@ import pytest
 import tensorflow as tf
 
 import cluster_testlib as lib
+from mxrec_pipeline.keras import table_checkpoints
 
 pytestmark = [pytest.mark.slow, pytest.mark.cluster]
 
@@ -62,8 +65,12 @@ def test_tiered_tables_train_on_ps_reshard_and_export(tmp_path):
   data_dir = lib.write_tiny_movielens(tmp_path / "ml")
   model_dir = tmp_path / "run"
   _launch("workers=1,ps=2", tmp_path, data_dir, model_dir, num_epochs=1, num_train_steps=6)
-  out = _launch("workers=2,ps=1", tmp_path, data_dir, model_dir, num_train_steps=6)
-  assert "continuing at epoch 2 of 2" in out
+  out = _launch("workers=2,ps=1", tmp_path, data_dir, model_dir, num_epochs=3, num_train_steps=9,
+                **{"checkpoint.full_every_epochs": 2})
+  assert "continuing at epoch 2 of 3" in out
+  # Another ps count starts a chain: ckpt-2 full, ckpt-3 a delta on it.
+  chains = [table_checkpoints.chain(str(model_dir / "checkpoints"), n) for n in (2, 3)]
+  assert chains == [[2], [2, 3]]
   for table in ("user", "item"):
     before, after = _shard_keys(model_dir, 1, table), _shard_keys(model_dir, 2, table)
     assert len(before) == 2 and len(after) == 1, table
@@ -78,7 +85,7 @@ def test_tiered_tables_train_on_ps_reshard_and_export(tmp_path):
   exported = tmp_path / "exported"
   done = subprocess.run([
       sys.executable, "-m", "mxrec_pipeline.cli", "export", lib.MOVIELENS_CONFIG, "--out",
-      str(exported), *_overrides(tmp_path, data_dir, model_dir)
+      str(exported), *_overrides(tmp_path, data_dir, model_dir, num_epochs=3, num_train_steps=9)
   ], capture_output=True, text=True, timeout=lib.TIMEOUT_S, check=False)
   assert done.returncode == 0, done.stderr[-3000:]
   valid = tmp_path / "elwc" / "valid.tfrecord"

@@ -398,3 +398,19 @@ def test_delta_checkpoints_between_full_ones_resume_and_export_as_full_ones(
   assert again.returncode == 0, again.stderr[-3000:]
   _assert_ends_as_reference(model_dir, _state(tmp_path / "state.json"), reference)
   assert not (shards / "shards-3" / "chain.json").exists()  # Full again.
+
+
+def test_a_delta_killed_mid_write_is_ignored_and_the_chain_before_it_restores(
+    task, reference, tmp_path):
+  """Killed after ckpt-2's delta shards, before ckpt-2: the rerun resumes from full ckpt-1."""
+  model_dir = tmp_path / "model"
+  killed = run_worker(task, model_dir, tmp_path / "state.json", "--export-best", "--full-every",
+                      "2", env={"MXREC_FAULT": "checkpoint_shards:2"})
+  assert killed.returncode == -9, killed.stderr[-3000:]
+  shards = model_dir / "checkpoints"
+  assert (shards / "shards-2" / "user").is_dir() and not list(shards.glob("ckpt-2.*"))
+  again = run_worker(task, model_dir, tmp_path / "state.json", "--export-best", "--full-every", "2")
+  assert again.returncode == 0, again.stderr[-3000:]
+  assert "Resumed from" in again.stdout and "ckpt-1: 1 epoch(s) and 6 step(s)" in again.stdout
+  _assert_ends_as_reference(model_dir, _state(tmp_path / "state.json"), reference)
+  assert json.loads((shards / "shards-2" / "chain.json").read_text()) == {"chain": [1, 2]}

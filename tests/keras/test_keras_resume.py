@@ -19,8 +19,11 @@ import tensorflow as tf
 import keras_testlib as lib
 from mxrec_pipeline import jobs
 from mxrec_pipeline.data import elwc
+from mxrec_pipeline.distributed import shard_files
 from mxrec_pipeline.keras import model as model_lib
 from mxrec_pipeline.keras import pipeline as pipeline_lib
+from mxrec_pipeline.keras import table_checkpoints
+from mxrec_pipeline.optimizers import factory
 from mxrec_pipeline.util import initialize
 
 # Spawns subprocess trainings (killed and resumed).
@@ -118,12 +121,17 @@ def test_sigkilled_run_resumes_to_the_uninterrupted_state(task, uninterrupted, t
 
 
 def test_tiered_table_resumes_to_the_uninterrupted_state(task, tmp_path):
-  """The item table caches 12 rows on the device, 4 on the host, the rest on SSD."""
+  """The item table caches 12 rows on the device, 4 on the host, the rest on SSD.
+
+  The killed run saves its tables' shards as deltas between full saves
+  (`full_every_epochs` 2): its ckpt-2 holds each table's delta on ckpt-1,
+  whose chain equals the uninterrupted run's full save.
+  """
   states = {}
   for run, kill in (("uninterrupted", None), ("killed", "1:5")):
     ssd = tmp_path / run / "ssd"
     ssd.mkdir(parents=True)
-    args = ["--epochs", 2, "--tiered-ssd-dir", ssd]
+    args = ["--epochs", 2, "--tiered-ssd-dir", ssd] + (["--full-every", 2] if kill else [])
     out = tmp_path / run / "state.json"
     if kill:
       killed = run_worker(task, tmp_path / run / "model", out, *args, "--kill-at", kill)
@@ -137,6 +145,16 @@ def test_tiered_table_resumes_to_the_uninterrupted_state(task, tmp_path):
   assert stats["swap_outs"] > 0 and stats["ssd_rows_used"] > 0  # The tiers were used.
   assert states["killed"]["tables"]["item"]["tier_stats"] == stats
   assert_same_state(states["killed"], states["uninterrupted"])
+  checkpoints = [tmp_path / run / "model" / "checkpoints" for run in ("killed", "uninterrupted")]
+  assert table_checkpoints.chain(str(checkpoints[0]), 2) == [1, 2]
+  optimizers = [factory.get_optimizer(pipeline_lib.PipelineHparams.sparse_optimizer, 0.05)]
+  for table in states["uninterrupted"]["tables"]:  # Keys, rows, slots, admission state.
+    with table_checkpoints.full_shards(str(checkpoints[0]), 2, [table], optimizers) as merged:
+      chain = shard_files.read_all_shards(merged, table, optimizers)
+    full = shard_files.read_all_shards(str(checkpoints[1] / "shards-2"), table, optimizers)
+    assert chain.keys() == full.keys() and full["keys"].size > 0
+    for name, value in full.items():
+      np.testing.assert_array_equal(chain[name], value, err_msg=f"{table}/{name}")
 
 
 def test_seeded_runs_export_bit_identical_models(task, uninterrupted, tmp_path):

@@ -42,9 +42,10 @@ BATCHES = _batches(SAVED_STEPS + MORE_STEPS)
 ALL_KEYS = np.arange(NUM_IDS, dtype=np.int64) * 3 + 1
 
 
-def _build(ssd_dir, dim=DIM, device=TIERS["device"], host=TIERS["host"], ssd=TIERS["ssd"]):
+def _build(ssd_dir, dim=DIM, device=TIERS["device"], host=TIERS["host"], ssd=TIERS["ssd"],
+           **init_kwargs):
   """A tiered table (host == 0: a flat one) and a dense weight, trained by placeholder ids."""
-  init()
+  init(**init_kwargs)
   optimizer = lazy_adam.create_hash_optimizer(0.05)
   if host:
     table = create_table(tf.int64, dim, "t", INIT, device_vocabulary_size=device,
@@ -153,6 +154,38 @@ def test_saver_round_trip_through_all_three_tiers(saved, tmp_path):
   np.testing.assert_allclose(losses, saved["losses"], rtol=1e-5)
   np.testing.assert_allclose(final["probe"], saved["final"]["probe"], rtol=1e-5, atol=1e-6)
   np.testing.assert_allclose(final["dense"], saved["final"]["dense"], rtol=1e-5)
+
+
+def test_a_delta_chain_of_a_tiered_table_restores_as_its_last_step(tmp_path):
+  """Full save at step 15, deltas at 19 and 23: the chain restores the state of step 23."""
+  ssd_dir = tmp_path / "ssd"
+  ssd_dir.mkdir()
+  with tf.Graph().as_default():
+    model = _build(str(ssd_dir), is_incremental_checkpoint=True)
+    saver = saver_lib.Saver()
+    with tf.compat.v1.Session() as sess:
+      sess.run(tf.compat.v1.global_variables_initializer())
+      _train(sess, model, BATCHES[:SAVED_STEPS])
+      saver.save(sess, str(tmp_path / "model"), global_step=model["global_step"])
+      for end in (SAVED_STEPS + 4, SAVED_STEPS + MORE_STEPS):
+        _train(sess, model, BATCHES[end - 4:end])
+        path = saver.save(sess, str(tmp_path / "model"), global_step=model["global_step"],
+                          save_delta=True)
+      final = _state(sess, model)
+  terminate_config_initializer()
+  assert final["stats"]["ssd_rows_used"] > 0  # Rows in all three tiers.
+  changed = np.load(tmp_path / f"delta-sparse-model-{SAVED_STEPS + MORE_STEPS}" / "table-t" /
+                    "keys.npy")
+  assert 0 < changed.size < len(set(np.concatenate([b.ravel() for b in BATCHES])))
+  with tf.Graph().as_default():
+    model = _build(str(ssd_dir), is_incremental_checkpoint=True)
+    saver = saver_lib.Saver()
+    with tf.compat.v1.Session() as sess:
+      saver.restore(sess, path)
+      restored = _state(sess, model)
+  terminate_config_initializer()
+  for name in ("probe", "dense", "global_step"):
+    np.testing.assert_array_equal(restored[name], final[name], err_msg=name)
 
 
 def test_tiered_checkpoint_restores_into_a_flat_table_and_back(saved, tmp_path):
