@@ -23,6 +23,7 @@ STRATEGIES = (None, "MirroredStrategy", MULTI_WORKER_MIRRORED, PARAMETER_SERVER)
 # Seconds a collective op (all-reduce) of MultiWorkerMirroredStrategy waits for its
 # peers before failing (tf.distribute.experimental.CommunicationOptions.timeout_seconds).
 DEFAULT_COLLECTIVE_TIMEOUT_S = None
+DEFAULT_STUCK_WORKER_TIMEOUT_S = 600.0
 # The values of tfr.keras.losses.RankingLossKey (tensorflow-ranking 0.5.5); a
 # test keeps them equal.
 LOSS_KEYS = frozenset({
@@ -88,6 +89,12 @@ class PipelineHparams:
       waiting for the whole timeout (~2 per step and table, more with sharded
       lookups), so a timeout of T seconds holds about steps/s x T x that many
       threads: keep it short only for short jobs.
+    stuck_worker_timeout_s: None, or seconds (default 600), finite and > 0:
+      under MultiWorkerMirroredStrategy with several workers, a worker whose
+      training and validation batches have not moved for this long ends the
+      job, naming the workers stuck behind the others
+      (distributed/watchdog.py). Longer than any pause between two batches
+      (a checkpoint save, an export). None: no watchdog.
     seed: Seed of TensorFlow, Python and NumPy, of the tables, of dropout
       and of the order of the training data (each epoch's shuffle is seeded
       by `seed` and the epoch number); None: unseeded.
@@ -126,6 +133,7 @@ class PipelineHparams:
   best_exporter_metric_higher_better: bool = True
   strategy: str | None = "MirroredStrategy"
   collective_timeout_s: float | None = DEFAULT_COLLECTIVE_TIMEOUT_S
+  stuck_worker_timeout_s: float | None = DEFAULT_STUCK_WORKER_TIMEOUT_S
   seed: int | None = None
   resume: bool = True
   warm_start: dict | None = None
@@ -140,7 +148,8 @@ class PipelineHparams:
     for name in ("num_train_steps", "num_valid_steps"):
       if getattr(self, name) is not None:
         _check_positive_int(name, getattr(self, name))
-    for name in ("learning_rate", "sparse_learning_rate", "collective_timeout_s"):
+    for name in ("learning_rate", "sparse_learning_rate", "collective_timeout_s",
+                 "stuck_worker_timeout_s"):
       value = getattr(self, name)
       if value is not None and not (value > 0 and math.isfinite(value)):
         raise ValueError(f"`{name}` must be a finite positive number, got {value}")

@@ -37,6 +37,7 @@ from mxrec_pipeline.cluster import reach
 from mxrec_pipeline.cluster import tf_config
 from mxrec_pipeline.data import checks
 from mxrec_pipeline.data import validation
+from mxrec_pipeline.distributed import watchdog
 from mxrec_pipeline.gbdt import lambdamart
 from mxrec_pipeline.keras import checkpoints as checkpoints_lib
 from mxrec_pipeline.keras import manifest
@@ -135,7 +136,9 @@ def train(config: config_lib.JobConfig, verbose: int = 2,
     data_report = _check_data(paths, pipeline)
     start = time.perf_counter()
     try:
-      model_metrics = pipeline.train_and_validate(verbose=verbose, callbacks=callbacks)
+      with _watchdog(config) as watching:
+        model_metrics = pipeline.train_and_validate(verbose=verbose,
+                                                    callbacks=[*watching, *callbacks])
     except (tf.errors.ResourceExhaustedError, tf.errors.InvalidArgumentError) as e:
       line = _table_error(e)
       if line is None:
@@ -230,6 +233,28 @@ def _peer_errors(config: config_lib.JobConfig) -> Iterator[None]:
         f"{cluster.task_name} of a {cluster.num_workers}-worker cluster stopped: "
         f"{' and '.join(peers) if peers else 'another task'} failed or could not be reached "
         f"({_timeout_text(config.pipeline.collective_timeout_s)}): {reason}") from e
+
+
+@contextlib.contextmanager
+def _watchdog(config: config_lib.JobConfig) -> Iterator[list[tf.keras.callbacks.Callback]]:
+  """Under MultiWorkerMirroredStrategy with several workers, a running distributed/watchdog.py
+  (`pipeline.stuck_worker_timeout_s`): yields its callback; [] otherwise."""
+  cluster = _cluster(config)
+  timeout_s = config.pipeline.stuck_worker_timeout_s
+  if (cluster is None or config.pipeline.strategy != hparams_lib.MULTI_WORKER_MIRRORED or
+      cluster.num_workers < 2 or timeout_s is None):
+    yield []
+    return
+  tasks = [
+      f"{job} {i}" for job in (tf_config.CHIEF, tf_config.WORKER)
+      for i in range(len(cluster.cluster.get(job, ())))
+  ]
+  dog = watchdog.Watchdog(cluster.task_name, tasks, timeout_s)
+  dog.start()
+  try:
+    yield [watchdog.WatchdogCallback(dog)]
+  finally:
+    dog.stop()
 
 
 @contextlib.contextmanager

@@ -5,7 +5,9 @@ variable `MXREC_FAULT=<point>[:<n>][@<task type>:<index>]`; the process
 SIGKILLs itself the n-th time (default 1st) it reaches `<point>`, exactly as a
 preempted job dies: no exception, no cleanup, no flush. With `@worker:1` only
 the cluster task of that TF_CONFIG dies (one worker of a cluster whose
-processes all see the variable). Points (see docs/restarts.md):
+processes all see the variable). `MXREC_FAULT=hang:<point>...` makes the
+process hang there instead, alive but stuck (its Python thread sleeps for
+good), as a deadlocked input pipeline would. Points (see docs/restarts.md):
 
   train_batch        after a training batch (n counts this process's batches)
   validation         at the start of an epoch's validation
@@ -21,9 +23,11 @@ from __future__ import annotations
 import json
 import os
 import signal
+import time
 
 ENV = "MXREC_FAULT"
 POINTS = ("train_batch", "validation", "checkpoint_shards", "checkpoint_files", "export")
+HANG = "hang:"
 
 
 def parse(spec: str) -> tuple[str, int]:
@@ -52,7 +56,8 @@ class FaultPoints:
   """
 
   def __init__(self, spec: str | None = None, task: str | None = None):
-    spec, _, only = (spec or "").partition("@")
+    self._hang = bool(spec) and spec.startswith(HANG)
+    spec, _, only = (spec or "").removeprefix(HANG).partition("@")
     self._target = parse(spec) if spec and (not only or only == task) else None
     self._counts: dict[str, int] = {}
 
@@ -67,10 +72,15 @@ class FaultPoints:
     return cls(os.environ.get(ENV) or None, task)
 
   def reach(self, point: str) -> None:
-    """Marks that the run reached `point`; SIGKILLs the process when the spec names this time."""
+    """Marks that the run reached `point`; SIGKILLs (or hangs) the process when the spec names
+    this time."""
     if point not in POINTS:
       raise ValueError(f"unknown fault point {point!r}; known: {list(POINTS)}")
     self._counts[point] = self._counts.get(point, 0) + 1
     if self._target == (point, self._counts[point]):
+      if self._hang:
+        print(f"{ENV}: hanging the process at {point}:{self._counts[point]}", flush=True)
+        while True:
+          time.sleep(3600)
       print(f"{ENV}: killing the process at {point}:{self._counts[point]}", flush=True)
       os.kill(os.getpid(), signal.SIGKILL)

@@ -8,9 +8,10 @@ global batch; a worker killed mid-run, with and without the launcher.
 import json
 import os
 import pathlib
-import signal
+import re
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -119,29 +120,40 @@ def _pid(launcher_output: str, worker: int) -> int:
   return int(launcher_output.split(f"worker {worker} (pid ", 1)[1].split(")", 1)[0])
 
 
-def _start_cluster_run(tmp_path, letor, model_dir, env):
+def _start_cluster_run(tmp_path, letor, model_dir, env, **pipeline):
   """A launcher of 2 workers on a long run, its output in tmp_path/launcher.txt."""
   out = open(tmp_path / "launcher.txt", "w", encoding="utf-8")  # pylint: disable=consider-using-with
-  args = _cli("train", CONFIG, "--verbose=2", "--local-cluster", "workers=2",
-              *_overrides(tmp_path, letor, model_dir, num_epochs=500, num_train_steps=1000))
+  args = _cli(
+      "train", CONFIG, "--verbose=2", "--local-cluster", "workers=2",
+      *_overrides(tmp_path, letor, model_dir, num_epochs=500, num_train_steps=1000, **pipeline))
   return subprocess.Popen(args, env=env, stdout=out, stderr=subprocess.STDOUT), out
 
 
-def test_a_killed_worker_ends_the_launcher_naming_it(tmp_path, letor):
-  env, marker = lib.marked_env(TMPDIR=str(tmp_path / "tmp"))
+def test_a_hung_worker_ends_the_job_within_the_stuck_worker_timeout_naming_it(tmp_path, letor):
+  """Worker 1 hangs after a batch, alive (its gRPC threads still answer health checks): within
+  pipeline.stuck_worker_timeout_s a watchdog (worker 0's, or worker 1's own: both see no progress)
+  ends the job naming worker 1; the launcher stops the other. (A killed worker:
+  test_cluster_sharded.py.)"""
+  env, marker = lib.marked_env(TMPDIR=str(tmp_path / "tmp"),
+                               MXREC_FAULT="hang:train_batch:8@worker:1")
   (tmp_path / "tmp").mkdir()
   model_dir = tmp_path / "run"
-  launcher, out = _start_cluster_run(tmp_path, letor, model_dir, env)
+  launcher, out = _start_cluster_run(tmp_path, letor, model_dir, env, stuck_worker_timeout_s=15)
   try:
     log = model_dir / "local_cluster" / "worker-1.log"
-    lib.wait_for_text(log, "Epoch 2/", TIMEOUT_S, launcher)  # Training, past the first epoch.
-    os.kill(_pid((tmp_path / "launcher.txt").read_text(), 1), signal.SIGKILL)
-    status = launcher.wait(timeout=60)
-    text = (tmp_path / "launcher.txt").read_text()
+    lib.wait_for_text(log, "MXREC_FAULT: hanging the process at train_batch:8", TIMEOUT_S, launcher)
+    hung_at = time.monotonic()
+    status = launcher.wait(timeout=90)
+    text = (tmp_path / "launcher.txt").read_text() + log.read_text()
     assert status == 1, text[-3000:]
-    assert f"worker 1 exited with status -9 (SIGKILL); its log: {log}; stopping worker 0" in text
+    assert 15 <= time.monotonic() - hung_at < 90
+    assert re.search(
+        r"mxrec-pipeline train: error: worker [01] of a 2-worker cluster stopped: no progress for "
+        r"1[5-9] s \(pipeline.stuck_worker_timeout_s 15\): worker 1 stuck behind the others "
+        r"\(worker 0: [^;]+; worker 1: began train batch \d+\)", text), text[-3000:]
+    assert re.search(r"local cluster: error: worker [01] exited with status 1; .*stopping worker",
+                     text), text[-3000:]
     assert lib.marked_pids(marker) == []
-    assert os.listdir(tmp_path / "tmp") == []  # Worker 1's temp model_dir too.
   finally:
     launcher.kill()
     launcher.wait()
