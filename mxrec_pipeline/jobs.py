@@ -198,6 +198,14 @@ def lambdamart_metrics(config: config_lib.JobConfig, ranker, paths,
                              seed)
 
 
+def _lockstep_workers(config: config_lib.JobConfig) -> int:
+  """Workers training in lockstep (MultiWorkerMirroredStrategy over a TF_CONFIG), else 0."""
+  cluster = _cluster(config)
+  if cluster is None or config.pipeline.strategy != hparams_lib.MULTI_WORKER_MIRRORED:
+    return 0
+  return cluster.num_workers
+
+
 def _cluster(config: config_lib.JobConfig) -> tf_config.TFConfig | None:
   """The TF_CONFIG of a multi-worker or parameter-server job (None: other strategies, or unset)."""
   if config.pipeline.strategy not in (hparams_lib.MULTI_WORKER_MIRRORED,
@@ -241,8 +249,7 @@ def _watchdog(config: config_lib.JobConfig) -> Iterator[list[tf.keras.callbacks.
   (`pipeline.stuck_worker_timeout_s`): yields its callback; [] otherwise."""
   cluster = _cluster(config)
   timeout_s = config.pipeline.stuck_worker_timeout_s
-  if (cluster is None or config.pipeline.strategy != hparams_lib.MULTI_WORKER_MIRRORED or
-      cluster.num_workers < 2 or timeout_s is None):
+  if _lockstep_workers(config) < 2 or timeout_s is None:
     yield []
     return
   tasks = [
@@ -313,8 +320,7 @@ def worker_config(config: config_lib.JobConfig,
     ValueError: more than one worker and no `pipeline.seed`.
   """
   cluster = _cluster(config)
-  if (config.pipeline.strategy == hparams_lib.MULTI_WORKER_MIRRORED and cluster is not None and
-      cluster.num_workers > 1 and config.pipeline.seed is None):
+  if _lockstep_workers(config) > 1 and config.pipeline.seed is None:
     raise ValueError(f"pipeline.seed is required with MultiWorkerMirroredStrategy on "
                      f"{cluster.num_workers} workers: each worker keeps its part of every "
                      "global batch, so all must shuffle the data in the same (seeded) order")
