@@ -132,7 +132,7 @@ pytest: native
 # Every shipped config x fault point, killed then resumed by the CLI (docs/restarts.md);
 # LIFECYCLE_SEED picks the random kill point of each config.
 test-lifecycle: native
-	$(PY) -m pytest -v --durations=20 -m lifecycle tests/lifecycle
+	$(PY) -m pytest -v --durations=20 -m lifecycle tests/lifecycle tests/keras/test_keras_lifecycle.py
 
 # The style check: ruff's lint rules and yapf's formatting (Google style, 2-space
 # indents, 100 columns; both configured in pyproject.toml). `make format` applies yapf.

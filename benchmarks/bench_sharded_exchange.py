@@ -8,7 +8,9 @@ the embeddings, squared error. Each worker prints, over the steps after the
 first (tracing), its bytes received per step from the exchange's collectives
 (`ShardedTable.exchange_stats`: ids, rows, gradients), the formula
 `exchange.bytes_per_step_formula` at its measured mean distinct ids per step,
-and its examples/s.
+its examples/s, and the collective ops one training step runs, by type (the
+Collective* ops of the traced step's graph and the functions it calls: each
+one a round of messages between the workers).
 
 Usage:
   python benchmarks/bench_sharded_exchange.py --workers 2
@@ -62,6 +64,7 @@ def _worker(args) -> None:
   batches = [(np.minimum(rng.zipf(args.zipf, (args.batch, args.ids)), args.keys).astype(np.int64),
               rng.normal(size=args.batch).astype(np.float32)) for _ in range(args.steps + 1)]
   train_step(*batches[0])  # Traces.
+  collectives = _collective_ops(train_step.get_concrete_function(*map(tf.constant, batches[0])))
   before = np.array(list(table.exchange_stats().values()))
   start = time.perf_counter()
   for ids, labels in batches[1:]:
@@ -80,7 +83,20 @@ def _worker(args) -> None:
           "formula_total": exchange.bytes_per_step_formula(distinct, args.dim, table.num_shards,
                                                            routing=args.routing),
           "examples_per_s": args.batch * args.steps / seconds,
+          "collectives_per_step": collectives,
+          "collectives_total": sum(collectives.values()),
       }))
+
+
+def _collective_ops(concrete) -> dict[str, int]:
+  """Collective op types -> their count in a concrete function's graph and its library."""
+  graph_def = concrete.graph.as_graph_def()
+  nodes = list(graph_def.node) + [n for f in graph_def.library.function for n in f.node_def]
+  counts: dict[str, int] = {}
+  for node in nodes:
+    if node.op.startswith("Collective"):
+      counts[node.op] = counts.get(node.op, 0) + 1
+  return dict(sorted(counts.items()))
 
 
 def _launch(args) -> None:

@@ -135,21 +135,21 @@ def test_a_hung_worker_ends_the_job_within_the_stuck_worker_timeout_naming_it(tm
   ends the job naming worker 1; the launcher stops the other. (A killed worker:
   test_cluster_sharded.py.)"""
   env, marker = lib.marked_env(TMPDIR=str(tmp_path / "tmp"),
-                               MXREC_FAULT="hang:train_batch:8@worker:1")
+                               MXREC_FAULT="hang:train_batch:4@worker:1")
   (tmp_path / "tmp").mkdir()
   model_dir = tmp_path / "run"
-  launcher, out = _start_cluster_run(tmp_path, letor, model_dir, env, stuck_worker_timeout_s=15)
+  launcher, out = _start_cluster_run(tmp_path, letor, model_dir, env, stuck_worker_timeout_s=20)
   try:
     log = model_dir / "local_cluster" / "worker-1.log"
-    lib.wait_for_text(log, "MXREC_FAULT: hanging the process at train_batch:8", TIMEOUT_S, launcher)
+    lib.wait_for_text(log, "MXREC_FAULT: hanging the process at train_batch:4", TIMEOUT_S, launcher)
     hung_at = time.monotonic()
     status = launcher.wait(timeout=90)
     text = (tmp_path / "launcher.txt").read_text() + log.read_text()
     assert status == 1, text[-3000:]
-    assert 15 <= time.monotonic() - hung_at < 90
+    assert 15 <= time.monotonic() - hung_at < 90  # The timeout counts from the last batch.
     assert re.search(
         r"mxrec-pipeline train: error: worker [01] of a 2-worker cluster stopped: no progress for "
-        r"1[5-9] s \(pipeline.stuck_worker_timeout_s 15\): worker 1 stuck behind the others "
+        r"2[0-9] s \(pipeline.stuck_worker_timeout_s 20\): worker 1 stuck behind the others "
         r"\(worker 0: [^;]+; worker 1: began train batch \d+\)", text), text[-3000:]
     assert re.search(r"local cluster: error: worker [01] exited with status 1; .*stopping worker",
                      text), text[-3000:]

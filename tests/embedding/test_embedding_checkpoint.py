@@ -67,17 +67,6 @@ def _feature_config():
   }
 
 
-@pytest.fixture(autouse=True)
-def _no_global_seed_after():
-  """`_build` seeds TF globally (0); later tests must run without that seed.
-
-  Under a leaked global seed of 0, test_keras_epochs' stream-against-per-epoch
-  comparison failed when the fast suite ran both in one process.
-  """
-  yield
-  tf.random.set_seed(None)
-
-
 def _build():
   """A fresh run with the Embedding and a small model."""
   initialize.terminate_config_initializer()

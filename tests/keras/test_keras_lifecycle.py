@@ -79,8 +79,13 @@ def _assert_ends_as_reference(model_dir, state, reference, best: bool = True) ->
 
 # One point per class of fault: mid-epoch, validation, between a checkpoint's files and its
 # manifest, during a best-model export (the 2nd: the run exported the best model of epoch 1).
-@pytest.mark.parametrize("fault",
-                         ["train_batch:9", "validation:2", "checkpoint_files:2", "export:2"])
+# validation:2, checkpoint_files:2 and export:2 run in `make test-lifecycle` (as the matrix's
+# cases of every config do); kills during a save and an export are in make test below and in
+# test_keras_export.py.
+@pytest.mark.parametrize("fault", [
+    "train_batch:9", *(pytest.param(f, marks=pytest.mark.lifecycle)
+                       for f in ("validation:2", "checkpoint_files:2", "export:2"))
+])
 def test_killed_at_a_fault_point_then_the_same_command_ends_as_uninterrupted(
     task, reference, tmp_path, fault):
   model_dir = tmp_path / "model"
@@ -366,12 +371,24 @@ def test_a_checkpoint_of_format_2_still_resumes_with_its_tables(task, tmp_path, 
 
 def test_delta_checkpoints_between_full_ones_resume_and_export_as_full_ones(
     task, reference, tmp_path):
-  """full_every_epochs 2: ckpt-1 full, ckpt-2 a delta on it, ckpt-3 full; killed in epoch 3."""
+  """full_every_epochs 2: ckpt-1 full, ckpt-2 a delta on it, ckpt-3 full.
+
+  Killed first while saving the delta (its shards written, ckpt-2 not): the
+  rerun resumes from full ckpt-1. Killed again in epoch 3: ckpt-2 (a delta)
+  exports as the reference's full ckpt-2, and the last rerun resumes from its
+  chain and ends as the uninterrupted run.
+  """
   model_dir = tmp_path / "model"
-  killed = run_worker(task, model_dir, tmp_path / "state.json", "--export-best", "--full-every",
-                      "2", env={"MXREC_FAULT": "train_batch:15"})  # Epoch 3's 3rd batch.
+  args = ("--export-best", "--full-every", "2")
+  killed = run_worker(task, model_dir, tmp_path / "state.json", *args,
+                      env={"MXREC_FAULT": "checkpoint_shards:2"})
   assert killed.returncode == -9, killed.stderr[-3000:]
   shards = model_dir / "checkpoints"
+  assert (shards / "shards-2" / "user").is_dir() and not list(shards.glob("ckpt-2.*"))
+  killed = run_worker(task, model_dir, tmp_path / "state.json", *args,
+                      env={"MXREC_FAULT": "train_batch:9"})  # Epoch 3's 3rd batch.
+  assert killed.returncode == -9, killed.stderr[-3000:]
+  assert "Resumed from" in killed.stdout and "ckpt-1: 1 epoch(s) and 6 step(s)" in killed.stdout
   assert not (shards / "shards-1" / "chain.json").exists()
   assert json.loads((shards / "shards-2" / "chain.json").read_text()) == {"chain": [1, 2]}
   names = [
@@ -393,24 +410,7 @@ def test_delta_checkpoints_between_full_ones_resume_and_export_as_full_ones(
       initialize.terminate_config_initializer()
   _exports_equal(tmp_path / "exported", tmp_path / "reference")
 
-  again = run_worker(task, model_dir, tmp_path / "state.json", "--export-best", "--full-every",
-                     "2")  # Resumes from the delta ckpt-2: its chain.
+  again = run_worker(task, model_dir, tmp_path / "state.json", *args)  # From ckpt-2's chain.
   assert again.returncode == 0, again.stderr[-3000:]
   _assert_ends_as_reference(model_dir, _state(tmp_path / "state.json"), reference)
   assert not (shards / "shards-3" / "chain.json").exists()  # Full again.
-
-
-def test_a_delta_killed_mid_write_is_ignored_and_the_chain_before_it_restores(
-    task, reference, tmp_path):
-  """Killed after ckpt-2's delta shards, before ckpt-2: the rerun resumes from full ckpt-1."""
-  model_dir = tmp_path / "model"
-  killed = run_worker(task, model_dir, tmp_path / "state.json", "--export-best", "--full-every",
-                      "2", env={"MXREC_FAULT": "checkpoint_shards:2"})
-  assert killed.returncode == -9, killed.stderr[-3000:]
-  shards = model_dir / "checkpoints"
-  assert (shards / "shards-2" / "user").is_dir() and not list(shards.glob("ckpt-2.*"))
-  again = run_worker(task, model_dir, tmp_path / "state.json", "--export-best", "--full-every", "2")
-  assert again.returncode == 0, again.stderr[-3000:]
-  assert "Resumed from" in again.stdout and "ckpt-1: 1 epoch(s) and 6 step(s)" in again.stdout
-  _assert_ends_as_reference(model_dir, _state(tmp_path / "state.json"), reference)
-  assert json.loads((shards / "shards-2" / "chain.json").read_text()) == {"chain": [1, 2]}
