@@ -51,7 +51,6 @@ def save_delta(directory: str, table, optimizers=()) -> list[str]:
 
   A shard whose change tracking never started (no full save with
   `start_chain` before) saves every key: still a correct delta.
-
   """
   shards = table.local_shards() if hasattr(table, "local_shards") else [table]
   prefixes = []
@@ -77,10 +76,10 @@ def _save_shard_delta(directory: str, shard, optimizers) -> str:
       return tf.gather(variable, rows)
     return whole[:, block * shard.dim:(block + 1) * shard.dim]
 
+  values = rows_of(shard.variable, 0)
   tensors = {
       "keys": keys, "rows": rows, "last_seen": tf.gather(changes["last_seen"], order),
-      "values": rows_of(shard.variable,
-                        0), "counters": changes["counters"], DELETED: tf.sort(changes[DELETED])
+      "values": values, "counters": changes["counters"], DELETED: tf.sort(changes[DELETED])
   }
   tensors.update({n: changes[n] for n in shard_files.PENDING})
   for optimizer, optimizer_slots in zip(optimizers, slots):
