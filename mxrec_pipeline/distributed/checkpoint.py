@@ -156,12 +156,9 @@ def save_shard(directory: str, table, optimizers=(), chunk_rows: int = shard_fil
   }
   tensors = {"counters": state["counters"]}
   tensors.update({name: state[name] for name in shard_files.PENDING})
-  for optimizer, optimizer_slots in zip(optimizers, slots):
-    for slot_name, slot in optimizer_slots.items():
-      per_key[f"slot/{optimizer.optimizer_name}/{slot_name}"] = rows_of(
-          slot, 0 if tiers is None else tiers.slot_block(slot))
-    tensors[f"iterations/{optimizer.optimizer_name}"] = tf.convert_to_tensor(
-        shard.iterations(optimizer))
+  slot_rows, steps = optimizer_entries(shard, optimizers, slots, rows_of)
+  per_key.update(slot_rows)
+  tensors.update(steps)
   num_keys = int(keys.shape[0])
   entries = [(n, "", tensors[n]) for n in sorted(tensors)]
   for name in sorted(per_key):
@@ -170,6 +167,31 @@ def save_shard(directory: str, table, optimizers=(), chunk_rows: int = shard_fil
     shard.key_index.export_changes(clear=True)
   return write_bundle(shard_prefix(directory, shard.table_name, shard.shard_id, shard.num_shards),
                       entries)
+
+
+def optimizer_entries(shard, optimizers, slots, rows_of) -> tuple[dict, dict]:
+  """A bundle's entries of the hash optimizers training `shard` (full saves and deltas).
+
+  Args:
+    shard: The shard saved.
+    optimizers: Its hash optimizers.
+    slots: Per optimizer, its slot variables of the shard (slot name -> variable).
+    rows_of: (variable, block) -> the saved rows of the variable; block is a
+      tiered table's slot block in `TieredStorage.read_rows`' layout (0 for a
+      flat table).
+
+  Returns:
+    ({"slot/<optimizer>/<slot>": rows_of(...)}, {"iterations/<optimizer>": its step count}).
+  """
+  tiers = shard.tiers if shard.is_tiered else None
+  slot_rows, steps = {}, {}
+  for optimizer, optimizer_slots in zip(optimizers, slots):
+    for slot_name, slot in optimizer_slots.items():
+      slot_rows[f"slot/{optimizer.optimizer_name}/{slot_name}"] = rows_of(
+          slot, 0 if tiers is None else tiers.slot_block(slot))
+    steps[f"iterations/{optimizer.optimizer_name}"] = tf.convert_to_tensor(
+        shard.iterations(optimizer))
+  return slot_rows, steps
 
 
 def write_bundle(prefix: str, entries: list[tuple[str, str, tf.Tensor]]) -> str:

@@ -82,12 +82,8 @@ def _save_shard_delta(directory: str, shard, optimizers) -> str:
       "values": values, "counters": changes["counters"], DELETED: tf.sort(changes[DELETED])
   }
   tensors.update({n: changes[n] for n in shard_files.PENDING})
-  for optimizer, optimizer_slots in zip(optimizers, slots):
-    for slot_name, slot in optimizer_slots.items():
-      tensors[f"slot/{optimizer.optimizer_name}/{slot_name}"] = rows_of(
-          slot, 0 if tiers is None else tiers.slot_block(slot))
-    tensors[f"iterations/{optimizer.optimizer_name}"] = tf.convert_to_tensor(
-        shard.iterations(optimizer))
+  for entries in checkpoint_lib.optimizer_entries(shard, optimizers, slots, rows_of):
+    tensors.update(entries)
   prefix = checkpoint_lib.shard_prefix(directory, name, shard.shard_id, shard.num_shards)
   return checkpoint_lib.write_bundle(prefix, [(n, "", tensors[n]) for n in sorted(tensors)])
 

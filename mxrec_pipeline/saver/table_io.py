@@ -109,8 +109,7 @@ class PlainTableIO(TableIO):
     }
     for i, values in enumerate(fetched["slots"]):
       arrays[f"slot-{i}"] = values[order]
-    if sparse_files.DELETED in fetched:  # A delta's.
-      arrays[sparse_files.DELETED] = np.sort(fetched[sparse_files.DELETED])
+    _add_deletions(arrays, fetched)
     meta = {
         "kind": self.kind, "dim": self.table.dim, "capacity": self.table.device_vocabulary_size,
         "slots": [name for name, _ in self.slots], "slot_initial_values": None
@@ -180,8 +179,6 @@ class TieredTableIO(TableIO):
   def to_arrays(self, fetched) -> tuple[dict, dict]:
     dim = self.table.dim
     arrays = _key_ordered_blocks(fetched, dim)
-    if sparse_files.DELETED in fetched:  # A delta's.
-      arrays[sparse_files.DELETED] = np.sort(fetched[sparse_files.DELETED])
     config = self.table.tiers.config
     meta = {
         "kind": self.kind, "dim": dim, "capacity": self.table.device_vocabulary_size,
@@ -257,8 +254,6 @@ class ExpansionTableIO(TableIO):
   def to_arrays(self, fetched) -> tuple[dict, dict]:
     dim = self.table.dim
     arrays = _key_ordered_blocks(fetched, dim)
-    if sparse_files.DELETED in fetched:  # A delta's.
-      arrays[sparse_files.DELETED] = np.sort(fetched[sparse_files.DELETED])
     num_slots = fetched["values"].shape[1] // dim - 1
     names = self.table.slot_names
     if names is None or len(names) != num_slots:
@@ -289,7 +284,7 @@ def _key_ordered_blocks(fetched: dict, dim: int) -> dict:
   """Fetched keys, rows and [n, (1 + slots) * dim] values as key-ordered arrays.
 
   Returns keys, rows, embeddings ([n, dim]) and slot-<i> ([n, dim]) per slot
-  block, all sorted by key.
+  block, all sorted by key (and a delta's deleted keys).
   """
   order = np.argsort(fetched["keys"], kind="stable")
   values = fetched["values"][order]
@@ -298,7 +293,14 @@ def _key_ordered_blocks(fetched: dict, dim: int) -> dict:
   }
   for i in range(values.shape[1] // dim - 1):
     arrays[f"slot-{i}"] = values[:, dim * (i + 1):dim * (i + 2)]
+  _add_deletions(arrays, fetched)
   return arrays
+
+
+def _add_deletions(arrays: dict, fetched: dict) -> None:
+  """A delta's (delta_fetches') keys eviction removed, sorted, into `arrays`."""
+  if sparse_files.DELETED in fetched:
+    arrays[sparse_files.DELETED] = np.sort(fetched[sparse_files.DELETED])
 
 
 def _done_after(op) -> tf.Tensor:
