@@ -31,6 +31,7 @@ import tensorflow as tf
 
 from mxrec_pipeline.distributed import checkpoint as checkpoint_lib
 from mxrec_pipeline.distributed import shard_files
+from mxrec_pipeline.util import delta_merge
 
 DELETED = "deleted_keys"
 # Per-key tensors of a bundle other than the rows and slots (checkpoint.save_shard).
@@ -116,34 +117,9 @@ def merged_shard(full_dir: str, delta_dirs, table_name: str, shard_prefix_name: 
     deltas.append(shard_files.read_tensors(prefix, table_name, names + [DELETED]))
   if not deltas:
     return state
-  # A key's last event in the chain decides: held (with that delta's state) or deleted. A
-  # delta's deletions come before its changed keys; every event of a delta supersedes the full
-  # save's copy of the key.
-  event_keys = np.concatenate([a for d in deltas for a in (d[DELETED], d["keys"])])
-  order_in_chain = np.concatenate(
-      [np.full(d[DELETED].size + d["keys"].size, i, np.int64) for i, d in enumerate(deltas)])
-  held = np.concatenate([
-      np.concatenate([np.zeros(d[DELETED].size, bool),
-                      np.ones(d["keys"].size, bool)]) for d in deltas
-  ])
-  position = np.concatenate(
-      [np.concatenate([np.full(d[DELETED].size, -1),
-                       np.arange(d["keys"].size)]) for d in deltas])
-  # Sorted by key, then chain order, then held after deleted: the last of each key decides.
-  last = np.lexsort((held, order_in_chain, event_keys))
-  is_last = np.append(event_keys[last][1:] != event_keys[last][:-1], True)
-  final = last[is_last & held[last]]
-  keep = ~np.isin(state["keys"], event_keys)
-  merged = {}
-  for name in per_key:
-    parts = [state[name][keep]]
-    for i, d in enumerate(deltas):
-      mine = final[order_in_chain[final] == i]
-      parts.append(d[name][position[mine]])
-    merged[name] = np.concatenate(parts)
-  key_order = np.argsort(merged["keys"], kind="stable")
+  merged = delta_merge.merge(state, deltas, per_key, DELETED)
   for name in names:
-    state[name] = merged[name][key_order] if name in per_key else deltas[-1][name]
+    state[name] = merged[name] if name in per_key else deltas[-1][name]
   return state
 
 

@@ -215,15 +215,15 @@ class Saver(tf.compat.v1.train.Saver):
     if names is not None:
       self._warm_start(sess, save_path, names)
       return
-    feeds, dirs = {}, []
+    feeds, parts = {}, []
     if self._tables and tf.io.gfile.exists(f"{save_path}.index"):
       # Checked before anything changes; a missing dense part is the dense restore's error.
-      dirs = sparse_files.version_dirs(save_path)
-      feeds = self._read_sparse(dirs)
+      parts = sparse_files.version(save_path)
+      feeds = self._read_sparse(parts)
     super().restore(sess, save_path)
     if self._tables:
       sess.run([io.select_restore_op(sess) for io in self._tables], feeds)
-      self._start_chain(sess, [os.path.basename(d) for d in dirs])
+      self._start_chain(sess, [os.path.basename(d) for d, _ in parts])
 
   def _version_path(self, save_path: str) -> str:
     """`save_path`, or for a directory its checkpoint of restore_model_version (or newest)."""
@@ -268,15 +268,15 @@ class Saver(tf.compat.v1.train.Saver):
 
   def _warm_start(self, sess, save_path: str, names: tuple[str, ...]) -> None:
     """Restores the tables `names` from `save_path`'s sparse part; nothing else."""
-    dirs = sparse_files.version_dirs(save_path)
+    parts = sparse_files.version(save_path)
     chosen = [io for io in self._tables if io.table.table_name in names]
-    feeds = self._read_sparse(dirs, chosen)  # Every check before anything changes.
+    feeds = self._read_sparse(parts, chosen)  # Every check before anything changes.
     sess.run([io.select_restore_op(sess) for io in chosen], feeds)
     for io in self._tables:
       name = io.table.table_name
       if io in chosen:
         print(
-            f"warm start: table '{name}' from {dirs[-1]}: {len(feeds[io.keys])} keys with "
+            f"warm start: table '{name}' from {parts[-1][0]}: {len(feeds[io.keys])} keys with "
             "their rows and optimizer slots", flush=True)
       else:
         print(f"warm start: table '{name}' keeps its initial values (not in warm_start_tables)",
@@ -304,13 +304,13 @@ class Saver(tf.compat.v1.train.Saver):
     # last inside, and the rename mark it complete.
     atomic_dir.write_dir_atomically(directory, write)
 
-  def _read_sparse(self, dirs: list[str], ios=None) -> dict:
+  def _read_sparse(self, parts: list[tuple[str, dict]], ios=None) -> dict:
     """The restore feeds of `ios` (default every table) from a version's sparse parts."""
     feeds = {}
-    where = f"sparse checkpoint '{dirs[-1]}'"
+    where = f"sparse checkpoint '{parts[-1][0]}'"
     for io in self._tables if ios is None else ios:
       name = io.table.table_name
-      arrays, table_meta = sparse_files.load_version(dirs, name)
+      arrays, table_meta = sparse_files.load_version(parts, name)
       if (table_io.KIND_FAMILY.get(table_meta.get("kind")) != table_io.KIND_FAMILY[io.kind] or
           table_meta.get("dim") != io.table.dim):
         raise ValueError(f"{where}: table '{name}' was saved as a {table_meta.get('kind')} "

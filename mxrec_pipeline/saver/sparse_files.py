@@ -21,6 +21,7 @@ import urllib.parse
 import numpy as np
 import tensorflow as tf
 
+from mxrec_pipeline.util import delta_merge
 from mxrec_pipeline.util import model_files
 
 SPARSE_PREFIX = "sparse-"
@@ -71,10 +72,11 @@ def read_meta(directory: str) -> dict:
   return meta
 
 
-def version_dirs(checkpoint_path: str) -> list[str]:
-  """The sparse parts that make a dense checkpoint's tables, full part first.
+def version(checkpoint_path: str) -> list[tuple[str, dict]]:
+  """(directory, meta.json) of the sparse parts that make a dense checkpoint's tables.
 
-  [`sparse_dir`] for a full save; for a delta, the chain its meta.json lists.
+  [the `sparse_dir`'s] for a full save; for a delta, those of the chain its
+  meta.json lists, full part first. Each meta.json is read once.
 
   Raises:
     FileNotFoundError: neither part exists, or a part of the chain is
@@ -83,21 +85,21 @@ def version_dirs(checkpoint_path: str) -> list[str]:
   """
   full, delta = sparse_dir(checkpoint_path), delta_dir(checkpoint_path)
   if tf.io.gfile.isdir(full) or not tf.io.gfile.isdir(delta):
-    read_meta(full)  # Raises for a missing part, naming the full one.
-    return [full]
+    return [(full, read_meta(full))]  # Raises for a missing part, naming the full one.
   meta = read_meta(delta)
   chain = meta.get("chain")
   if (not isinstance(chain, list) or not chain or not all(isinstance(n, str) for n in chain) or
       not chain[0].startswith(SPARSE_PREFIX) or chain[-1] != os.path.basename(delta)):
     raise ValueError(f"sparse checkpoint '{os.path.join(delta, META_FILE)}' is corrupt: its "
                      f"chain {chain!r} does not start with a full part and end with itself")
-  head = os.path.dirname(delta)
-  dirs = [os.path.join(head, name) for name in chain]
-  for directory in dirs[:-1]:
+  parts = []
+  for name in chain[:-1]:
+    directory = os.path.join(os.path.dirname(delta), name)
     if not tf.io.gfile.exists(os.path.join(directory, META_FILE)):
       raise FileNotFoundError(f"delta checkpoint '{delta}' builds on '{directory}', which is "
                               "missing or incomplete: restore an earlier full checkpoint")
-  return dirs
+    parts.append((directory, read_meta(directory)))
+  return parts + [(delta, meta)]
 
 
 def load_table(directory: str, meta: dict, name: str, delta: bool = False) -> dict:
@@ -133,32 +135,34 @@ def load_table(directory: str, meta: dict, name: str, delta: bool = False) -> di
   return arrays
 
 
-def load_version(dirs: list[str], name: str) -> tuple[dict, dict]:
-  """(arrays, meta) of table `name` after the full part and each delta of `dirs`, in order.
+def load_version(parts: list[tuple[str, dict]], name: str) -> tuple[dict, dict]:
+  """(arrays, meta) of table `name` after the full part and each delta of `parts`, in order.
+
+  Args:
+    parts: A `version`: (directory, meta.json) of each part, full part first.
+    name: The table.
 
   Raises:
     ValueError: a part lacks the table, or a delta saved it with another
       kind, dim or slots than the full part (named); errors of `load_table`.
   """
-  metas = [read_meta(d) for d in dirs]
-  for directory, meta in zip(dirs, metas):
+  for directory, meta in parts:
     if name not in meta["tables"]:
       raise ValueError(f"sparse checkpoint '{directory}' has no table '{name}' "
                        f"(it has {sorted(meta['tables'])})")
-  base = metas[0]["tables"][name]
-  arrays = load_table(dirs[0], base, name)
-  for directory, meta in zip(dirs[1:], metas[1:]):
+  (full_dir, full_meta), delta_parts = parts[0], parts[1:]
+  base = full_meta["tables"][name]
+  arrays = load_table(full_dir, base, name)
+  deltas = []
+  for directory, meta in delta_parts:
     table_meta = meta["tables"][name]
     if any(table_meta.get(k) != base.get(k) for k in ("kind", "dim", "slots")):
       raise ValueError(f"delta checkpoint '{directory}': table '{name}' was saved as a "
                        f"{table_meta.get('kind')} of dim {table_meta.get('dim')} with slots "
-                       f"{table_meta.get('slots')}, its full part '{dirs[0]}' as a "
+                       f"{table_meta.get('slots')}, its full part '{full_dir}' as a "
                        f"{base.get('kind')} of dim {base.get('dim')} with {base.get('slots')}")
-    delta = load_table(directory, table_meta, name, delta=True)
-    gone = np.isin(arrays["keys"], np.concatenate([delta.pop(DELETED), delta["keys"]]))
-    arrays = {n: np.concatenate([a[~gone], delta[n]]) for n, a in arrays.items()}
-  order = np.argsort(arrays["keys"], kind="stable")
-  return {n: a[order] for n, a in arrays.items()}, base
+    deltas.append(load_table(directory, table_meta, name, delta=True))
+  return delta_merge.merge(arrays, deltas, list(arrays), DELETED), base
 
 
 def referenced_dirs(checkpoint_paths) -> set[str]:
@@ -168,7 +172,7 @@ def referenced_dirs(checkpoint_paths) -> set[str]:
   for path in checkpoint_paths:
     needed.update({sparse_dir(path), delta_dir(path)})
     try:
-      needed.update(version_dirs(path))
+      needed.update(directory for directory, _ in version(path))
     except (FileNotFoundError, ValueError):
       pass
   return needed
