@@ -88,6 +88,17 @@ class RankerBuilder(abc.ABC):
   def build_baseline(self, paths: DataPaths, data) -> Callable[[dict], tf.Tensor]:
     """A simple scorer (raw features -> [batch_size, list_size] scores)."""
 
+  def partition_paths(self, pattern: str, data) -> DataPaths:
+    """The paths of one data partition of a continuous job (`train --continuous`).
+
+    Args:
+      pattern: The partition's ELWC files (a tf.io.gfile.glob pattern),
+        already in the task's format: both splits read them.
+      data: The job's DataConfig.
+    """
+    del data
+    return DataPaths(pattern, pattern)
+
   def build_dataset_builder(self, paths: DataPaths, dataset: DatasetConfig, model):
     """A SimpleDatasetBuilder over the task's ELWC files and sparse features.
 
@@ -113,13 +124,15 @@ class RankerBuilder(abc.ABC):
     return pipeline_lib.SimpleDatasetBuilder
 
 
-def item_mean_baseline(train_pattern: str, item_feature: str, item_spec, label_spec: tuple):
+def item_mean_baseline(train_pattern: str | list[str], item_feature: str, item_spec,
+                       label_spec: tuple):
   """A baseline scorer: each item's mean training rating, else the global mean.
 
   The simple baseline of the MovieLens and Book-Crossing jobs.
 
   Args:
-    train_pattern: The training ELWC files (tf.io.gfile.glob pattern).
+    train_pattern: The training ELWC files (a tf.io.gfile.glob pattern, or a
+      list of them: a continuous job's partitions trained so far).
     item_feature: The example feature naming the item (e.g. "item_id", "isbn").
     item_spec: Its tf.io.FixedLenFeature spec.
     label_spec: (label name, its spec); padding labels (< 0) are left out.

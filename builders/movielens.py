@@ -266,6 +266,10 @@ class MovieLensListwise(RankerBuilder):
     skipped = {"train": json.loads(report.read_text(encoding="utf-8"))} if report.is_file() else {}
     return MovieLensPaths(str(train), str(valid), bad_records=skipped, relevance=data.relevance)
 
+  def partition_paths(self, pattern: str, data: MovieLensDataConfig) -> MovieLensPaths:
+    """See `RankerBuilder`; the labels per `data.relevance`."""
+    return MovieLensPaths(pattern, pattern, relevance=data.relevance)
+
   def feature_specs(self):
     return dict(CONTEXT_SPEC), dict(EXAMPLE_SPEC), LABEL_SPEC
 

@@ -2,11 +2,15 @@
 
   mxrec-pipeline train configs/movielens_listwise.yaml [--fresh] [--set pipeline.num_epochs=3 ...]
                  [--local-cluster workers=2[,ps=2]]
+  mxrec-pipeline train configs/movielens_continuous.yaml --continuous [--poll-s S]
+                 [--max-partitions N]
   mxrec-pipeline export configs/movielens_listwise.yaml [--out DIR] [--checkpoint N]
   mxrec-pipeline predict MODEL_DIR --input lists.json|lists.tfrecord
   mxrec-pipeline sweep configs/sweep_movielens.yaml [--n-trials N] [--n-jobs J] [--timeout S]
                  [--storage URL] [--set pipeline.num_epochs=3 ...]
   mxrec-pipeline data fetch movielens_100k|mslr_5k|book_crossing
+  mxrec-pipeline data split-by-day movielens_100k|DATA_DIR OUT_DIR [--period-days N]
+                 [--arrive-every-s S]
 
 Exit status 2 on a bad config or argument, an unusable checkpoint, a model_dir
 in use by another job or a full disk, with the culprit named on stderr;
@@ -31,13 +35,37 @@ LOCAL_CLUSTER_LOGS = "local_cluster"
 
 
 def _train(args) -> int:
-  config = config_lib.load(args.config, args.set)  # Before jobs imports TensorFlow.
+  overrides = list(args.set)
+  for flag, key in (("poll_s", "continuous.poll_s"), ("max_partitions",
+                                                      "continuous.max_partitions")):
+    if getattr(args, flag) is not None:
+      if not args.continuous:
+        raise ValueError(f"--{flag.replace('_', '-')} goes with --continuous")
+      overrides.append(f"{key}={getattr(args, flag)}")
+  config = config_lib.load(args.config, overrides)  # Before jobs imports TensorFlow.
+  if args.continuous:
+    return _train_continuous(args, config)
   if args.local_cluster is not None:
     return _train_local_cluster(args, config)
   from mxrec_pipeline import jobs  # pylint: disable=import-outside-toplevel
   result = jobs.train(config, verbose=args.verbose, fresh=args.fresh)
   print(f"validation metrics ({config.pipeline.model_dir}/metrics.json):")
   print(jobs.format_metrics(result))
+  return 0
+
+
+def _train_continuous(args, config: config_lib.JobConfig) -> int:
+  """`train --continuous`: each partition of `continuous.partitions_dir` once, as it arrives."""
+  if args.local_cluster is not None:
+    raise ValueError("--continuous trains on one host: drop --local-cluster")
+  if not config.continuous.partitions_dir:
+    raise config_lib.ConfigError("continuous.partitions_dir: required with --continuous (the "
+                                 "directory of the data partitions)")
+  from mxrec_pipeline import continuous_job  # pylint: disable=import-outside-toplevel
+  summary = continuous_job.train_continuous(config, verbose=args.verbose, fresh=args.fresh)
+  print(f"trained {len(summary['trained'])} partition(s); exported versions "
+        f"{summary['exported'] or 'none'}; per-partition metrics in "
+        f"{config.pipeline.model_dir}/metrics.jsonl")
   return 0
 
 
@@ -94,6 +122,18 @@ def _fetch(args) -> int:
   return 0
 
 
+def _split_by_day(args) -> int:
+  from mxrec_pipeline.data import fetch  # pylint: disable=import-outside-toplevel
+  from mxrec_pipeline.data import split_by_day  # pylint: disable=import-outside-toplevel
+  data_dir = fetch.fetch(args.data_dir) if args.data_dir == "movielens_100k" else args.data_dir
+  report = split_by_day.split_by_day(data_dir, args.out_dir, args.period_days, args.max_list_size,
+                                     arrival_interval_s=args.arrive_every_s)
+  new = sum(1 for *_, written in report.partitions if written)
+  print(f"{args.out_dir}: {len(report.partitions)} partitions ({new} written now, the others "
+        "were complete)")
+  return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
   parser = argparse.ArgumentParser(prog="mxrec-pipeline", description=__doc__.split("\n")[0])
   commands = parser.add_subparsers(dest="command", required=True)
@@ -112,6 +152,17 @@ def build_parser() -> argparse.ArgumentParser:
       "model_dir (default: resume from its latest checkpoint)")
   commands.choices["train"].add_argument("--verbose", type=int, default=2,
                                          help="Keras fit verbosity (0, 1, 2)")
+  commands.choices["train"].add_argument(
+      "--continuous", action="store_true",
+      help="train on the data partitions of continuous.partitions_dir as they arrive (each "
+      "once, in order, scored before it is trained on), exporting numbered versions to "
+      "model_dir/export/ (docs/continuous.md)")
+  commands.choices["train"].add_argument(
+      "--poll-s", type=float, help="with --continuous: seconds between looks for new "
+      "partitions; 0: stop once every arrived one is trained (default: the config's)")
+  commands.choices["train"].add_argument(
+      "--max-partitions", type=int,
+      help="with --continuous: stop after training this many partitions")
   commands.choices["train"].add_argument(
       "--local-cluster", metavar="workers=N[,ps=M]",
       help="train on a cluster of N local processes under MultiWorkerMirroredStrategy, each "
@@ -151,6 +202,19 @@ def build_parser() -> argparse.ArgumentParser:
   fetch = data.add_parser("fetch", help="fetch a data set into the cache, print its directory")
   fetch.add_argument("name", help="movielens_100k, mslr_5k or book_crossing")
   fetch.set_defaults(fn=_fetch)
+  split = data.add_parser(
+      "split-by-day", help="write interactions with timestamps as one partition per day, each "
+      "with its _SUCCESS marker, for train --continuous")
+  split.add_argument(
+      "data_dir", help="movielens_100k (fetched) or a directory of RecBole "
+      "atomic files ml-100k.{inter,user,item}")
+  split.add_argument("out_dir", help="the partitions directory (continuous.partitions_dir)")
+  split.add_argument("--period-days", type=int, default=1, help="days per partition")
+  split.add_argument("--max-list-size", type=int, default=100,
+                     help="a user's longer list of one period is cut into lists of this size")
+  split.add_argument("--arrive-every-s", type=float, default=0.0,
+                     help="seconds between two partitions' markers: replays the data as a stream")
+  split.set_defaults(fn=_split_by_day)
   return parser
 
 

@@ -1,6 +1,6 @@
 """YAML job configs, validated into dataclasses before anything runs.
 
-A job config has five sections, and two optional ones:
+A job config has five sections, and three optional ones:
 
   builder: movielens_listwise     # a name in builders.REGISTRY
   data: {...}                     # the builder's DataConfig
@@ -9,6 +9,7 @@ A job config has five sections, and two optional ones:
   pipeline: {...}                 # mxrec_pipeline.keras.pipeline.PipelineHparams
   metrics: {...}                  # mxrec_pipeline.hparams.MetricsConfig (optional)
   lambdamart: {...}               # mxrec_pipeline.gbdt.config.LambdaMartConfig (optional)
+  continuous: {...}               # mxrec_pipeline.hparams.ContinuousConfig (optional)
 
 Unknown keys, values of the wrong type and missing required values raise
 ConfigError naming the dotted key (e.g. `pipeline.learning_rate`), as do the
@@ -28,11 +29,12 @@ from typing import Any
 import builders
 from builders.base_config import DatasetConfig
 from mxrec_pipeline.gbdt.config import LambdaMartConfig
-from mxrec_pipeline.hparams import MetricsConfig, PipelineHparams
+from mxrec_pipeline.hparams import ContinuousConfig, MetricsConfig, PipelineHparams
 from mxrec_pipeline.util import config_parsing
 from mxrec_pipeline.util import yaml_io
 
-SECTIONS = ("builder", "data", "model", "dataset", "pipeline", "metrics", "lambdamart")
+SECTIONS = ("builder", "data", "model", "dataset", "pipeline", "metrics", "lambdamart",
+            "continuous")
 
 
 class ConfigError(ValueError):
@@ -52,6 +54,7 @@ class JobConfig:
     metrics: How the validation metrics count queries without a relevant
       document.
     lambdamart: The LambdaMART baseline scored beside the model.
+    continuous: Training on partitions as they arrive (`train --continuous`).
   """
 
   builder: str
@@ -61,10 +64,11 @@ class JobConfig:
   pipeline: PipelineHparams
   metrics: MetricsConfig = dataclasses.field(default_factory=MetricsConfig)
   lambdamart: LambdaMartConfig = dataclasses.field(default_factory=LambdaMartConfig)
+  continuous: ContinuousConfig = dataclasses.field(default_factory=ContinuousConfig)
 
   def to_dict(self) -> dict:
     """Plain dict of the config, loadable again by `from_dict`."""
-    sections = ("data", "model", "dataset", "pipeline", "metrics", "lambdamart")
+    sections = ("data", "model", "dataset", "pipeline", "metrics", "lambdamart", "continuous")
     return {
         "builder": self.builder,
         **{name: dataclasses.asdict(getattr(self, name)) for name in sections}
@@ -116,7 +120,9 @@ def from_dict(raw: dict) -> JobConfig:
                               raw.get("metrics") or {},
                               "metrics"), lambdamart=build_dataclass(LambdaMartConfig,
                                                                      raw.get("lambdamart") or {},
-                                                                     "lambdamart"))
+                                                                     "lambdamart"),
+      continuous=build_dataclass(ContinuousConfig,
+                                 raw.get("continuous") or {}, "continuous"))
 
 
 def build_dataclass(cls, values: dict, where: str):

@@ -312,3 +312,45 @@ class MetricsConfig:
   """
 
   skip_queries_without_relevant: bool = False
+
+
+LATE_PARTITION_POLICIES = ("train", "skip")
+
+
+@dataclasses.dataclass
+class ContinuousConfig:
+  """`train --continuous`: training on data partitions as they arrive (docs/continuous.md).
+
+  Attributes:
+    partitions_dir: Directory of the partitions (one subdirectory each, its
+      ELWC files `*.tfrecord` and a `_SUCCESS` marker once complete;
+      mxrec_pipeline/data/partitions.py). Required for `--continuous`.
+    late_partitions: A partition older than the newest one trained that
+      arrives late: "train" (next, before newer ones) or "skip" (never).
+    poll_s: Seconds between two looks for new partitions when every
+      arrived one is trained; 0: stop then instead of waiting.
+    max_partitions: Stop after training this many partitions in this run
+      (None: no limit).
+    export_every_s: At most one export every this many seconds (0: after
+      every partition); the newest partition is always exported at the end.
+    exports_to_keep: Newest versions kept in `model_dir/export/` (>= 1).
+  """
+
+  partitions_dir: str | None = None
+  late_partitions: str = "train"
+  poll_s: float = 60.0
+  max_partitions: int | None = None
+  export_every_s: float = 0.0
+  exports_to_keep: int = 5
+
+  def __post_init__(self):
+    if self.late_partitions not in LATE_PARTITION_POLICIES:
+      raise ValueError(f"`late_partitions` must be one of {LATE_PARTITION_POLICIES}, got "
+                       f"{self.late_partitions!r}")
+    for name in ("poll_s", "export_every_s"):
+      value = getattr(self, name)
+      if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+        raise ValueError(f"`{name}` must be a number >= 0, got {value!r}")
+    if self.max_partitions is not None:
+      _check_positive_int("max_partitions", self.max_partitions)
+    _check_positive_int("exports_to_keep", self.exports_to_keep)

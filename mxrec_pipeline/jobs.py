@@ -40,6 +40,7 @@ from mxrec_pipeline.data import validation
 from mxrec_pipeline.distributed import watchdog
 from mxrec_pipeline.gbdt import lambdamart
 from mxrec_pipeline.keras import checkpoints as checkpoints_lib
+from mxrec_pipeline.keras.continuous import PROGRESSIVE_LOG
 from mxrec_pipeline.keras import manifest
 from mxrec_pipeline.keras import pipeline as pipeline_lib
 from mxrec_pipeline.keras import table_checkpoints
@@ -63,8 +64,9 @@ def _setup(config: config_lib.JobConfig, strategy: tf.distribute.Strategy | None
                                                     run_config=config.to_dict())
 
 
-# What a training run writes in its model_dir (and `--fresh` removes).
-RUN_OUTPUTS = ("checkpoints", "logs", "export", evaluation.METRICS_FILE)
+# What a training run writes in its model_dir (and `--fresh` removes); metrics.jsonl: a
+# continuous run's per-partition lines.
+RUN_OUTPUTS = ("checkpoints", "logs", "export", evaluation.METRICS_FILE, PROGRESSIVE_LOG)
 
 
 def clear_run_outputs(model_dir: str) -> list[str]:
@@ -114,7 +116,7 @@ def train(config: config_lib.JobConfig, verbose: int = 2,
   """
   # Every worker saves its table shards beside the chief's checkpoints.
   shard_checkpoint_dir = os.path.join(config.pipeline.model_dir, "checkpoints")
-  with worker_config(config, fresh) as config, _peer_errors(config), _claim(config):
+  with worker_config(config, fresh) as config, _peer_errors(config), claim(config):
     model_dir = config.pipeline.model_dir
     if fresh:
       for path in clear_run_outputs(model_dir):
@@ -265,7 +267,7 @@ def _watchdog(config: config_lib.JobConfig) -> Iterator[list[tf.keras.callbacks.
 
 
 @contextlib.contextmanager
-def _claim(config: config_lib.JobConfig) -> Iterator[None]:
+def claim(config: config_lib.JobConfig) -> Iterator[None]:
   """Holds model_dir for this job (util/model_dir_lock.py); non-chief workers train in their own."""
   cluster = _cluster(config)
   if cluster is not None and not cluster.is_chief:

@@ -262,6 +262,7 @@ class TrainingCheckpoint:
     self.epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="epochs_done")
     self.best = BestMetric()
     self.restored = None  # The checkpoint `restore` restored.
+    self.restored_state = None  # The `state` saved with it (its manifest's), if any.
     self._sharded = sharded
     best = self.best.trackables()
     dense = dense_variables(model)
@@ -329,6 +330,7 @@ class TrainingCheckpoint:
             "removed: restore the files, or start over with --fresh")
       raise FileNotFoundError(f"no checkpoint in {self.directory}")
     recorded = manifest.read(latest) if not legacy else None
+    self.restored_state = (recorded or {}).get("state")
     if recorded is not None and self._run_info.get("tables") is not None:
       differences = manifest.differences(recorded.get("run", {}), self._run_info)
       if differences:
@@ -413,8 +415,11 @@ class TrainingCheckpoint:
         f"Moved checkpoint {prefix} from {_PLACEMENTS[before]} to {_PLACEMENTS[now]}: dense "
         "model and optimizer, every table's keys, rows, slots and admission state", flush=True)
 
-  def save(self, epochs_done: int) -> str:
+  def save(self, epochs_done: int, state: dict | None = None) -> str:
     """Saves everything as `ckpt-<epochs_done>`, its manifest last; returns its path prefix.
+
+    `state`: JSON-able state of the driver saved in the manifest, so with the
+    checkpoint or not at all (`restored_state` after a restore).
 
     Raises:
       StorageFullError: the disk filled up; the previous checkpoint is intact.
@@ -437,7 +442,7 @@ class TrainingCheckpoint:
       self._faults.reach("checkpoint_shards")
       path = self._manager.save(checkpoint_number=epochs_done)
       self._faults.reach("checkpoint_files")
-      manifest.write(path, self._run_info, self._shards_path(epochs_done))
+      manifest.write(path, self._run_info, self._shards_path(epochs_done), state)
     kept = [checkpoint_number(p) for p in self._manager.checkpoints]
     for stale in tf.io.gfile.glob(os.path.join(self.directory, "ckpt-*" + manifest.SUFFIX)):
       if checkpoint_number(stale[:-len(manifest.SUFFIX)]) not in kept:

@@ -51,19 +51,23 @@ def checkpoint_files(prefix: str) -> list[str]:
   return [prefix + ".index"] + tf.io.gfile.glob(prefix + ".data-*")
 
 
-def write(prefix: str, run_info: dict, shards_dir: str | None = None) -> str:
+def write(prefix: str, run_info: dict, shards_dir: str | None = None,
+          state: dict | None = None) -> str:
   """Writes the manifest of checkpoint `prefix` (after all its files); returns its path.
 
   Args:
     prefix: The checkpoint's path prefix.
     run_info: JSON-able description of the run (tables, config), recorded.
     shards_dir: The checkpoint's `shards-N` directory, or None.
+    state: JSON-able state of the run's driver saved with the checkpoint
+      (e.g. a continuous job's partition cursor), recorded as "state".
   """
   directory = os.path.dirname(prefix)
   manifest = {
       "format": FORMAT, "version": mxrec_pipeline.__version__,
       "files": _sizes(checkpoint_files(prefix), directory),
-      "shards": _sizes(_files_under(shards_dir), shards_dir) if shards_dir else {}, "run": run_info
+      "shards": _sizes(_files_under(shards_dir), shards_dir) if shards_dir else {}, "run": run_info,
+      **({"state": state} if state is not None else {})
   }
   with tf.io.gfile.GFile(path(prefix), "w") as f:
     f.write(json.dumps(manifest, indent=1, sort_keys=True))

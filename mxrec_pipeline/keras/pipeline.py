@@ -349,6 +349,60 @@ class ModelFitPipeline(AbstractPipeline):
         weighted_metrics=self.build_weighted_metrics(),
         steps_per_execution=hparams.steps_per_execution)
 
+  @property
+  def placement(self) -> TablePlacement:
+    """Where the run's tables live (decided by `prepare_run`)."""
+    return self._placement
+
+  @property
+  def faults(self) -> faults_lib.FaultPoints:
+    """The run's fault points (`MXREC_FAULT`, read by `prepare_run`)."""
+    return self._faults
+
+  def prepare_run(self) -> tf.keras.Model:
+    """Sets a run up: returns its compiled model, with `self.checkpoint` ready to restore.
+
+    Seeds the run (`hparams.seed`), calls init() when the process has no run
+    yet, creates the strategy, places the tables (`placement_for`), builds
+    and compiles the model there and the run's TrainingCheckpoint over
+    `model_dir/checkpoints`; restores nothing. `train_and_validate` starts
+    with it; so does a driver of its own (keras/continuous.py).
+    """
+    hparams = self._hparams
+    self._faults = faults_lib.FaultPoints.from_environment()
+    if hparams.seed is not None:
+      tf.keras.utils.set_random_seed(hparams.seed)
+    if not initialize.is_initialized():
+      initialize.init()
+    strategy = self._strategy or get_strategy(hparams.strategy, hparams.collective_timeout_s)
+    self._strategy_in_use = strategy
+    self._placement = placement_for(strategy, self._has_sparse_features())
+    model = self._use(
+        placed_models.build(self._placement, strategy, self._model_builder, self._dataset_builder,
+                            hparams, self._compile, self._sparse_optimizer))
+    # Every placement saves its tables by key in `shards-N`, which restores onto any
+    # placement (tiered one-host tables are in `ckpt-N` too: the device cache's mapping).
+    tables = (self._sharded_tables
+              if self._placement.sharded else initialize.get_config_initializer().tables)
+    shards = None
+    if tables:
+      shards = table_checkpoints.TableCheckpoints(strategy, self._shard_dir(), tables,
+                                                  [model.sparse_optimizer])
+    full_every = CheckpointSchedule.from_dict(hparams.checkpoint).full_every_epochs
+    self.checkpoint = checkpoints_lib.TrainingCheckpoint(
+        model, os.path.join(hparams.model_dir,
+                            "checkpoints"), shards=shards, run_info=self.run_info(),
+        faults=self._faults, sharded=self._placement.sharded, full_every=full_every)
+    return model
+
+  def distribute(self, dataset: tf.data.Dataset) -> tf.data.Dataset:
+    """A dataset of global batches as the run's replicas take them (after `prepare_run`)."""
+    return self._distribute(self._strategy_in_use, dataset)
+
+  def splits_batches(self) -> bool:
+    """Whether `distribute` splits each global batch per replica (Keras then needs steps)."""
+    return splits_batches(self._strategy_in_use, self._placement, self._has_sparse_features())
+
   def train_and_validate(
       self, verbose: int = 0,
       callbacks: Sequence[tf.keras.callbacks.Callback] = ()) -> dict[str, float]:
@@ -406,31 +460,9 @@ class ModelFitPipeline(AbstractPipeline):
         the previous one is intact.
     """
     hparams = self._hparams
-    self._faults = faults_lib.FaultPoints.from_environment()
-    if hparams.seed is not None:
-      tf.keras.utils.set_random_seed(hparams.seed)
-    if not initialize.is_initialized():
-      initialize.init()
-    strategy = self._strategy or get_strategy(hparams.strategy, hparams.collective_timeout_s)
-    self._strategy_in_use = strategy
-    self._placement = placement_for(strategy, self._has_sparse_features())
+    model = self.prepare_run()
+    strategy = self._strategy_in_use
     on_ps = self._placement is TablePlacement.PARAMETER_SERVERS
-    model = self._use(
-        placed_models.build(self._placement, strategy, self._model_builder, self._dataset_builder,
-                            hparams, self._compile, self._sparse_optimizer))
-    # Every placement saves its tables by key in `shards-N`, which restores onto any
-    # placement (tiered one-host tables are in `ckpt-N` too: the device cache's mapping).
-    tables = (self._sharded_tables
-              if self._placement.sharded else initialize.get_config_initializer().tables)
-    shards = None
-    if tables:
-      shards = table_checkpoints.TableCheckpoints(strategy, self._shard_dir(), tables,
-                                                  [model.sparse_optimizer])
-    full_every = CheckpointSchedule.from_dict(hparams.checkpoint).full_every_epochs
-    self.checkpoint = checkpoints_lib.TrainingCheckpoint(
-        model, os.path.join(hparams.model_dir,
-                            "checkpoints"), shards=shards, run_info=self.run_info(),
-        faults=self._faults, sharded=self._placement.sharded, full_every=full_every)
     plan = epoch_steps(hparams.num_epochs, hparams.num_train_steps)
     if hparams.warm_start is not None and not self.checkpoint.exists():
       restoring.warm_start(hparams, self._placement.sharded, model)
@@ -476,7 +508,7 @@ class ModelFitPipeline(AbstractPipeline):
         self._distribute(strategy, self._data.build_valid_dataset(num_epochs=1)),
         steps=valid_steps if split and not hparams.num_valid_steps else None, return_dict=True,
         verbose=0)
-    return _ranking_results(results)
+    return ranking_results(results)
 
   def _train_on_ps(self, model, plan: list[int | None], start_epoch: int,
                    callbacks: Sequence[tf.keras.callbacks.Callback],
@@ -504,7 +536,7 @@ class ModelFitPipeline(AbstractPipeline):
     run_callbacks.end_run()
     self.history = run_callbacks.history
     self.export_saved_model(model, os.path.join(hparams.model_dir, "export", "latest_model"))
-    return _ranking_results(self._evaluate_on_coordinator())
+    return ranking_results(self._evaluate_on_coordinator())
 
   def _evaluate_on_coordinator(self) -> dict[str, float]:
     """ps.evaluate_on_coordinator over the validation data (`num_valid_steps` batches or all)."""
@@ -549,7 +581,7 @@ class ModelFitPipeline(AbstractPipeline):
     return dataset if num_steps is None else dataset.take(num_steps)
 
 
-def _ranking_results(results: dict) -> dict[str, float]:
+def ranking_results(results: dict) -> dict[str, float]:
   """RANKING_METRICS keys ("ndcg@10", ...) and "loss" from Keras-named results ("ndcg_10")."""
   return {key: float(results[metric_name(key)]) for key in RANKING_METRICS
          } | {"loss": float(results["loss"])}

@@ -28,8 +28,11 @@ from mxrec_pipeline.util import model_files
 
 
 def resume(checkpoint: checkpoints_lib.TrainingCheckpoint, hparams: PipelineHparams, model,
-           num_epochs: int) -> int:
+           num_epochs: int | None) -> int:
   """Restores the run's latest checkpoint as `hparams.resume` says; returns the start epoch.
+
+  `num_epochs` None: a continuous run (keras/continuous.py), whose epochs are
+  the partitions trained.
 
   Prints where it resumed: the checkpoint, the epochs and steps done, and
   the epoch it continues at (or that nothing is left of `num_epochs`).
@@ -47,8 +50,12 @@ def resume(checkpoint: checkpoints_lib.TrainingCheckpoint, hparams: PipelineHpar
         "pipeline.resume: true to continue it, or start over with `mxrec-pipeline train --fresh` "
         "(which clears the run's outputs) or another model_dir")
   epochs_done = checkpoint.restore()
-  rest = (f"continuing at epoch {epochs_done + 1} of {num_epochs}"
-          if epochs_done < num_epochs else f"nothing left to train ({num_epochs} epoch(s) planned)")
+  if num_epochs is None:  # A continuous run: epochs are partitions.
+    rest = "continuing with the next partition"
+  elif epochs_done < num_epochs:
+    rest = f"continuing at epoch {epochs_done + 1} of {num_epochs}"
+  else:
+    rest = f"nothing left to train ({num_epochs} epoch(s) planned)"
   print(
       f"Resumed from {checkpoint.restored}: {epochs_done} epoch(s) and "
       f"{int(model.optimizer.iterations.numpy())} step(s) done, {rest}", flush=True)
