@@ -65,13 +65,20 @@ def _publish(staging: pathlib.Path, target: pathlib.Path, names: list[str], inte
     stop.wait(interval_s)
 
 
-def _train(model_dir: pathlib.Path, partitions: pathlib.Path, log) -> subprocess.Popen:
+def _train(model_dir: pathlib.Path, partitions: pathlib.Path, log,
+           overrides: list[str]) -> subprocess.Popen:
   argv = [
       sys.executable, "-m", "mxrec_pipeline.cli", "train",
       str(CONFIG), "--continuous", "--poll-s", "0.5", "--verbose", "0", "--set",
       f"pipeline.model_dir={model_dir}", "--set", f"continuous.partitions_dir={partitions}"
   ]
+  for override in overrides:
+    argv += ["--set", override]
   return subprocess.Popen(argv, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+
+
+def _p90(values: list[float]) -> float:
+  return statistics.quantiles(values, n=10)[-1] if len(values) > 1 else values[0]
 
 
 def _moving_mean(values: list[float], window: int = 7) -> list[float]:
@@ -106,6 +113,8 @@ def main() -> int:
   parser.add_argument("--interval-s", type=float, default=3.0, help="seconds between arrivals")
   parser.add_argument("--kill-after", type=int, default=100,
                       help="SIGKILL the job once this many partitions are trained (0: never)")
+  parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                      help="override a value of configs/movielens_continuous.yaml")
   parser.add_argument("--svg", help="write the per-day NDCG@10 plot here")
   parser.add_argument("--json", help="write the figures here")
   args = parser.parse_args()
@@ -124,7 +133,7 @@ def main() -> int:
   start = time.time()
   with open(log_path, "w") as log:
     publisher.start()
-    job, runs, killed_at = _train(model_dir, partitions, log), 1, None
+    job, runs, killed_at = _train(model_dir, partitions, log, args.set), 1, None
     while True:
       time.sleep(0.5)
       done = len(_lines(model_dir))
@@ -136,7 +145,7 @@ def main() -> int:
         job.send_signal(signal.SIGKILL)
         job.wait()
         killed_at = len(_lines(model_dir))
-        job, runs = _train(model_dir, partitions, log), runs + 1
+        job, runs = _train(model_dir, partitions, log, args.set), runs + 1
       if done >= len(names):
         job.send_signal(signal.SIGTERM)
         code = job.wait(timeout=120)
@@ -147,9 +156,8 @@ def main() -> int:
   trained = [line["partition"] for line in lines]
   twice = sorted({n for n in trained if trained.count(n) > 1})
   missing = sorted(set(names) - set(trained))
-  model = [line["model"]["ndcg@10"] for line in lines]
-  baseline = [(line.get("baseline") or {}).get("ndcg@10") for line in lines]
-  scored = [(m, b) for m, b in zip(model, baseline) if b is not None]
+  scored_lines = [line for line in lines if line.get("model") and line.get("baseline")]
+  scored = [(line["model"]["ndcg@10"], line["baseline"]["ndcg@10"]) for line in scored_lines]
   lags = [line["export_lag_s"] for line in lines if "export_lag_s" in line]
   lag_from_publish = [
       line["export_lag_s"] for line in lines
@@ -164,14 +172,14 @@ def main() -> int:
       "missing": missing,
       "wall_s": round(wall_s, 1),
       "train_s_median": statistics.median(line["train_s"] for line in lines),
-      "train_s_p90": statistics.quantiles([line["train_s"] for line in lines], n=10)[-1],
+      "train_s_p90": _p90([line["train_s"] for line in lines]),
       "eval_s_median": statistics.median(line["eval_s"] for line in lines),
       "checkpoint_s_median": statistics.median(line.get("checkpoint_s", 0) for line in lines),
       "export_s_median": statistics.median(line["export_s"] for line in lines if "export_s" in line
                                           ),
       "steps_median": statistics.median(line["steps"] for line in lines),
       "export_lag_s_median": statistics.median(lag_from_publish or lags),
-      "export_lag_s_p90": statistics.quantiles(lag_from_publish or lags, n=10)[-1],
+      "export_lag_s_p90": _p90(lag_from_publish or lags),
       "ndcg10_model_mean": statistics.fmean(m for m, _ in scored),
       "ndcg10_baseline_mean": statistics.fmean(b for _, b in scored),
       "days_model_above_baseline": sum(m > b for m, b in scored),
@@ -189,14 +197,12 @@ def main() -> int:
         "(second half)")
   print("per day (partition, steps, train s, NDCG@10 model, baseline):")
   for line in lines:
-    b = (line.get("baseline") or {}).get("ndcg@10")
+    m, b = ((line.get(who) or {}).get("ndcg@10") for who in ("model", "baseline"))
     print(f"  {line['partition']} {line['steps']:>3} {line['train_s']:>6.2f} "
-          f"{line['model']['ndcg@10']:.4f} {'-' if b is None else f'{b:.4f}'}")
+          f"{'-' if m is None else f'{m:.4f}'} {'-' if b is None else f'{b:.4f}'}")
   if args.svg:
-    _svg(args.svg, [
-        line["partition"][4:]
-        for line in lines if (line.get("baseline") or {}).get("ndcg@10") is not None
-    ], _moving_mean([m for m, _ in scored]), _moving_mean([b for _, b in scored]))
+    _svg(args.svg, [line["partition"][4:] for line in scored_lines],
+         _moving_mean([m for m, _ in scored]), _moving_mean([b for _, b in scored]))
   if args.json:
     pathlib.Path(args.json).write_text(json.dumps({**figures, "lines": lines}, indent=1))
   shutil.rmtree(work, ignore_errors=True)

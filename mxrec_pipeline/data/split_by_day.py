@@ -6,9 +6,14 @@
 partition per period of `period_days` UTC days: `out_dir/day=YYYY-MM-DD/`
 (the period's first day) holding `data.tfrecord`, one ELWC list per user who
 rated that period (the user's context, the movies in time order, cut at
-`max_list_size`), then its `_SUCCESS` marker (data/partitions.py). The
-features are the raw ones of the user and item files: nothing computed from
-other ratings, so a partition depends on no later one. With
+`max_list_size`), then its `_SUCCESS` marker (data/partitions.py). Besides the
+user and item files' features, each example has features from the earlier
+periods only, so a partition depends on no later one: the movie's mean rating
+and count (`item_mean_rating`, `item_rating_count`; the earlier global mean
+when it has none) and the user's latest `history_size` movies with their
+genres (`history_item_ids`, `history_genres`), as the main job computes them
+from its training split (data/movielens.py); `neighbor_rating_deviation` is
+0.0 (user-based CF is not recomputed per period). With
 `arrival_interval_s` > 0 the markers are written that many seconds apart,
 replaying the data as a stream (a continuous job polling the directory sees
 partitions arrive). A partition that already has its marker is left as it is.
@@ -56,8 +61,8 @@ def partition_name(timestamp_s: int, first_s: int, period_days: int) -> str:
 def split_by_day(data_dir, out_dir, period_days: int = 1, max_list_size: int | None = 100,
                  rating_range: tuple[float,
                                      float] = movielens.RATING_RANGE, on_bad_record: str = "error",
-                 arrival_interval_s: float = 0.0, log: Callable[[str],
-                                                                None] = print) -> SplitReport:
+                 arrival_interval_s: float = 0.0, history_size: int = movielens.HISTORY_SIZE,
+                 log: Callable[[str], None] = print) -> SplitReport:
   """Writes the day partitions of an atomic-file data set; see the module docstring.
 
   Args:
@@ -68,6 +73,7 @@ def split_by_day(data_dir, out_dir, period_days: int = 1, max_list_size: int | N
       consecutive lists of at most this many movies; None: no cut.
     rating_range, on_bad_record: As movielens.read_ratings.
     arrival_interval_s: Seconds between two partitions' markers (>= 0).
+    history_size: Latest earlier movies of a user in `history_item_ids`.
     log: Where each written partition is reported.
 
   Returns:
@@ -100,30 +106,63 @@ def split_by_day(data_dir, out_dir, period_days: int = 1, max_list_size: int | N
     name = partition_name(r.timestamp_s, first_s, period_days)
     by_period.setdefault(name, {}).setdefault(r.user_id, []).append(r)
   out_dir.mkdir(parents=True, exist_ok=True)
-  written = []
+  written, past = [], _Past(history_size, sum(rating_range) / 2)
   for i, name in enumerate(sorted(by_period, key=partitions.sort_key)):
     directory = out_dir / name
     num_ratings = sum(map(len, by_period[name].values()))
     if (directory / partitions.SUCCESS_MARKER).is_file():
       written.append((name, 0, num_ratings, False))
-      continue
-    if i and arrival_interval_s:
-      time.sleep(arrival_interval_s)
-    directory.mkdir(exist_ok=True)
-    num_lists = elwc.write_elwc_tfrecord(directory / DATA_FILE,
-                                         _lists(by_period[name], users, items, max_list_size))
-    (directory / partitions.SUCCESS_MARKER).write_text("", encoding="utf-8")
-    log(f"{directory}: {num_lists} lists, {num_ratings} ratings")
-    written.append((name, num_lists, num_ratings, True))
+    else:
+      if i and arrival_interval_s:
+        time.sleep(arrival_interval_s)
+      directory.mkdir(exist_ok=True)
+      num_lists = elwc.write_elwc_tfrecord(
+          directory / DATA_FILE, _lists(by_period[name], users, items, max_list_size, past))
+      (directory / partitions.SUCCESS_MARKER).write_text("", encoding="utf-8")
+      log(f"{directory}: {num_lists} lists, {num_ratings} ratings")
+      written.append((name, num_lists, num_ratings, True))
+    past.add(by_period[name])
   return SplitReport(written, bad_records.report())
 
 
+class _Past:
+  """What the periods before the current one tell: item rating totals, user histories."""
+
+  def __init__(self, history_size: int, prior_mean: float):
+    self._history_size = history_size
+    self._prior_mean = prior_mean  # The global mean before any rating.
+    self.item_totals: dict[int, tuple[float, int]] = {}
+    self.histories: dict[int, list[int]] = {}
+
+  def features(self) -> movielens.TrainingFeatures:
+    """The features of the current period's examples (nothing of the period itself)."""
+    count = sum(n for _, n in self.item_totals.values())
+    mean = (sum(t for t, _ in self.item_totals.values()) / count if count else self._prior_mean)
+    return movielens.TrainingFeatures(self.item_totals, mean, self.histories)
+
+  def add(self, by_user: dict[int, list[movielens.Rating]]) -> None:
+    """Adds a period's ratings, once its partition is written."""
+    for user_id, ratings in by_user.items():
+      for r in ratings:
+        total, count = self.item_totals.get(r.item_id, (0.0, 0))
+        self.item_totals[r.item_id] = (total + r.rating, count + 1)
+      history = self.histories.get(user_id, []) + [r.item_id for r in ratings]
+      self.histories[user_id] = history[-self._history_size:]
+
+
 def _lists(by_user: dict[int, list[movielens.Rating]], users: dict, items: dict,
-           max_list_size: int | None):
+           max_list_size: int | None, past: _Past):
   """The ELWCs of one period: per user, the movies in time order, cut at max_list_size."""
+  features = past.features()
   for user_id, ratings in by_user.items():
-    examples = [{**items[r.item_id], "timestamp": r.timestamp_s, movielens.LABEL_FEATURE: r.rating}
-                for r in ratings]
+    examples = [{
+        **items[r.item_id],
+        **features.item_statistics(r.item_id),
+        "neighbor_rating_deviation": 0.0,
+        "timestamp": r.timestamp_s,
+        movielens.LABEL_FEATURE: r.rating,
+    } for r in ratings]
+    context = {**users[user_id], **features.history(user_id, items)}
     size = max_list_size or len(examples)
     for start in range(0, len(examples), size):
-      yield elwc.make_elwc(users[user_id], examples[start:start + size])
+      yield elwc.make_elwc(context, examples[start:start + size])

@@ -187,8 +187,10 @@ class ContinuousTrainer:
       raise ValueError(f"partition {partition.path}: {e}") from None
     line = {"partition": partition.name, "checkpoint": number, "steps": steps}
     start = time.perf_counter()
-    line["model"] = self._evaluate(model, data)
-    if self._score_baseline is not None:
+    line["lists"] = sum(int(tf.shape(labels)[0]) for _, labels in data.build_raw_valid_dataset())
+    line["model"] = self._evaluate(model, data) if line["lists"] else None
+    line["baseline"] = None
+    if self._score_baseline is not None and line["lists"]:
       previous = [
           p for p in partitions_lib.arrived(self._config.partitions_dir)
           if p.name in set(cursor.trained)
@@ -215,14 +217,12 @@ class ContinuousTrainer:
     self._log(_describe(line))
     return line
 
-  def _evaluate(self, model, data) -> dict | None:
-    """The model's RANKING_METRICS (and loss) on a partition's validation lists, or None."""
+  def _evaluate(self, model, data) -> dict:
+    """The model's RANKING_METRICS (and loss) on a partition's validation lists."""
     pipeline = self._pipeline
     steps = data.count_batches(False) if pipeline.splits_batches() else None
     results = model.evaluate(pipeline.distribute(data.build_valid_dataset(num_epochs=1)),
                              steps=steps, return_dict=True, verbose=0)
-    if not results or any(v is None for v in results.values()):
-      return None
     return pipeline_lib.ranking_results(results)
 
   def _export_due(self) -> bool:
@@ -265,7 +265,8 @@ class ContinuousTrainer:
 def _describe(line: dict) -> str:
   """One log line of a trained partition."""
   model, baseline = line.get("model") or {}, line.get("baseline") or {}
-  before = (f"NDCG@10 before training {model['ndcg@10']:.4f}" if model else "no validation list")
+  before = (f"NDCG@10 before training {model['ndcg@10']:.4f} on {line['lists']} list(s)"
+            if model else "no list to score (metrics.skip_queries_without_relevant)")
   if baseline:
     before += f" (baseline {baseline['ndcg@10']:.4f})"
   text = (f"partition {line['partition']}: {line['steps']} step(s) in {line['train_s']:.1f} s; "

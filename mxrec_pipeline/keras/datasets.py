@@ -29,7 +29,8 @@ def lists_with_relevant(features: dict, labels: tf.Tensor, *weights: tf.Tensor):
   """(features, labels[, weights]) of the lists of a batch with a relevant document (label > 0).
 
   Args:
-    features: name -> [batch_size, ...] tensors (dense, batch first).
+    features: name -> [batch_size, ...] tensors, batch first (dense, or
+      ragged for multi-valued features).
     labels: [batch_size, list_size] float32, padding < 0.
     *weights: [batch_size, ...] sample weights, if the dataset has them.
 
@@ -38,7 +39,13 @@ def lists_with_relevant(features: dict, labels: tf.Tensor, *weights: tf.Tensor):
     > 0, in order: [k, ...] tensors (k may be 0).
   """
   keep = tf.reduce_any(labels > 0, axis=1)
-  return ({name: tf.boolean_mask(value, keep) for name, value in features.items()},
+
+  def mask(value):
+    if isinstance(value, tf.RaggedTensor):  # Multi-valued features.
+      return tf.ragged.boolean_mask(value, keep)
+    return tf.boolean_mask(value, keep)
+
+  return ({name: mask(value) for name, value in features.items()},
           *(tf.boolean_mask(t, keep) for t in (labels, *weights)))
 
 

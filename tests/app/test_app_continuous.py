@@ -208,3 +208,19 @@ def test_killed_mid_partition_the_same_command_resumes_and_sigterm_stops_cleanly
   assert "continuous training stopped: stop requested" in out
   assert [line["partition"] for line in _lines(model_dir)] == DAYS[:4]  # None twice.
   assert sorted(os.listdir(model_dir / "export"))[-1] == "4"
+
+
+def test_a_partition_without_a_relevant_list_is_trained_and_not_scored(staged, tmp_path, capsys):
+  """Under skip_queries_without_relevant, a day whose ratings are all 1 star has nothing to score."""
+  days, model_dir = tmp_path / "days", tmp_path / "model"
+  _publish(staged, days, DAYS[0])
+  lists = list(elwc.read_elwc_tfrecord(days / DAYS[0] / "data.tfrecord"))
+  for proto in lists:
+    for example in proto.examples:
+      example.features.feature["rating"].float_list.value[:] = [1.0]  # Label 0.
+  elwc.write_elwc_tfrecord(days / DAYS[0] / "data.tfrecord", lists)
+  code, out, err = _train(capsys, model_dir, days, "metrics.skip_queries_without_relevant=true")
+  assert code == 0, err[-3000:]
+  (line,) = _lines(model_dir)
+  assert (line["lists"], line["model"], line["baseline"], line["steps"]) == (0, None, None, 1)
+  assert "no list to score" in out

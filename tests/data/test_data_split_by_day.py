@@ -89,3 +89,24 @@ def test_a_rating_of_an_unknown_item_is_named(tmp_path):
 def test_bad_arguments_are_named(tmp_path, kwargs, match):
   with pytest.raises(ValueError, match=match):
     split_by_day.split_by_day(tmp_path, tmp_path / "days", **kwargs)
+
+
+def test_features_come_from_earlier_days_only(tmp_path):
+  split_by_day.split_by_day(write_interactions(tmp_path / "ml"), tmp_path / "days",
+                            log=lambda _: None)
+
+  def examples(day):
+    protos = list(elwc.read_elwc_tfrecord(tmp_path / "days" / day / "data.tfrecord"))
+    return [(p.context.features.feature["history_item_ids"].int64_list.value[:],
+             [(e.features.feature["item_id"].int64_list.value[0],
+               e.features.feature["item_mean_rating"].float_list.value[0],
+               e.features.feature["item_rating_count"].int64_list.value[0]) for e in p.examples])
+            for p in protos]
+
+  # Day 1: nothing earlier: no history, the prior mean 3 (middle of 1-5) and count 0.
+  assert examples("day=1997-09-20") == [([], [(11, 3.0, 0), (10, 3.0, 0)]), ([], [(12, 3.0, 0)])]
+  # Day 2: user 2's movie of day 1; movie 10's one earlier rating (4 by user 1).
+  assert examples("day=1997-09-21") == [([12], [(10, 4.0, 1)])]
+  # Day 4: user 1's movies of day 1 in time order; movie 12: rated 5 on day 1 only (the global
+  # mean of days 1-2 would be (3 + 4 + 5 + 1) / 4 for a movie never rated).
+  assert examples("day=1997-09-23") == [([11, 10], [(12, 5.0, 1)])]
