@@ -99,6 +99,15 @@ class RankerBuilder(abc.ABC):
     del data
     return DataPaths(pattern, pattern)
 
+  def baseline_means(self, data) -> "ItemMeans | None":
+    """The baseline as an `ItemMeans` to add partitions to (continuous jobs), or None.
+
+    None (default): a continuous job rebuilds `build_baseline` from every
+    partition trained so far, each time.
+    """
+    del data
+    return None
+
   def build_dataset_builder(self, paths: DataPaths, dataset: DatasetConfig, model):
     """A SimpleDatasetBuilder over the task's ELWC files and sparse features.
 
@@ -124,18 +133,74 @@ class RankerBuilder(abc.ABC):
     return pipeline_lib.SimpleDatasetBuilder
 
 
+class ItemMeans:
+  """Each item's mean rating over the ELWC files added so far: the item-mean baseline.
+
+  `add(pattern)` reads more files (one pass each); `scorer()` ranks by the
+  means of everything added. A continuous job adds each partition once it is
+  trained (mxrec_pipeline/continuous_job.py), so its baseline never re-reads
+  a partition.
+
+  Args:
+    item_feature: The example feature naming the item (e.g. "item_id", "isbn").
+    item_spec: Its tf.io.FixedLenFeature spec.
+    label_spec: (label name, its spec); padding labels (< 0) are left out.
+  """
+
+  def __init__(self, item_feature: str, item_spec, label_spec: tuple):
+    self._item_feature = item_feature
+    self._item_spec = item_spec
+    self._label = label_spec[0]
+    self._spec = {item_feature: item_spec, label_spec[0]: label_spec[1]}
+    self.totals: dict = {}  # item (int or bytes) -> [sum of ratings, count]
+
+  def add(self, pattern: str | list[str]) -> None:
+    """Adds the ratings of the ELWC files of `pattern` (a glob pattern or a list of them)."""
+    dataset = tf.data.TFRecordDataset(tf.io.gfile.glob(pattern)).batch(
+        256).map(lambda serialized: tfr.data.parse_from_example_list(
+            serialized, example_feature_spec=self._spec))
+    for batch in dataset:
+      for item, rating in zip(batch[self._item_feature].numpy().ravel(),
+                              batch[self._label].numpy().ravel()):
+        if rating >= 0:
+          total = self.totals.setdefault(item.item() if hasattr(item, "item") else item, [0.0, 0])
+          total[0] += float(rating)
+          total[1] += 1
+
+  def means(self) -> tuple[dict, float]:
+    """({item: mean rating}, the global mean); raises ValueError when nothing was rated."""
+    if not self.totals:
+      raise ValueError("no rated item")
+    means = {item: total / count for item, (total, count) in self.totals.items()}
+    count = sum(n for _, n in self.totals.values())
+    return means, sum(total for total, _ in self.totals.values()) / count
+
+  def scorer(self) -> Callable[[dict], tf.Tensor]:
+    """features -> [batch, list_size] float32 scores: the item's mean, else the global mean.
+
+    Raises:
+      ValueError: nothing was rated.
+    """
+    means, global_mean = self.means()
+    table = tf.lookup.StaticHashTable(
+        tf.lookup.KeyValueTensorInitializer(tf.constant(list(means), self._item_spec.dtype),
+                                            tf.constant(list(means.values()), tf.float32)),
+        default_value=global_mean)
+    feature = self._item_feature
+    return lambda features: tf.squeeze(table.lookup(features[feature]), -1)
+
+
 def item_mean_baseline(train_pattern: str | list[str], item_feature: str, item_spec,
                        label_spec: tuple):
   """A baseline scorer: each item's mean training rating, else the global mean.
 
-  The simple baseline of the MovieLens and Book-Crossing jobs.
+  The simple baseline of the MovieLens and Book-Crossing jobs (`ItemMeans`
+  over the training files).
 
   Args:
     train_pattern: The training ELWC files (a tf.io.gfile.glob pattern, or a
-      list of them: a continuous job's partitions trained so far).
-    item_feature: The example feature naming the item (e.g. "item_id", "isbn").
-    item_spec: Its tf.io.FixedLenFeature spec.
-    label_spec: (label name, its spec); padding labels (< 0) are left out.
+      list of them).
+    item_feature, item_spec, label_spec: As `ItemMeans`.
 
   Returns:
     (score, means, global_mean): `score(features)` gives [batch, list_size]
@@ -143,29 +208,11 @@ def item_mean_baseline(train_pattern: str | list[str], item_feature: str, item_s
     item (int or bytes) to its mean rating.
 
   Raises:
-    ValueError: no rated item in the files.
+    ValueError: no rated item in the files (naming them).
   """
-  totals: dict = {}
-  spec = {item_feature: item_spec, label_spec[0]: label_spec[1]}
-  dataset = tf.data.TFRecordDataset(tf.io.gfile.glob(train_pattern)).batch(256).map(
-      lambda serialized: tfr.data.parse_from_example_list(serialized, example_feature_spec=spec))
-  for batch in dataset:
-    for item, rating in zip(batch[item_feature].numpy().ravel(),
-                            batch[label_spec[0]].numpy().ravel()):
-      if rating >= 0:
-        total = totals.setdefault(item.item() if hasattr(item, "item") else item, [0.0, 0])
-        total[0] += float(rating)
-        total[1] += 1
-  if not totals:
+  item_means = ItemMeans(item_feature, item_spec, label_spec)
+  item_means.add(train_pattern)
+  if not item_means.totals:
     raise ValueError(f"{train_pattern}: no rated item")
-  means = {item: total / count for item, (total, count) in totals.items()}
-  global_mean = sum(total for total, _ in totals.values()) / sum(n for _, n in totals.values())
-  table = tf.lookup.StaticHashTable(
-      tf.lookup.KeyValueTensorInitializer(tf.constant(list(means), item_spec.dtype),
-                                          tf.constant(list(means.values()), tf.float32)),
-      default_value=global_mean)
-
-  def score(features):
-    return tf.squeeze(table.lookup(features[item_feature]), -1)
-
-  return score, means, global_mean
+  means, global_mean = item_means.means()
+  return item_means.scorer(), means, global_mean

@@ -21,7 +21,7 @@ import pathlib
 
 import tensorflow as tf
 
-from builders.base import DataPaths, RankerBuilder, MASK_FEATURE, item_mean_baseline
+from builders.base import (DataPaths, ItemMeans, RankerBuilder, MASK_FEATURE, item_mean_baseline)
 from builders.book_crossing_config import BookCrossingDataConfig, BookCrossingModelConfig
 from builders.movielens import MovieLensScorer
 from mxrec_pipeline.data import book_crossing_lists as lists_lib
@@ -143,6 +143,11 @@ class BookCrossingListwise(RankerBuilder):
   def build_baseline(self, paths: DataPaths, data: BookCrossingDataConfig):
     """Mean training rating of each ISBN (from the training ELWC file)."""
     return item_mean_baseline(paths.train, "isbn", EXAMPLE_SPEC["isbn"], LABEL_SPEC)[0]
+
+  def baseline_means(self, data) -> ItemMeans:
+    """See `RankerBuilder`: the mean rating of each ISBN, partition by partition."""
+    del data
+    return ItemMeans("isbn", EXAMPLE_SPEC["isbn"], LABEL_SPEC)
 
 
 def isbn_means(train_pattern: str) -> tuple[dict[bytes, float], float]:

@@ -29,7 +29,7 @@ from typing import Sequence
 import tensorflow as tf
 import tensorflow_ranking as tfr
 
-from builders.base import DataPaths, RankerBuilder, MASK_FEATURE, item_mean_baseline
+from builders.base import (DataPaths, ItemMeans, RankerBuilder, MASK_FEATURE, item_mean_baseline)
 from builders.ensemble import EnsembleMean
 from builders.movielens_config import (RELEVANCES, MovieLensDataConfig, MovieLensModelConfig,
                                        MovieLensTablesConfig)
@@ -344,3 +344,8 @@ class MovieLensListwise(RankerBuilder):
   def build_baseline(self, paths: DataPaths, data: MovieLensDataConfig):
     """Mean training rating of each movie (from the training ELWC file)."""
     return item_mean_baseline(paths.train, "item_id", EXAMPLE_SPEC["item_id"], LABEL_SPEC)[0]
+
+  def baseline_means(self, data) -> ItemMeans:
+    """See `RankerBuilder`: the mean rating of each movie, partition by partition."""
+    del data
+    return ItemMeans("item_id", EXAMPLE_SPEC["item_id"], LABEL_SPEC)

@@ -4,9 +4,11 @@
 then hands keras/continuous.ContinuousTrainer what is specific to the task:
 the dataset builder of a partition (`RankerBuilder.partition_paths`: its ELWC
 files are both splits) and the baseline, rebuilt from the partitions trained
-so far (`RankerBuilder.build_baseline`) and scored on the new partition
-before the model trains on it, as the model is. The model_dir is claimed for
-the run (jobs.claim) and its resolved config written, as `jobs.train` does.
+so far and scored on the new partition before the model trains on it, as
+the model is: an item-mean baseline adds each partition once
+(`RankerBuilder.baseline_means`), any other is rebuilt by `build_baseline`.
+The model_dir is claimed for the run (jobs.claim) and its resolved config
+written, as `jobs.train` does.
 """
 
 from __future__ import annotations
@@ -63,17 +65,7 @@ def train_continuous(
       data.skip_lists_without_relevant = config.metrics.skip_queries_without_relevant
       return data
 
-    def score_baseline(data, trained: Sequence[partitions_lib.Partition]) -> dict | None:
-      if not trained:
-        return None  # Nothing to build it from yet.
-      patterns = [p.data_pattern for p in trained]
-      paths = dataclasses.replace(ranker.partition_paths(patterns[0], config.data), train=patterns)
-      try:
-        score = ranker.build_baseline(paths, config.data)
-      except ValueError:  # e.g. no rated item yet.
-        return None
-      return evaluation.evaluate_scores(data.build_raw_valid_dataset(), score)
-
+    score_baseline = _Baseline(ranker, config)
     # The pipeline's own builder gives the features' specs (export) and the sparse features;
     # every partition's batches come from its own builder.
     specs_only = dataclasses.replace(
@@ -87,3 +79,35 @@ def train_continuous(
     trainer = continuous.ContinuousTrainer(pipeline, config.continuous, partition_data,
                                            score_baseline, callbacks=callbacks, verbose=verbose)
     return trainer.run()
+
+
+class _Baseline:
+  """The job's baseline over the partitions trained so far, scored on a partition's lists."""
+
+  def __init__(self, ranker, config: config_lib.JobConfig):
+    self._ranker = ranker
+    self._data_config = config.data
+    self._means = ranker.baseline_means(config.data)
+    self._added: set[str] = set()  # Partitions in `_means`.
+
+  def __call__(self, data, trained: Sequence[partitions_lib.Partition]) -> dict | None:
+    """RANKING_METRICS of the baseline on `data`'s validation lists; None before any partition."""
+    if not trained:
+      return None  # Nothing to build it from yet.
+    try:
+      score = self._scorer(trained)
+    except ValueError:  # e.g. no rated item yet.
+      return None
+    return evaluation.evaluate_scores(data.build_raw_valid_dataset(), score)
+
+  def _scorer(self, trained: Sequence[partitions_lib.Partition]):
+    if self._means is None:
+      patterns = [p.data_pattern for p in trained]
+      paths = self._ranker.partition_paths(patterns[0], self._data_config)
+      return self._ranker.build_baseline(dataclasses.replace(paths, train=patterns),
+                                         self._data_config)
+    for partition in trained:
+      if partition.name not in self._added:
+        self._means.add(partition.data_pattern)
+        self._added.add(partition.name)
+    return self._means.scorer()

@@ -211,7 +211,7 @@ def test_killed_mid_partition_the_same_command_resumes_and_sigterm_stops_cleanly
 
 
 def test_a_partition_without_a_relevant_list_is_trained_and_not_scored(staged, tmp_path, capsys):
-  """Under skip_queries_without_relevant, a day whose ratings are all 1 star has nothing to score."""
+  """Under skip_queries_without_relevant, a day rated 1 star throughout has nothing to score."""
   days, model_dir = tmp_path / "days", tmp_path / "model"
   _publish(staged, days, DAYS[0])
   lists = list(elwc.read_elwc_tfrecord(days / DAYS[0] / "data.tfrecord"))
