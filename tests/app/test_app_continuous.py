@@ -26,6 +26,7 @@ from mxrec_pipeline.data import elwc
 from mxrec_pipeline.data import partitions
 from mxrec_pipeline.data import split_by_day
 from mxrec_pipeline.keras import manifest
+from mxrec_pipeline.keras import table_checkpoints
 from mxrec_pipeline.util import initialize
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -180,7 +181,10 @@ def test_bad_continuous_arguments_are_named(tmp_path, capsys, args, match):
 
 
 def test_killed_mid_partition_the_same_command_resumes_and_sigterm_stops_cleanly(staged, tmp_path):
-  """A user's restart: SIGKILL while training day 2, the same command again, then SIGTERM."""
+  """A user's restart: SIGKILL while training day 3, the same command again, then SIGTERM.
+
+  With delta checkpoints (every other save full), day 3 resumes from day 2's delta.
+  """
   days, model_dir = tmp_path / "days", tmp_path / "model"
   days.mkdir()
   _publish(staged, days, *DAYS[:4])
@@ -189,14 +193,16 @@ def test_killed_mid_partition_the_same_command_resumes_and_sigterm_stops_cleanly
       "--poll-s", "30"
   ]
   for override in TINY[:-1] + [
-      f"pipeline.model_dir={model_dir}", f"continuous.partitions_dir={days}"
+      f"pipeline.model_dir={model_dir}", f"continuous.partitions_dir={days}",
+      "pipeline.checkpoint={full_every_epochs: 2}"
   ]:
     argv += ["--set", override]
   env = {**os.environ, "PYTHONPATH": str(ROOT), "TF_CPP_MIN_LOG_LEVEL": "2"}
-  killed = subprocess.run(argv, cwd=ROOT, env={**env, "MXREC_FAULT": "train_batch:2"},
+  killed = subprocess.run(argv, cwd=ROOT, env={**env, "MXREC_FAULT": "train_batch:3"},
                           capture_output=True, text=True, timeout=300, check=False)
   assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
-  assert [line["partition"] for line in _lines(model_dir)] == [DAYS[0]]
+  assert [line["partition"] for line in _lines(model_dir)] == DAYS[:2]
+  assert table_checkpoints.chain(str(model_dir / "checkpoints"), 2) == [1, 2]  # A delta.
   with subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                         text=True) as job:
     deadline = time.monotonic() + 240
@@ -206,6 +212,7 @@ def test_killed_mid_partition_the_same_command_resumes_and_sigterm_stops_cleanly
     out, _ = job.communicate(timeout=120)
   assert job.returncode == 0, out[-3000:]
   assert "continuous training stopped: stop requested" in out
+  assert "Resumed from" in out and "ckpt-2" in out
   assert [line["partition"] for line in _lines(model_dir)] == DAYS[:4]  # None twice.
   assert sorted(os.listdir(model_dir / "export"))[-1] == "4"
 
