@@ -180,21 +180,20 @@ class ContinuousTrainer:
       raise ValueError(f"partition {partition.path} has a {partitions_lib.SUCCESS_MARKER} "
                        f"marker but no ELWC files ({partitions_lib.DATA_GLOB})")
     pipeline = self._pipeline
-    data = self._partition_data(partition)
     try:
+      data = self._partition_data(partition)
       steps = data.count_batches(True)
-    except ValueError as e:
-      raise ValueError(f"partition {partition.path}: {e}") from None
+    except (ValueError, tf.errors.OpError) as e:  # No list; a corrupt or truncated file.
+      reason = e.message if isinstance(e, tf.errors.OpError) else str(e)
+      raise ValueError(f"partition {partition.path}: {reason.splitlines()[0]}") from None
     line = {"partition": partition.name, "checkpoint": number, "steps": steps}
     start = time.perf_counter()
     line["lists"] = sum(int(tf.shape(labels)[0]) for _, labels in data.build_raw_valid_dataset())
     line["model"] = self._evaluate(model, data) if line["lists"] else None
     line["baseline"] = None
     if self._score_baseline is not None and line["lists"]:
-      previous = [
-          p for p in partitions_lib.arrived(self._config.partitions_dir)
-          if p.name in set(cursor.trained)
-      ]
+      done = set(cursor.trained)
+      previous = [p for p in partitions_lib.arrived(self._config.partitions_dir) if p.name in done]
       line["baseline"] = self._score_baseline(data, previous)
     line["eval_s"] = round(time.perf_counter() - start, 3)
     start = time.perf_counter()

@@ -164,6 +164,17 @@ def test_a_partition_without_data_is_named_and_trained_once_fixed(staged, tmp_pa
   assert [line["partition"] for line in _lines(model_dir)] == [DAYS[0], DAYS[1]]
 
 
+def test_a_corrupt_partition_is_named_and_nothing_is_trained(staged, tmp_path, capsys):
+  days, model_dir = tmp_path / "days", tmp_path / "model"
+  _publish(staged, days, DAYS[0])
+  data = days / DAYS[0] / "data.tfrecord"
+  data.write_bytes(data.read_bytes()[:-7])  # Truncated.
+  code, _, err = _train(capsys, model_dir, days)
+  assert code == 2
+  assert f"partition {days / DAYS[0]}: " in err and "truncated record" in err
+  assert not (model_dir / "metrics.jsonl").exists()
+
+
 @pytest.mark.parametrize("args, match", [
     (["--continuous", "--set", "continuous.partitions_dir=null"
      ], "continuous.partitions_dir: required"),
