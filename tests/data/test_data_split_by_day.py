@@ -110,3 +110,12 @@ def test_features_come_from_earlier_days_only(tmp_path):
   # Day 4: user 1's movies of day 1 in time order; movie 12: rated 5 on day 1 only (the global
   # mean of days 1-2 would be (3 + 4 + 5 + 1) / 4 for a movie never rated).
   assert examples("day=1997-09-23") == [([11, 10], [(12, 5.0, 1)])]
+
+
+def test_the_command_writes_the_partitions_and_names_a_missing_directory(tmp_path, capsys):
+  from mxrec_pipeline import cli  # pylint: disable=import-outside-toplevel
+  data_dir = write_interactions(tmp_path / "ml")
+  assert cli.main(["data", "split-by-day", str(data_dir), str(tmp_path / "days")]) == 0
+  assert "3 partitions (3 written now" in capsys.readouterr().out
+  assert cli.main(["data", "split-by-day", str(tmp_path / "none"), str(tmp_path / "days")]) == 2
+  assert str(tmp_path / "none") in capsys.readouterr().err
