@@ -5,7 +5,9 @@ reused as they are. On top of tfr's ModelFitPipeline the sparse core adds the
 run's init(), the table optimizer, checkpoints holding tables and key indexes,
 and a SavedModel export that maps raw ids with stock TF lookup tables. The
 dataset builders (keras/datasets.py) and the strategy and table placement
-(keras/strategies.py) live in their own modules and are re-exported here.
+(keras/strategies.py) live in their own modules and are re-exported here; the
+export half of the pipeline (restore for export, the SavedModel, run_info) is
+keras/exporting.py.
 
 Example:
 
@@ -19,10 +21,7 @@ Example:
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import os
-import tempfile
 from typing import Sequence
 
 import tensorflow as tf
@@ -40,23 +39,18 @@ from mxrec_pipeline.keras.datasets import (BaseDatasetBuilder, DatasetHparams, S
                                            lists_with_relevant)
 # Re-exported: epoch_seed and epoch_steps were defined here.
 from mxrec_pipeline.keras.epochs import EpochGate, epoch_groups, epoch_seed, epoch_steps
-from mxrec_pipeline.keras import export as export_lib
-from mxrec_pipeline.keras import manifest
+from mxrec_pipeline.keras import exporting
 from mxrec_pipeline.keras import model as model_lib
 from mxrec_pipeline.keras import placed_models
 from mxrec_pipeline.keras import ps
 from mxrec_pipeline.keras import restoring
-from mxrec_pipeline.keras import sharded
 from mxrec_pipeline.keras import table_checkpoints
 # Re-exported: get_strategy was defined here.
 from mxrec_pipeline.keras.strategies import (TablePlacement, get_strategy, placement_for,
                                              splits_batches)
-from mxrec_pipeline.distributed import checkpoint as checkpoint_lib
-from mxrec_pipeline.distributed import export as distributed_export
 from mxrec_pipeline.optimizers import factory
 from mxrec_pipeline.util import faults as faults_lib
 from mxrec_pipeline.util import initialize
-from mxrec_pipeline.util import model_files
 
 # The module's API: tfr.keras.pipeline's names, plus what the sparse core adds.
 __all__ = [
@@ -69,9 +63,6 @@ __all__ = [
 
 AbstractPipeline = tfr.keras.pipeline.AbstractPipeline
 AbstractDatasetBuilder = tfr.keras.pipeline.AbstractDatasetBuilder
-# TableSpec fields that shape a table's saved state; a checkpoint restores only onto the same.
-_SAVED_TABLE_FIELDS = ("dim", "key_dtype", "device_vocabulary_size", "host_vocabulary_size",
-                       "ssd_vocabulary_size")
 
 
 def metric_name(key: str) -> str:
@@ -87,7 +78,7 @@ def build_ranking_metrics() -> list[tf.keras.metrics.Metric]:
   ]
 
 
-class ModelFitPipeline(AbstractPipeline):
+class ModelFitPipeline(exporting.PipelineExport, AbstractPipeline):
   """Trains a ranking model with model.fit on the sparse core.
 
   Subclasses implement build_loss, build_metrics and build_weighted_metrics, as
@@ -173,65 +164,6 @@ class ModelFitPipeline(AbstractPipeline):
     self._compile(model, self._sparse_optimizer())
     return model
 
-  def restore_for_export(self, checkpoint: str) -> tf.keras.Model:
-    """The model of training checkpoint `checkpoint` (a `ckpt-<N>` prefix), in this process.
-
-    For `export_saved_model` (jobs.export), with no cluster. A single-process
-    run's checkpoint restores into `build_compiled_model()`. A sharded run's
-    (MultiWorkerMirroredStrategy workers or ParameterServerStrategy ps
-    tasks: its tables in `shards-<N>` beside `ckpt-<N>`) restores the dense
-    model into the raw-id model those runs train (ShardedLookup layers);
-    `export_saved_model` then builds each table's serving snapshot from its
-    shard files, one at a time (distributed/export.files_snapshot: keys and
-    rows, no slots; a tiered table's rows of every tier), so it writes the
-    same SavedModel as the run's own export and holds the rows once.
-
-    Call after init(). Every table's shards are checked before anything is
-    built from them.
-
-    Raises:
-      FileNotFoundError: a table's shards are missing or unreadable (e.g. a
-        shard file or its data file), naming the table and the file.
-      ValueError: shards of jobs of different sizes in one table's
-        directory; a model builder that is not a ModelBuilder (sharded runs
-        only); table rows of another dim; a variable of another shape than
-        the checkpoint's (TF's restore); a variable the checkpoint lacks
-        (e.g. a config with more hidden layers than the run's), named.
-    """
-    number = int(checkpoint.rsplit("-", 1)[1])
-    shards_dir = table_checkpoints.shards_path(os.path.dirname(checkpoint), number)
-    placement = manifest.tables_placement(checkpoint)
-    if placement == TablePlacement.ONE_HOST.value or (placement is None and
-                                                      not tf.io.gfile.isdir(shards_dir)):
-      model = self.build_compiled_model()
-      restoring.restore_one_host(model, checkpoint, shards_dir)
-      return model
-    if not isinstance(self._model_builder, model_lib.ModelBuilder):
-      raise ValueError(f"{checkpoint} is a sharded run's checkpoint ({shards_dir}): its tables "
-                       "export through an mxrec_pipeline ModelBuilder; got "
-                       f"{type(self._model_builder).__name__}")
-    if len(table_checkpoints.chain(os.path.dirname(checkpoint), number)) > 1:  # A delta.
-      self._export_scratch = tempfile.mkdtemp(prefix="mxrec-export-")
-      shards_dir = table_checkpoints.full_shards_in(os.path.dirname(checkpoint), number,
-                                                    self._model_builder.tables,
-                                                    self._export_scratch)
-    for name in self._model_builder.tables:  # Checks every shard before anything is built.
-      checkpoint_lib.saved_key_count(shards_dir, name)
-    specs = [  # Unused rows: the export reads the shard files (tiered ones hold every tier's).
-        dataclasses.replace(spec, host_vocabulary_size=0, ssd_vocabulary_size=0, ssd_data_path=())
-        for spec in self._model_builder.tables.values()
-    ]
-    strategy = tf.distribute.get_strategy()  # One replica: one shard holding every key.
-    model = self._use(
-        placed_models.sharded_model(strategy, self._model_builder, self._dataset_builder,
-                                    self._hparams, self._compile, self._sparse_optimizer,
-                                    specs=specs, build_slots=False))
-    self._placement = TablePlacement.WORKERS
-    restoring.restore_dense_variables(model, self._sharded_tables.values(), checkpoint)
-    self._export_source = shards_dir
-    self._strategy_in_use = strategy
-    return model
-
   def build_callbacks(self, model) -> list[tf.keras.callbacks.Callback]:
     """TensorBoard logs (table statistics too), checkpoints (tables included), best export.
 
@@ -260,80 +192,6 @@ class ModelFitPipeline(AbstractPipeline):
         callbacks_lib.TableStatsLogger(os.path.join(hparams.model_dir, "logs"),
                                        tables=sharded_tables, strategy=self._strategy_in_use))
     return callbacks
-
-  def export_saved_model(self, model, export_to: str) -> str | None:
-    """Exports a SavedModel that scores raw ids; see export.export_serving_model.
-
-    Tables sharded over workers: every worker calls it; the others stage
-    their shards, the chief writes the SavedModel and returns `export_to`,
-    the others return None.
-    """
-    snapshots = staging = None
-    if self._export_source is not None:  # restore_for_export of a sharded run's checkpoint.
-      try:
-        snapshots = {
-            name: distributed_export.files_snapshot(self._export_source, name)
-            for name in self._sharded_tables
-        }
-      finally:
-        if self._export_scratch is not None:
-          model_files.remove(self._export_scratch)
-          self._export_scratch = None
-    elif self._placement.sharded:  # Built one shard at a time by the chief, or the coordinator.
-      self._exports += 1
-      staging = distributed_export.staging_path(self._shard_dir(), self._exports)
-      strategy = self._strategy_in_use
-      snapshots = sharded.snapshots(self._sharded_tables, staging,
-                                    lambda: table_checkpoints.barrier(strategy))
-      if snapshots is None:  # Another worker exports; this one wrote its shards.
-        return None
-    try:
-      return self._export_with(model, export_to, snapshots)
-    finally:
-      if staging is not None:
-        distributed_export.remove_staging(staging)
-
-  def _shard_dir(self) -> str:
-    """Where every worker writes table shards (checkpoints, export staging)."""
-    return self._shard_checkpoint_dir or os.path.join(self._hparams.model_dir, "checkpoints")
-
-  def _export_with(self, model, export_to: str, snapshots) -> str:
-    builder = self._dataset_builder
-    return export_lib.export_serving_model(
-        model,
-        export_to,
-        context_feature_spec=builder._context_feature_spec,  # pylint: disable=protected-access
-        example_feature_spec=builder._example_feature_spec,  # pylint: disable=protected-access
-        mask_feature_name=builder._mask_feature_name,  # pylint: disable=protected-access
-        sparse_features=builder.sparse_features,
-        before_rename=lambda _: self._faults.reach("export"),
-        snapshots=snapshots,
-        run_info=self.run_info())
-
-  def run_info(self) -> dict:
-    """What every checkpoint manifest and export records of this run: tables and config.
-
-    {"tables": table name -> the TableSpec fields that shape its saved state
-    (None for a model builder that declares no tables), "config": the job
-    config the pipeline was given (`run_config`), else the PipelineHparams,
-    "placement": {"tables": "one_host", "workers" or "parameter_servers",
-    "replicas"}}. (Checkpoint format 2 recorded "table_rows" too, the
-    checkpoint keys of one-host tables' rows, which keras/warm_start.py reads.)
-    """
-    tables = getattr(self._model_builder, "tables", None)
-    strategy = self._strategy_in_use
-    return {
-        "placement": {
-            "tables": self._placement.value,
-            "replicas": strategy.num_replicas_in_sync if strategy is not None else 1
-        },
-        "tables": None if tables is None else {
-            name: {field: getattr(spec, field) for field in _SAVED_TABLE_FIELDS}
-            for name, spec in tables.items()
-        },
-        "config": self._run_config if self._run_config is not None else json.loads(
-            json.dumps(dataclasses.asdict(self._hparams), default=str)),
-    }
 
   def _sparse_optimizer(self):
     hparams = self._hparams
