@@ -150,8 +150,8 @@ class ContinuousTrainer:
         if self._config.max_partitions is not None and len(trained) >= self._config.max_partitions:
           reason = f"max_partitions ({self._config.max_partitions}) trained"
           break
-        partition, late = partitions_lib.next_partition(partitions_lib.arrived(root), cursor,
-                                                        self._config.late_partitions)
+        found = partitions_lib.arrived(root)
+        partition, late = partitions_lib.next_partition(found, cursor, self._config.late_partitions)
         for skipped in late:
           cursor.skipped.append(skipped.name)
           self._log(f"partition {skipped.name} arrived late (older than {cursor.newest}): "
@@ -163,7 +163,7 @@ class ContinuousTrainer:
           self.stop.sleep(self._config.poll_s)
           continue
         number += 1
-        line = self._train_partition(model, partition, cursor, number, writer)
+        line = self._train_partition(model, partition, cursor, number, writer, found)
         trained.append(partition.name)
         if line.get("export_version") is not None:
           exported.append(line["export_version"])
@@ -174,8 +174,12 @@ class ContinuousTrainer:
     return {"trained": trained, "exported": exported, "reason": reason}
 
   def _train_partition(self, model, partition: partitions_lib.Partition,
-                       cursor: partitions_lib.Cursor, number: int, writer) -> dict:
-    """Scores, trains, checkpoints (and maybe exports) one partition; returns its log line."""
+                       cursor: partitions_lib.Cursor, number: int, writer,
+                       found: Sequence[partitions_lib.Partition]) -> dict:
+    """Scores, trains, checkpoints (and maybe exports) one partition; returns its log line.
+
+    `found`: the arrived partitions, as the loop listed them (the baseline's are among them).
+    """
     if not tf.io.gfile.glob(partition.data_pattern):
       raise ValueError(f"partition {partition.path} has a {partitions_lib.SUCCESS_MARKER} "
                        f"marker but no ELWC files ({partitions_lib.DATA_GLOB})")
@@ -193,7 +197,7 @@ class ContinuousTrainer:
     line["baseline"] = None
     if self._score_baseline is not None and line["lists"]:
       done = set(cursor.trained)
-      previous = [p for p in partitions_lib.arrived(self._config.partitions_dir) if p.name in done]
+      previous = [p for p in found if p.name in done]
       line["baseline"] = self._score_baseline(data, previous)
     line["eval_s"] = round(time.perf_counter() - start, 3)
     start = time.perf_counter()
