@@ -329,7 +329,8 @@ def child_train(variant: str, seed: int, epochs: int | None, steps_per_epoch: in
     table_rows = {name: len(ids) + 1 for name, ids in vocabularies.items()}  # + OOV row.
     model_builder = movielens_dense.DenseModelBuilder(config.model, vocabularies, features, tables,
                                                       seed=seed)
-    dataset_builder = movielens_dense.build_dataset_builder(paths, config.dataset)
+    dataset_builder = movielens_dense.build_dataset_builder(paths, config.dataset,
+                                                            relevance=config.data.relevance)
 
     class Pipeline(tfr.keras.pipeline.SimplePipeline):
 

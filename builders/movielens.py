@@ -332,10 +332,20 @@ class MovieLensListwise(RankerBuilder):
         mask_feature_name=MASK_FEATURE, sparse_features=features, tables=tables, seed=seed,
         name="movielens_listwise")
 
-  def build_dataset_builder(self, paths: DataPaths, dataset, model):
-    """See `RankerBuilder`; labels per `paths.relevance` ("graded" for plain DataPaths)."""
+  def build_dataset_builder(self, paths: MovieLensPaths, dataset, model):
+    """See `RankerBuilder`; labels per `paths.relevance`.
+
+    Raises:
+      TypeError: `paths` is not a MovieLensPaths (it carries the label
+        definition: `prepare_data` and `partition_paths` return one).
+    """
+    if not isinstance(paths, MovieLensPaths):
+      raise TypeError(
+          f"{self.name} reads its labels' definition from MovieLensPaths.relevance; got "
+          f"{type(paths).__name__} (build it with MovieLensPaths(train, valid, "
+          "relevance=...) or prepare_data)")
     builder = super().build_dataset_builder(paths, dataset, model)
-    builder.relevance = getattr(paths, "relevance", "graded")
+    builder.relevance = paths.relevance
     return builder
 
   def dataset_builder_class(self):

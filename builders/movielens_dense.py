@@ -219,8 +219,15 @@ class DenseDatasetBuilder(tfr.keras.pipeline.SimpleDatasetBuilder):
     return features, movielens.relevance_labels(rating, self.relevance)
 
 
-def build_dataset_builder(paths: DataPaths, dataset: DatasetConfig) -> DenseDatasetBuilder:
-  """The stock-tfr dataset builder of the MovieLens ELWC files (same batching)."""
+def build_dataset_builder(paths: DataPaths, dataset: DatasetConfig,
+                          relevance: str = "graded") -> DenseDatasetBuilder:
+  """The stock-tfr dataset builder of the MovieLens ELWC files (same batching).
+
+  Args:
+    paths: The ELWC files (`MovieLensListwise.prepare_data`).
+    dataset: Batch and list sizes.
+    relevance: The labels: "graded" or "liked" (`movielens.relevance_labels`).
+  """
   context, example, label = movielens.MovieLensListwise().feature_specs()
   hparams = tfr.keras.pipeline.DatasetHparams(train_input_pattern=paths.train,
                                               valid_input_pattern=paths.valid,
@@ -228,5 +235,4 @@ def build_dataset_builder(paths: DataPaths, dataset: DatasetConfig) -> DenseData
                                               valid_batch_size=dataset.valid_batch_size,
                                               list_size=dataset.list_size,
                                               valid_list_size=dataset.valid_list_size)
-  return DenseDatasetBuilder(context, example, MASK_FEATURE, label, hparams,
-                             relevance=getattr(paths, "relevance", "graded"))
+  return DenseDatasetBuilder(context, example, MASK_FEATURE, label, hparams, relevance=relevance)

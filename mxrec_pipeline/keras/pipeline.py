@@ -5,9 +5,11 @@ reused as they are. On top of tfr's ModelFitPipeline the sparse core adds the
 run's init(), the table optimizer, checkpoints holding tables and key indexes,
 and a SavedModel export that maps raw ids with stock TF lookup tables. The
 dataset builders (keras/datasets.py) and the strategy and table placement
-(keras/strategies.py) live in their own modules and are re-exported here; the
-export half of the pipeline (restore for export, the SavedModel, run_info) is
-keras/exporting.py.
+(keras/strategies.py) live in their own modules and are re-exported here.
+ModelFitPipeline sets a run up (`prepare_run`: init, strategy, placement,
+model, checkpoint) and chooses its epoch loop; the loops themselves are
+keras/training.py (`EpochLoops`) and the export half (restore for export, the
+SavedModel, run_info) is keras/exporting.py (`PipelineExport`).
 
 Example:
 
@@ -27,8 +29,6 @@ from typing import Sequence
 import tensorflow as tf
 import tensorflow_ranking as tfr
 
-from mxrec_pipeline.core.asc import feature_spec as fs
-from mxrec_pipeline.core.asc import replicas
 # Re-exported: users import PipelineHparams and RANKING_METRICS from here.
 from mxrec_pipeline.hparams import (MULTI_WORKER_MIRRORED, PARAMETER_SERVER, RANKING_METRICS,
                                     STRATEGIES, CheckpointSchedule, PipelineHparams, WarmStart)
@@ -38,13 +38,15 @@ from mxrec_pipeline.keras import checkpoints as checkpoints_lib
 from mxrec_pipeline.keras.datasets import (BaseDatasetBuilder, DatasetHparams, SimpleDatasetBuilder,
                                            lists_with_relevant)
 # Re-exported: epoch_seed and epoch_steps were defined here.
-from mxrec_pipeline.keras.epochs import EpochGate, epoch_groups, epoch_seed, epoch_steps
+from mxrec_pipeline.keras.epochs import epoch_seed, epoch_steps
 from mxrec_pipeline.keras import exporting
 from mxrec_pipeline.keras import model as model_lib
 from mxrec_pipeline.keras import placed_models
-from mxrec_pipeline.keras import ps
 from mxrec_pipeline.keras import restoring
 from mxrec_pipeline.keras import table_checkpoints
+from mxrec_pipeline.keras import training
+# Re-exported: the metric names and results were defined here.
+from mxrec_pipeline.keras.training import build_ranking_metrics, metric_name, ranking_results
 # Re-exported: get_strategy was defined here.
 from mxrec_pipeline.keras.strategies import (TablePlacement, get_strategy, placement_for,
                                              splits_batches)
@@ -58,27 +60,14 @@ __all__ = [
     "SimpleDatasetBuilder", "ModelFitPipeline", "SimplePipeline", "PipelineHparams", "WarmStart",
     "RANKING_METRICS", "STRATEGIES", "MULTI_WORKER_MIRRORED", "PARAMETER_SERVER", "get_strategy",
     "TablePlacement", "placement_for", "lists_with_relevant", "epoch_seed", "epoch_steps",
-    "metric_name", "build_ranking_metrics"
+    "metric_name", "build_ranking_metrics", "ranking_results"
 ]
 
 AbstractPipeline = tfr.keras.pipeline.AbstractPipeline
 AbstractDatasetBuilder = tfr.keras.pipeline.AbstractDatasetBuilder
 
 
-def metric_name(key: str) -> str:
-  """Keras name of a RANKING_METRICS key: "ndcg@10" -> "ndcg_10"."""
-  return key.replace("@", "_")
-
-
-def build_ranking_metrics() -> list[tf.keras.metrics.Metric]:
-  """tfr metric objects for RANKING_METRICS, named by `metric_name`."""
-  return [
-      tfr.keras.metrics.get(key, topn=topn, name=metric_name(name))
-      for name, (key, topn) in RANKING_METRICS.items()
-  ]
-
-
-class ModelFitPipeline(exporting.PipelineExport, AbstractPipeline):
+class ModelFitPipeline(training.EpochLoops, exporting.PipelineExport, AbstractPipeline):
   """Trains a ranking model with model.fit on the sparse core.
 
   Subclasses implement build_loss, build_metrics and build_weighted_metrics, as
@@ -319,130 +308,18 @@ class ModelFitPipeline(exporting.PipelineExport, AbstractPipeline):
     """
     hparams = self._hparams
     model = self.prepare_run()
-    strategy = self._strategy_in_use
-    on_ps = self._placement is TablePlacement.PARAMETER_SERVERS
     plan = epoch_steps(hparams.num_epochs, hparams.num_train_steps)
     if hparams.warm_start is not None and not self.checkpoint.exists():
       restoring.warm_start(hparams, self._placement.sharded, model)
     start_epoch = restoring.resume(self.checkpoint, hparams, model, len(plan))
-    if on_ps:
-      return self._train_on_ps(model, plan, start_epoch, callbacks, verbose)
-    # One iterator per run of epochs with the same steps (Keras keeps a
-    # dataset's iterator across the epochs of a fit when told its steps), the
-    # gate releasing each epoch's insertion at its on_epoch_begin.
-    streams = isinstance(self._data, BaseDatasetBuilder)
-    gate = EpochGate(len(plan)) if streams else None
-    run_callbacks = callbacks_lib.RunCallbacks(
-        ([gate] if gate else []) + self.build_callbacks(model) + list(callbacks), model, verbose,
-        epochs=len(plan))
-    valid = self._distribute(
-        strategy, self._data.build_valid_dataset(num_epochs=None if hparams.num_valid_steps else 1))
-    split = splits_batches(strategy, self._placement, self._has_sparse_features())
-    # Keras needs the steps of a distributed dataset.
-    valid_steps = hparams.num_valid_steps or (self._data.count_batches(False) if split else None)
-    # ... and of a dataset whose iterator it keeps over several epochs.
-    one_pass = (self._data.count_batches(True) if
-                (split or streams) and None in plan[start_epoch:] else None)
-    groups = (epoch_groups(plan, start_epoch)
-              if streams else [(e, e + 1) for e in range(start_epoch, len(plan))])
-    run_callbacks.begin_run()
-    try:
-      for first, end in groups:
-        run_callbacks.set_epoch_steps(plan[first] or one_pass)
-        model.fit(
-            self._distribute(strategy, self._train_epochs(range(first, end), plan[first],
-                                                          gate)), initial_epoch=first, epochs=end,
-            steps_per_epoch=plan[first] or one_pass, validation_data=valid,
-            validation_steps=valid_steps, callbacks=run_callbacks, verbose=verbose)
-        if model.stop_training:  # e.g. EarlyStopping.
-          break
-    finally:
-      if gate:
-        gate.close()
-    run_callbacks.end_run()
-    self.history = run_callbacks.history
-    self.export_saved_model(model, os.path.join(hparams.model_dir, "export", "latest_model"))
-    results = model.evaluate(
-        self._distribute(strategy, self._data.build_valid_dataset(num_epochs=1)),
-        steps=valid_steps if split and not hparams.num_valid_steps else None, return_dict=True,
-        verbose=0)
-    return ranking_results(results)
-
-  def _train_on_ps(self, model, plan: list[int | None], start_epoch: int,
-                   callbacks: Sequence[tf.keras.callbacks.Callback],
-                   verbose: int) -> dict[str, float]:
-    """train_and_validate's epochs under ParameterServerStrategy (this process the coordinator).
-
-    Each epoch is one model.fit over `ps.per_worker_dataset` of the epoch's
-    batches, steps_per_epoch of them (the plan's, or one pass), with
-    validation on the coordinator (`ps.CoordinatorValidation`, first among
-    the callbacks so the others see its `val_*` logs).
-    """
-    hparams = self._hparams
-    validation = ps.CoordinatorValidation(self._evaluate_on_coordinator)
-    run_callbacks = callbacks_lib.RunCallbacks([validation, *self.build_callbacks(model)] +
-                                               list(callbacks), model, verbose, epochs=len(plan))
-    one_pass = (self._data.count_batches(True) if None in plan[start_epoch:] else None)
-    run_callbacks.begin_run()
-    for epoch in range(start_epoch, len(plan)):
-      run_callbacks.set_epoch_steps(plan[epoch] or one_pass)
-      dataset = ps.per_worker_dataset(lambda epoch=epoch: self._train_epochs([epoch], plan[epoch]))
-      model.fit(dataset, initial_epoch=epoch, epochs=epoch + 1, steps_per_epoch=plan[epoch] or
-                one_pass, callbacks=run_callbacks, verbose=verbose)
-      if model.stop_training:
-        break
-    run_callbacks.end_run()
-    self.history = run_callbacks.history
-    self.export_saved_model(model, os.path.join(hparams.model_dir, "export", "latest_model"))
-    return ranking_results(self._evaluate_on_coordinator())
-
-  def _evaluate_on_coordinator(self) -> dict[str, float]:
-    """ps.evaluate_on_coordinator over the validation data (`num_valid_steps` batches or all)."""
-    steps = self._hparams.num_valid_steps
-    dataset = self._data.build_valid_dataset(num_epochs=None if steps else 1)
-    if steps:
-      dataset = dataset.take(steps)
-    return ps.evaluate_on_coordinator(self.model, dataset, self.build_metrics())
-
-  def _has_sparse_features(self) -> bool:
-    """Whether the dataset builder has sparse id features (tables to place)."""
-    return bool(getattr(self._dataset_builder, "sparse_features", None))
+    if self._placement is TablePlacement.PARAMETER_SERVERS:
+      return self._fit_epochs_on_ps(model, plan, start_epoch, callbacks, verbose)
+    return self._fit_epochs(model, plan, start_epoch, callbacks, verbose)
 
   def _use(self, placed: placed_models.PlacedModel) -> tf.keras.Model:
     """Takes `placed`'s model, the builder its batches come from and its sharded tables."""
     self.model, self._data, self._sharded_tables = placed.model, placed.data, placed.tables
     return placed.model
-
-  def _distribute(self, strategy: tf.distribute.Strategy, dataset: tf.data.Dataset):
-    """Global batches as the strategy's replicas take them.
-
-    With N > 1 replicas and sparse features, each replica gets its part of the
-    inserted global batch with its own unique rows (core/asc/replicas.py);
-    otherwise `dataset` as it is (Keras distributes it).
-    """
-    if not splits_batches(strategy, self._placement, self._has_sparse_features()):
-      return dataset
-    return replicas.distribute_dataset(
-        strategy, dataset,
-        [fs.FeatureSpec(f.name, table_name=f.table) for f in self._data.sparse_features])
-
-  def _train_epochs(self, epochs: Sequence[int], num_steps: int | None,
-                    gate: EpochGate | None = None) -> tf.data.Dataset:
-    """The training batches of `epochs` (consecutive) on one iterator; see `build_train_epochs`."""
-    builder = self._data
-    if isinstance(builder, BaseDatasetBuilder):
-      return builder.build_train_epochs(epochs, num_steps, self._hparams.seed, gate)
-    # Another AbstractDatasetBuilder (one epoch at a time): its data, bounded to the epoch.
-    if len(epochs) != 1:
-      raise ValueError(f"{type(builder).__name__} builds one epoch per dataset, got {list(epochs)}")
-    dataset = builder.build_train_dataset(num_epochs=1 if num_steps is None else None)
-    return dataset if num_steps is None else dataset.take(num_steps)
-
-
-def ranking_results(results: dict) -> dict[str, float]:
-  """RANKING_METRICS keys ("ndcg@10", ...) and "loss" from Keras-named results ("ndcg_10")."""
-  return {key: float(results[metric_name(key)]) for key in RANKING_METRICS
-         } | {"loss": float(results["loss"])}
 
 
 class SimplePipeline(ModelFitPipeline):

@@ -1,7 +1,9 @@
 """Sweep configs over the real MovieLens job, shrunk to a few steps, and study access."""
 
+import contextlib
 import os
 import pathlib
+import sqlite3
 import subprocess
 import sys
 import time
@@ -53,9 +55,26 @@ def load_study(url: str, name: str) -> optuna.Study:
   return optuna.load_study(study_name=name, storage=url)
 
 
+def _sqlite_has_study(path: str, name: str) -> bool:
+  """Whether the SQLite file holds study `name`, read without writing anything.
+
+  optuna.load_study creates and stamps the schema when it is missing; an
+  observer doing that while the sweep creates it races the sweep, so the
+  test looks (read-only) before it loads.
+  """
+  if not os.path.exists(path):
+    return False
+  try:
+    with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5)) as db:
+      return db.execute("SELECT 1 FROM studies WHERE study_name = ?",
+                        (name,)).fetchone() is not None
+  except sqlite3.OperationalError:  # No studies table yet, or the sweep holds a write lock.
+    return False
+
+
 def study_if_created(url: str, name: str) -> optuna.Study | None:
   """The study, or None while the sweep has not created it (nor its SQLite file)."""
-  if url.startswith("sqlite:///") and not os.path.exists(url.removeprefix("sqlite:///")):
+  if url.startswith("sqlite:///") and not _sqlite_has_study(url.removeprefix("sqlite:///"), name):
     return None
   try:
     return load_study(url, name)
@@ -78,6 +97,8 @@ def wait_for(predicate, what: str, process: subprocess.Popen | None = None):
     if result:
       return result
     if process is not None and process.poll() is not None:
-      raise AssertionError(f"sweep exited ({process.returncode}) before {what}")
+      _, stderr = process.communicate() if process.stderr else (None, None)
+      raise AssertionError(f"sweep exited ({process.returncode}) before {what}; "
+                           f"its stderr ends: {(stderr or '(not captured)')[-3000:]}")
     time.sleep(POLL_S)
   raise AssertionError(f"hung waiting for {what}")
