@@ -25,6 +25,11 @@ ships to and from each ps, counted from the tensors of the step on the
 job's real batches (distributed/ps_table.step_bytes per sparse feature, plus
 the dense variables read and their gradients sent).
 
+`--only sidecar`: the same job under `workers=2,ps=2` validated by the
+coordinator after each epoch (whole validation split) and with
+`evaluator=1` (mxrec_pipeline/sidecar.py: the chief validates no epoch):
+training examples/s over epochs 2..N with what validation costs the workers.
+
 `--only zipf`: a synthetic job of 10M keys drawn from Zipf(1.2) ids (a
 `--zipf-batch`-example global batch of 8 ids each, dim 16, one table, lazy
 Adam, score = sum of the embeddings, squared error), the same global batches
@@ -40,6 +45,7 @@ Usage:
   python benchmarks/bench_distributed.py --only replicas --replicas 1 2 4 --epochs 3
   python benchmarks/bench_distributed.py --only workers  # MovieLens: 1 process, 2 workers
   python benchmarks/bench_distributed.py --only ps       # MovieLens: 1 process, 1/2 workers + 2 ps
+  python benchmarks/bench_distributed.py --only sidecar  # PS: coordinator vs sidecar validation
   python benchmarks/bench_distributed.py --only zipf     # 10M keys: 1/2 replicas, 1/2 workers
   python benchmarks/bench_distributed.py --only restore  # 4M keys: peak memory of a restore
   python benchmarks/bench_distributed.py --only restore_export  # ... of a restore and an export
@@ -276,20 +282,27 @@ def _cpu_seconds(pid: int) -> float:
   return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def _start_movielens(model_dir: str, epochs: int, spec: str | None, *sets:
+                     str) -> tuple[list[str], subprocess.Popen]:
+  """Starts `train` of the MovieLens job (`--local-cluster spec`, or one process for None)."""
+  cmd = [
+      sys.executable, "-m", "mxrec_pipeline.cli", "train",
+      str(CONFIG), "--verbose=2", "--set", f"pipeline.model_dir={model_dir}", "--set",
+      f"pipeline.num_epochs={epochs}"
+  ] + [a for s in sets for a in ("--set", s)]
+  cmd += ["--local-cluster", spec] if spec else ["--set", "pipeline.strategy=null"]
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=str(ROOT))
+  return cmd, subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True)
+
+
 def run_ps(epochs: int, tmp: str) -> dict:
   """steps/s, task CPU per step and per-ps bytes per step of the MovieLens job (PS_TRIALS)."""
   rows = []
   for spec in PS_TRIALS:
     model_dir = f"{tmp}/ps_{spec or 'one_process'}".replace(",", "_").replace("=", "")
-    cmd = [
-        sys.executable, "-m", "mxrec_pipeline.cli", "train",
-        str(CONFIG), "--verbose=2", "--set", f"pipeline.model_dir={model_dir}", "--set",
-        f"pipeline.num_epochs={epochs}", "--set", "pipeline.export_best_model=false", "--set",
-        "pipeline.num_valid_steps=1"
-    ] + (["--local-cluster", spec] if spec else ["--set", "pipeline.strategy=null"])
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=str(ROOT))
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    cmd, proc = _start_movielens(model_dir, epochs, spec, "pipeline.export_best_model=false",
+                                 "pipeline.num_valid_steps=1")
     tasks, step_ms, cpu, text = {}, [], {}, []
     for line in proc.stdout:
       text.append(line)
@@ -328,6 +341,53 @@ def run_ps(epochs: int, tmp: str) -> dict:
         f"{steps['table_bytes_per_step'][i][0] / 1e3:,.1f} / "
         f"{steps['table_bytes_per_step'][i][1] / 1e3:,.1f} kB)", flush=True)
   return {"trials": rows, "bytes": steps}
+
+
+SIDECAR_TRIALS = ("workers=2,ps=2", "workers=2,ps=2,evaluator=1")
+
+
+def run_sidecar(epochs: int, tmp: str) -> dict:
+  """Training examples/s of the PS MovieLens job validated by the coordinator or by an evaluator.
+
+  Full validation after every epoch (no `num_valid_steps`), so that the
+  coordinator's validation is the real one; the timed window runs from the
+  chief's "Epoch 2/" line to its last epoch's line (epochs 2..N with the
+  validation between them, as the workers see them).
+  """
+  rows = []
+  for spec in SIDECAR_TRIALS:
+    model_dir = f"{tmp}/sidecar_{spec}".replace(",", "_").replace("=", "")
+    cmd, proc = _start_movielens(model_dir, epochs, spec, "pipeline.export_best_model=true")
+    start = end = None
+    epoch_lines, text = 0, []
+    for line in proc.stdout:
+      text.append(line)
+      if line.startswith("Epoch 2/"):
+        start = time.perf_counter()
+      if _EPOCH_LINE.search(line):
+        epoch_lines += 1
+        if epoch_lines == epochs:
+          end = time.perf_counter()
+    if proc.wait() != 0 or start is None or end is None:
+      raise RuntimeError(f"{' '.join(cmd)} failed:\n{''.join(text)[-4000:]}")
+    if not rows:
+      examples = movielens_examples_per_step(model_dir)
+      steps = run_child("ps_bytes", {"model_dir": model_dir, "num_ps": 2})["steps_per_epoch"]
+    log = pathlib.Path(model_dir, "validation.jsonl")
+    validated = len(log.read_text().splitlines()) if "evaluator" in spec else epochs
+    row = {
+        "cluster": spec, "wall_s": end - start,
+        "examples_per_s": steps * (epochs - 1) * examples / (end - start), "validated": validated
+    }
+    rows.append(row)
+    print(
+        f"  movielens {spec}: {row['examples_per_s']:,.0f} training examples/s over epochs "
+        f"2-{epochs} with their validation ({row['wall_s']:.1f} s); checkpoints validated: "
+        f"{validated}", flush=True)
+  print(
+      f"  sidecar / coordinator validation: "
+      f"{rows[1]['examples_per_s'] / rows[0]['examples_per_s']:.2f}x examples/s", flush=True)
+  return {"trials": rows}
 
 
 def child_ps_bytes(model_dir: str, num_ps: int) -> dict:
@@ -468,7 +528,8 @@ def run_restore(restore_only: bool, keys: int, placement: str, json_path: str | 
 def main(argv=None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument(
-      "--only", choices=("replicas", "workers", "ps", "zipf", "restore", "restore_export"),
+      "--only",
+      choices=("replicas", "workers", "ps", "sidecar", "zipf", "restore", "restore_export"),
       action="append", help="which trials to run (repeatable; default: all but restore and "
       "restore_export, which are benchmarks/bench_restore.py and bench_restore_ps.py)")
   parser.add_argument("--zipf-keys", type=int, default=10_000_000, help="keys of the Zipf job")
@@ -514,6 +575,8 @@ def main(argv=None) -> int:
       results["workers"] = run_workers(max(args.epochs, 3), tmp)
     if "ps" in only:
       results["ps"] = run_ps(max(args.epochs, 3), tmp)
+    if "sidecar" in only:
+      results["sidecar"] = run_sidecar(max(args.epochs, 3), tmp)
     if "zipf" in only:
       results["zipf"] = run_zipf(args.zipf_keys, args.zipf_batch, args.zipf_steps, tmp)
   if args.json:

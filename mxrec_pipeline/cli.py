@@ -1,7 +1,7 @@
 """`mxrec-pipeline` command line: train, export, predict, sweep, data fetch.
 
   mxrec-pipeline train configs/movielens_listwise.yaml [--fresh] [--set pipeline.num_epochs=3 ...]
-                 [--local-cluster workers=2[,ps=2]]
+                 [--local-cluster workers=2[,ps=2[,evaluator=1]]]
   mxrec-pipeline train configs/movielens_continuous.yaml --continuous [--poll-s S]
                  [--max-partitions N]
   mxrec-pipeline export configs/movielens_listwise.yaml [--out DIR] [--checkpoint N]
@@ -47,10 +47,27 @@ def _train(args) -> int:
     return _train_continuous(args, config)
   if args.local_cluster is not None:
     return _train_local_cluster(args, config)
+  on_ps = config.pipeline.strategy == hparams.PARAMETER_SERVER
+  cluster = tf_config.from_environment() if on_ps else None
+  if cluster is not None and cluster.is_evaluator:
+    return _evaluate_sidecar(args, config)
   from mxrec_pipeline import jobs  # pylint: disable=import-outside-toplevel
   result = jobs.train(config, verbose=args.verbose, fresh=args.fresh)
   print(f"validation metrics ({config.pipeline.model_dir}/metrics.json):")
   print(jobs.format_metrics(result))
+  return 0
+
+
+def _evaluate_sidecar(args, config: config_lib.JobConfig) -> int:
+  """`train` as a TF_CONFIG "evaluator" task: validates the chief's checkpoints (sidecar.py)."""
+  if not config.pipeline.sidecar_evaluator:
+    raise config_lib.ConfigError(
+        "pipeline.sidecar_evaluator: must be true in every task when the cluster has an "
+        "evaluator task (this one): the chief then leaves validation to it")
+  from mxrec_pipeline import sidecar  # pylint: disable=import-outside-toplevel
+  records = sidecar.evaluate_checkpoints(config, fresh=args.fresh)
+  print(f"sidecar evaluator: validated {len(records)} checkpoint(s); per-checkpoint metrics in "
+        f"{config.pipeline.model_dir}/{sidecar.VALIDATION_LOG}")
   return 0
 
 
@@ -70,19 +87,24 @@ def _train_continuous(args, config: config_lib.JobConfig) -> int:
 
 
 def _train_local_cluster(args, config: config_lib.JobConfig) -> int:
-  """`train --local-cluster workers=N[,ps=M]`: a local cluster running this train command (TF-free).
+  """`train --local-cluster workers=N[,ps=M[,evaluator=1]]`: a local cluster running this command.
 
   workers=N: N copies under MultiWorkerMirroredStrategy. With ps=M: the chief
   runs it under ParameterServerStrategy (the coordinator), N worker and M ps
-  tasks run mxrec_pipeline.cluster.ps_server.
+  tasks run mxrec_pipeline.cluster.ps_server; evaluator=1: an evaluator task
+  runs it too, with `pipeline.sidecar_evaluator=true` (mxrec_pipeline/sidecar.py).
+  TensorFlow-free.
   """
   from mxrec_pipeline.cluster import local  # pylint: disable=import-outside-toplevel
   spec = local.parse_spec(args.local_cluster)
   strategy = hparams.PARAMETER_SERVER if spec.ps else hparams.MULTI_WORKER_MIRRORED
+  overrides = [*args.set, f"pipeline.strategy={strategy}"]
+  if spec.evaluator:  # The chief then skips validation; the evaluator validates.
+    overrides.append("pipeline.sidecar_evaluator=true")
   argv = [
       sys.executable, "-m", "mxrec_pipeline.cli", "train", args.config, f"--verbose={args.verbose}"
   ] + (["--fresh"] if args.fresh else [])
-  for override in [*args.set, f"pipeline.strategy={strategy}"]:
+  for override in overrides:
     argv += ["--set", override]
   log_dir = os.path.join(config.pipeline.model_dir, LOCAL_CLUSTER_LOGS)
   return local.run(lambda task: argv, spec, log_dir)
@@ -164,13 +186,14 @@ def build_parser() -> argparse.ArgumentParser:
       "--max-partitions", type=int,
       help="with --continuous: stop after training this many partitions")
   commands.choices["train"].add_argument(
-      "--local-cluster", metavar="workers=N[,ps=M]",
+      "--local-cluster", metavar="workers=N[,ps=M[,evaluator=1]]",
       help="train on a cluster of N local processes under MultiWorkerMirroredStrategy, each "
       "with TF_CONFIG on free localhost ports; streams the chief's output (worker 0), logs the "
       f"others to model_dir/{LOCAL_CLUSTER_LOGS}/ and stops them all when one fails; with ps=M "
       "under ParameterServerStrategy: a chief (this command, the coordinator), N workers and M "
       "ps tasks, the tables sharded over the ps tasks, a worker that dies started again at its "
-      "address (docs/distributed.md)")
+      "address; evaluator=1 adds a sidecar evaluator task that validates each checkpoint "
+      "instead of the chief (docs/distributed.md)")
   commands.choices["export"].add_argument("--out", help="export directory")
   commands.choices["export"].add_argument(
       "--checkpoint", metavar="N|PATH",

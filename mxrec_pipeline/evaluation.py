@@ -17,6 +17,8 @@ from mxrec_pipeline.keras.pipeline import RANKING_METRICS, build_ranking_metrics
 from mxrec_pipeline.util import model_files
 
 METRICS_FILE = "metrics.json"
+# A sidecar evaluator's line per checkpoint (mxrec_pipeline/sidecar.py).
+VALIDATION_LOG = "validation.jsonl"
 
 
 def evaluate_scores(dataset: tf.data.Dataset, score_fn: Callable[[dict],

@@ -111,6 +111,15 @@ class PipelineHparams:
     sharding: None, or how tables sharded over MultiWorkerMirroredStrategy
       workers route a lookup: {"routing": "all_gather" | "all_to_all" |
       "auto"} (default auto: all_to_all on 2+ workers); see `Sharding`.
+    sidecar_evaluator: Under ParameterServerStrategy only: validation runs
+      in a separate "evaluator" task (mxrec_pipeline/sidecar.py, as
+      tf.keras.utils.SidecarEvaluator) that scores each new checkpoint and
+      writes `validation.jsonl`, the `logs/validation` summaries and the
+      best-model export; the coordinator then validates no epoch (the
+      workers never wait for it) and scores only the final model. False
+      (default): the coordinator validates after each epoch. With
+      `export_best_model`, `best_exporter_metric` must be a ranking metric
+      (the evaluator scores what the export serves, without the loss).
     checkpoint: None, or how epochs' checkpoints save the tables:
       {"full_every_epochs": N} (default 1): a full save every N checkpoints,
       delta checkpoints between (what changed since the previous one); see
@@ -139,6 +148,7 @@ class PipelineHparams:
   warm_start: dict | None = None
   sharding: dict | None = None
   checkpoint: dict | None = None
+  sidecar_evaluator: bool = False
 
   def __post_init__(self):
     if not self.model_dir:
@@ -168,6 +178,13 @@ class PipelineHparams:
       raise ValueError(f"`best_exporter_metric` must be one of "
                        f"{[*RANKING_METRICS, 'loss']}, got {self.best_exporter_metric!r}")
     check_sparse_optimizer(self.sparse_optimizer)
+    if self.sidecar_evaluator:
+      if self.strategy != PARAMETER_SERVER:
+        raise ValueError(f"`sidecar_evaluator` needs strategy {PARAMETER_SERVER!r} (its "
+                         f"coordinator skips validation), got strategy {self.strategy!r}")
+      if self.export_best_model and self.best_exporter_metric == "loss":
+        raise ValueError("`sidecar_evaluator` scores ranking metrics, not the loss: set "
+                         f"`best_exporter_metric` to one of {list(RANKING_METRICS)}")
     if self.warm_start is not None:
       WarmStart.from_dict(self.warm_start)
     Sharding.from_dict(self.sharding)

@@ -51,8 +51,9 @@ from mxrec_pipeline.util import model_files
 RESOLVED_CONFIG = "config.yaml"
 
 
-def _setup(config: config_lib.JobConfig, strategy: tf.distribute.Strategy | None = None,
-           shard_checkpoint_dir: str | None = None):
+def setup(config: config_lib.JobConfig, strategy: tf.distribute.Strategy | None = None,
+          shard_checkpoint_dir: str | None = None):
+  """A job's (ranker, its data paths, the SimplePipeline); prepares the data if needed."""
   ranker = builders.get_builder(config.builder)
   paths = ranker.prepare_data(config.data)
   model_builder = ranker.build_model_builder(config.model, config.pipeline.seed)
@@ -65,8 +66,9 @@ def _setup(config: config_lib.JobConfig, strategy: tf.distribute.Strategy | None
 
 
 # What a training run writes in its model_dir (and `--fresh` removes); metrics.jsonl: a
-# continuous run's per-partition lines.
-RUN_OUTPUTS = ("checkpoints", "logs", "export", evaluation.METRICS_FILE, PROGRESSIVE_LOG)
+# continuous run's per-partition lines; validation.jsonl: a sidecar evaluator's (sidecar.py).
+RUN_OUTPUTS = ("checkpoints", "logs", "export", evaluation.METRICS_FILE, PROGRESSIVE_LOG,
+               evaluation.VALIDATION_LOG)
 
 
 def clear_run_outputs(model_dir: str) -> list[str]:
@@ -114,6 +116,11 @@ def train(config: config_lib.JobConfig, verbose: int = 2,
       (naming this task and the peer TF names); under ParameterServerStrategy,
       a ps or worker task unreachable at the start, or a ps lost (naming it).
   """
+  cluster = _cluster(config)
+  if cluster is not None and cluster.is_evaluator:
+    raise ValueError("this process is the cluster's evaluator task (TF_CONFIG): it validates "
+                     "checkpoints (mxrec_pipeline.sidecar.evaluate_checkpoints, which "
+                     "`mxrec-pipeline train` runs in that task); it does not train")
   # Every worker saves its table shards beside the chief's checkpoints.
   shard_checkpoint_dir = os.path.join(config.pipeline.model_dir, "checkpoints")
   with worker_config(config, fresh) as config, _peer_errors(config), claim(config):
@@ -134,7 +141,7 @@ def train(config: config_lib.JobConfig, verbose: int = 2,
       # strategy is created, before any other op of the process: data
       # preparation runs some.
       strategy = _start_strategy(config)
-    ranker, paths, pipeline = _setup(config, strategy, shard_checkpoint_dir)
+    ranker, paths, pipeline = setup(config, strategy, shard_checkpoint_dir)
     data_report = _check_data(paths, pipeline)
     start = time.perf_counter()
     try:
@@ -386,7 +393,7 @@ def export(config: config_lib.JobConfig, export_dir: str | None = None,
   """
   checkpoint_dir = os.path.join(config.pipeline.model_dir, "checkpoints")
   prefix = _checkpoint_to_export(checkpoint_dir, checkpoint)
-  _, _, pipeline = _setup(config)
+  _, _, pipeline = setup(config)
   if not initialize.is_initialized():
     initialize.init()
   model = pipeline.restore_for_export(prefix)

@@ -8,7 +8,9 @@ writes every other worker's output to a log file. With ps=M
 (ParameterServerStrategy) the command runs as the "chief" task (the
 coordinator) beside N "worker" and M "ps" tasks running
 `python -m mxrec_pipeline.cluster.ps_server`; the job ends when the chief
-ends, and a worker server that dies is started again at its address.
+ends, and a worker server that dies is started again at its address. With
+evaluator=1 the command also runs as a sidecar "evaluator" task
+(mxrec_pipeline/sidecar.py), and the job ends when it ends too.
 `python -m mxrec_pipeline.cluster.local workers=2,ps=2 -- COMMAND...` launches
 any coordinator program this way. Every process started is stopped (SIGTERM,
 then SIGKILL) as soon as one fails, or on Ctrl-C, naming the task and its
@@ -53,27 +55,41 @@ class LocalClusterSpec:
       chief; ParameterServerStrategy: they run what the chief schedules).
     ps: Parameter-server tasks, >= 0; > 0 adds a "chief" task (the
       ParameterServerStrategy coordinator) and the ps tasks.
+    evaluator: 0 or 1 (only with ps > 0): a sidecar "evaluator" task running
+      the chief's command outside the training cluster
+      (mxrec_pipeline/sidecar.py); the job ends when it has validated the
+      last checkpoint.
   """
 
   workers: int
   ps: int = 0
+  evaluator: int = 0
 
   def __post_init__(self):
     if isinstance(self.workers, bool) or not isinstance(self.workers, int) or self.workers < 1:
       raise LocalClusterError(f"`workers` must be a positive int, got {self.workers!r}")
     if isinstance(self.ps, bool) or not isinstance(self.ps, int) or self.ps < 0:
       raise LocalClusterError(f"`ps` must be an int >= 0, got {self.ps!r}")
+    if self.evaluator not in (0, 1) or isinstance(self.evaluator, bool):
+      raise LocalClusterError(f"`evaluator` must be 0 or 1, got {self.evaluator!r}")
+    if self.evaluator and not self.ps:
+      raise LocalClusterError("`evaluator` goes with ParameterServerStrategy: give ps=M too "
+                              "(under MultiWorkerMirroredStrategy the workers validate)")
 
   def tasks(self) -> list[tuple[str, int]]:
-    """(job, index) of every task, the chief first: workers 0..N-1, or chief 0, workers, ps."""
+    """(job, index) of every task, the chief first.
+
+    Workers 0..N-1; with ps: chief 0, the workers, the ps tasks and evaluator 0.
+    """
     workers = [(tf_config.WORKER, i) for i in range(self.workers)]
     if not self.ps:
       return workers
-    return [(tf_config.CHIEF, 0), *workers, *((tf_config.PS, i) for i in range(self.ps))]
+    return [(tf_config.CHIEF, 0), *workers, *((tf_config.PS, i) for i in range(self.ps)),
+            *((tf_config.EVALUATOR, 0),) * self.evaluator]
 
 
 def parse_spec(text: str) -> LocalClusterSpec:
-  """Parses `workers=N[,ps=M]`, e.g. "workers=2".
+  """Parses `workers=N[,ps=M[,evaluator=1]]`, e.g. "workers=2".
 
   Raises:
     LocalClusterError: an unknown key, a key twice, a value that is not an
@@ -83,8 +99,9 @@ def parse_spec(text: str) -> LocalClusterSpec:
   for part in text.split(","):
     key, sep, value = part.strip().partition("=")
     key = key.strip()
-    if not sep or key not in ("workers", "ps"):
-      raise LocalClusterError(f"--local-cluster {text!r}: expected workers=N[,ps=M], got {part!r}")
+    if not sep or key not in ("workers", "ps", "evaluator"):
+      raise LocalClusterError(f"--local-cluster {text!r}: expected workers=N[,ps=M[,evaluator=1]], "
+                              f"got {part!r}")
     if key in values:
       raise LocalClusterError(f"--local-cluster {text!r}: `{key}` is given twice")
     if not value.strip().isdigit():
@@ -153,10 +170,15 @@ def _bindable(host: str, port: int) -> bool:
 
 
 def cluster_tf_configs(spec: LocalClusterSpec, host: str = "localhost") -> list[str]:
-  """The TF_CONFIG of each task of `spec` (in `spec.tasks()` order) on free ports of `host`."""
+  """The TF_CONFIG of each task of `spec` (in `spec.tasks()` order) on free ports of `host`.
+
+  An evaluator is outside the training cluster (TF's convention): its
+  TF_CONFIG names the cluster and its own task, no address of its own.
+  """
   tasks = spec.tasks()
+  training = [(job, index) for job, index in tasks if job != tf_config.EVALUATOR]
   cluster: dict[str, list[str]] = {}
-  for (job, _), port in zip(tasks, free_ports(len(tasks), host)):
+  for (job, _), port in zip(training, free_ports(len(training), host)):
     cluster.setdefault(job, []).append(f"{host}:{port}")
   return [tf_config.dumps(cluster, job, index) for job, index in tasks]
 
@@ -188,12 +210,13 @@ def run(command: Callable[[int], Sequence[str]], spec: LocalClusterSpec, log_dir
         max_worker_restarts: int = DEFAULT_WORKER_RESTARTS) -> int:
   """Runs a local cluster until every task ends, or one fails; returns an exit status.
 
-  Task i runs `command(i)` (with ps > 0: the chief runs `command(0)`, the
-  worker and ps tasks `server_command()`) with TF_CONFIG (`cluster_tf_configs`) added to
-  `env` (default: os.environ), PYTHONUNBUFFERED=1 and TMPDIR set to a new
-  temporary directory, deleted when all tasks ended (with what a killed
-  task left there). The chief (worker 0, or chief 0 with ps > 0)
-  writes to this process's stdout and stderr; the other tasks to
+  Task i runs `command(i)` (with ps > 0: the chief and an evaluator run
+  `command(0)`, the worker and ps tasks `server_command()`) with TF_CONFIG
+  (`cluster_tf_configs`) added to `env` (default: os.environ),
+  PYTHONUNBUFFERED=1 and TMPDIR set to a new temporary directory, deleted
+  when all tasks ended (with what a killed task left there). The chief
+  (worker 0, or chief 0 with ps > 0) writes to this process's stdout and
+  stderr; the other tasks to
   `log_dir/<job>-<i>.log`. Each task dies with this process (Linux
   PR_SET_PDEATHSIG), so none outlives a launcher that is killed.
 
@@ -244,7 +267,7 @@ def run(command: Callable[[int], Sequence[str]], spec: LocalClusterSpec, log_dir
     base_env = {**(os.environ if env is None else env), "PYTHONUNBUFFERED": "1", "TMPDIR": scratch}
     for (job, index), config in zip(spec.tasks(), cluster_tf_configs(spec)):
       task_env = {**base_env, tf_config.ENV_VAR: config}
-      serves = bool(spec.ps) and job != tf_config.CHIEF
+      serves = bool(spec.ps) and job not in (tf_config.CHIEF, tf_config.EVALUATOR)
       argv = (server_argv or server_command()) if serves else command(index)
       tasks.append(_start(job, index, argv, task_env, log_dir, chief=not tasks, serves=serves))
     for task in tasks:

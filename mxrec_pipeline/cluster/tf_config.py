@@ -88,6 +88,11 @@ class TFConfig:
     return (self.task_type, self.task_index) == self.chief
 
   @property
+  def is_evaluator(self) -> bool:
+    """Whether this process is the sidecar evaluator (task type "evaluator", sidecar.py)."""
+    return self.task_type == EVALUATOR
+
+  @property
   def num_workers(self) -> int:
     """Tasks that train in lockstep under MultiWorkerMirroredStrategy: chief + workers."""
     return len(self.cluster.get(CHIEF, ())) + len(self.cluster.get(WORKER, ()))
@@ -122,7 +127,9 @@ def parse(text: str) -> TFConfig:
     TFConfigError: not JSON or not an object; no "cluster" or "task"; an
       unknown job name; a job that is not a non-empty list of distinct
       "host:port" strings; more than one chief; no chief or worker; a task
-      whose type is not a job of the cluster or whose index is out of range.
+      whose type is not a job of the cluster or whose index is out of range
+      (an "evaluator" task may be outside the cluster, as TF's sidecar
+      evaluator is: then its index is 0).
       The message names the key or task.
   """
   try:
@@ -194,6 +201,12 @@ def _parse_task(task, cluster: dict[str, tuple[str, ...]]) -> tuple[str, int]:
     if key not in task:
       raise TFConfigError(f"{ENV_VAR}['task'] has no '{key}'")
   task_type, index = task["type"], task["index"]
+  if task_type == EVALUATOR and EVALUATOR not in cluster:
+    # TF's convention: the evaluator is outside the training cluster (it reads checkpoints).
+    if index != 0 or isinstance(index, bool):
+      raise TFConfigError(f"{ENV_VAR}['task'] is evaluator {index!r}: an evaluator outside the "
+                          "cluster is evaluator 0")
+    return task_type, index
   if task_type not in cluster:
     raise TFConfigError(f"{ENV_VAR}['task']['type'] is {task_type!r}, not a job of the cluster "
                         f"{sorted(cluster)}")

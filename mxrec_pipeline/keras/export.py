@@ -22,10 +22,11 @@ See docs/architecture.md#serving.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Iterator, Mapping, Sequence
 
 import tensorflow as tf
 import tensorflow_ranking as tfr
@@ -133,6 +134,34 @@ class ServingModule(tf.Module):
     return specs
 
 
+@contextlib.contextmanager
+def serving_module(model, context_feature_spec, example_feature_spec, mask_feature_name: str,
+                   sparse_features: Sequence[SparseFeature],
+                   snapshots: Mapping | None = None) -> Iterator[ServingModule]:
+  """The ServingModule of `model`, its sparse layers reading the snapshots while open.
+
+  What `export_serving_model` saves, usable in this process too:
+  `module.score(features)` scores raw features as the export serves them
+  (mxrec_pipeline/sidecar.py validates checkpoints with it). Arguments as
+  `export_serving_model`'s. On exit the layers read their tables again.
+  """
+  module = ServingModule(model, context_feature_spec, example_feature_spec, mask_feature_name,
+                         sparse_features, snapshots)
+  sparse_layers = [
+      layer for layer in getattr(model, "_sparse_layers", [])
+      if layer.feature.table in module.serving_rows
+  ]
+  try:
+    for layer in sparse_layers:  # The serving functions read the snapshots.
+      name = layer.feature.table
+      set_serving_snapshot(layer, module.serving_rows[name],
+                           module.lookup_tables[name] if isinstance(layer, ShardedLookup) else None)
+    yield module
+  finally:
+    for layer in sparse_layers:
+      set_serving_snapshot(layer, None)
+
+
 def export_serving_model(model, export_dir: str, context_feature_spec, example_feature_spec,
                          mask_feature_name: str, sparse_features: Sequence[SparseFeature],
                          before_rename: Callable[[str], None] | None = None,
@@ -161,17 +190,8 @@ def export_serving_model(model, export_dir: str, context_feature_spec, example_f
   Returns:
     export_dir.
   """
-  module = ServingModule(model, context_feature_spec, example_feature_spec, mask_feature_name,
-                         sparse_features, snapshots)
-  sparse_layers = [
-      layer for layer in getattr(model, "_sparse_layers", [])
-      if layer.feature.table in module.serving_rows
-  ]
-  try:
-    for layer in sparse_layers:  # The serving functions read the snapshots.
-      name = layer.feature.table
-      set_serving_snapshot(layer, module.serving_rows[name],
-                           module.lookup_tables[name] if isinstance(layer, ShardedLookup) else None)
+  with serving_module(model, context_feature_spec, example_feature_spec, mask_feature_name,
+                      sparse_features, snapshots) as module:
     signatures = {
         "serving_default": tf.function(
             module.serve_elwc,
@@ -193,7 +213,4 @@ def export_serving_model(model, export_dir: str, context_feature_spec, example_f
     with storage.full_storage_named(f"export {os.path.basename(export_dir)}", export_dir,
                                     "the previous export there is intact"):
       atomic_dir.write_dir_atomically(export_dir, write, before_rename=before_rename)
-  finally:
-    for layer in sparse_layers:
-      set_serving_snapshot(layer, None)
   return export_dir

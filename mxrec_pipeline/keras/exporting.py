@@ -11,10 +11,12 @@ compile functions; it holds no state of its own beyond the export's sources.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
 import tempfile
+from typing import Callable, Iterator
 
 import tensorflow as tf
 
@@ -40,7 +42,7 @@ class PipelineExport:
 
   Expects the attributes ModelFitPipeline sets (`_model_builder`,
   `_dataset_builder`, `_hparams`, `_placement`, `_strategy_in_use`,
-  `_sharded_tables`, `_export_source`, `_export_scratch`, `_exports`,
+  `_sharded_tables`, `_export_source`, `_export_scratch`, `_export_snapshots`, `_exports`,
   `_faults`, `_run_config`) and its `_compile`, `_sparse_optimizer` and `_use`.
   """
 
@@ -69,6 +71,7 @@ class PipelineExport:
         the checkpoint's (TF's restore); a variable the checkpoint lacks
         (e.g. a config with more hidden layers than the run's), named.
     """
+    self._export_source = self._export_snapshots = None
     number = int(checkpoint.rsplit("-", 1)[1])
     shards_dir = table_checkpoints.shards_path(os.path.dirname(checkpoint), number)
     placement = manifest.tables_placement(checkpoint)
@@ -112,15 +115,7 @@ class PipelineExport:
     """
     snapshots = staging = None
     if self._export_source is not None:  # restore_for_export of a sharded run's checkpoint.
-      try:
-        snapshots = {
-            name: distributed_export.files_snapshot(self._export_source, name)
-            for name in self._sharded_tables
-        }
-      finally:
-        if self._export_scratch is not None:
-          model_files.remove(self._export_scratch)
-          self._export_scratch = None
+      snapshots = self._restored_snapshots()
     elif self._placement.sharded:  # Built one shard at a time by the chief, or the coordinator.
       self._exports += 1
       staging = distributed_export.staging_path(self._shard_dir(), self._exports)
@@ -134,6 +129,42 @@ class PipelineExport:
     finally:
       if staging is not None:
         distributed_export.remove_staging(staging)
+
+  @contextlib.contextmanager
+  def serving_scorer(self, model) -> Iterator[Callable[[dict], tf.Tensor]]:
+    """Scores raw features with `model` as its export would serve them, while open.
+
+    For the model `restore_for_export` returned (mxrec_pipeline/sidecar.py
+    validates checkpoints with it): yields features (as
+    `build_raw_valid_dataset` gives them) -> [batch_size, list_size] float32
+    scores, computed by the ServingModule `export_saved_model` saves (the
+    same snapshots of the tables: absent ids read the zero row).
+    """
+    builder = self._dataset_builder
+    with export_lib.serving_module(
+        model,
+        builder._context_feature_spec,  # pylint: disable=protected-access
+        builder._example_feature_spec,  # pylint: disable=protected-access
+        builder._mask_feature_name,  # pylint: disable=protected-access
+        builder.sparse_features,
+        snapshots=self._restored_snapshots() if self._export_source is not None else None,
+    ) as module:
+      score = tf.function(lambda features: module.score(features)[export_lib.OUTPUT_KEY])
+      yield score
+
+  def _restored_snapshots(self) -> dict:
+    """Table name -> serving snapshot of the shards restore_for_export found, read once."""
+    if self._export_snapshots is None:
+      try:
+        self._export_snapshots = {
+            name: distributed_export.files_snapshot(self._export_source, name)
+            for name in self._sharded_tables
+        }
+      finally:
+        if self._export_scratch is not None:
+          model_files.remove(self._export_scratch)
+          self._export_scratch = None
+    return self._export_snapshots
 
   def _shard_dir(self) -> str:
     """Where every worker writes table shards (checkpoints, export staging)."""

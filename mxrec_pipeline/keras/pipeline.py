@@ -116,6 +116,7 @@ class ModelFitPipeline(training.EpochLoops, exporting.PipelineExport, AbstractPi
     self._exports = 0  # Exports so far: each stages its shards in its own directory.
     self._export_source = None  # The shards' directory of restore_for_export's checkpoint.
     self._export_scratch = None  # Its delta chain merged, removed after the export.
+    self._export_snapshots = None  # Its tables' serving snapshots, read once.
     self._run_config = run_config
     self._faults = faults_lib.FaultPoints()  # train_and_validate reads MXREC_FAULT.
     self.checkpoint = None
@@ -165,7 +166,8 @@ class ModelFitPipeline(training.EpochLoops, exporting.PipelineExport, AbstractPi
         tf.keras.callbacks.TensorBoard(os.path.join(hparams.model_dir, "logs")),
     ]
     # The best-model export comes before the checkpoint, which then holds its BestMetric.
-    if hparams.export_best_model:
+    # With a sidecar evaluator, that task exports the best model (mxrec_pipeline/sidecar.py).
+    if hparams.export_best_model and not hparams.sidecar_evaluator:
       monitor = ("val_loss" if hparams.best_exporter_metric == "loss" else "val_" +
                  metric_name(hparams.best_exporter_metric))
       callbacks.append(

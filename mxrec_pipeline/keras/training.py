@@ -108,11 +108,14 @@ class EpochLoops:
     Each epoch is one model.fit over `ps.per_worker_dataset` of the epoch's
     batches, steps_per_epoch of them (the plan's, or one pass), with
     validation on the coordinator (`ps.CoordinatorValidation`, first among
-    the callbacks so the others see its `val_*` logs).
+    the callbacks so the others see its `val_*` logs), or none with
+    `hparams.sidecar_evaluator` (an evaluator task validates the
+    checkpoints: mxrec_pipeline/sidecar.py).
     """
     hparams = self._hparams
-    validation = ps.CoordinatorValidation(self._evaluate_on_coordinator)
-    run_callbacks = callbacks_lib.RunCallbacks([validation, *self.build_callbacks(model)] +
+    validation = ([] if hparams.sidecar_evaluator else
+                  [ps.CoordinatorValidation(self._evaluate_on_coordinator)])
+    run_callbacks = callbacks_lib.RunCallbacks([*validation, *self.build_callbacks(model)] +
                                                list(callbacks), model, verbose, epochs=len(plan))
     one_pass = (self._data.count_batches(True) if None in plan[start_epoch:] else None)
     run_callbacks.begin_run()

@@ -4,7 +4,8 @@ The Keras pipeline's tables sharded by key over 2 ps tasks (keras/ps.py over
 distributed.PSShardedTable), against one process: with 1 worker the steps run
 in schedule order, so per-epoch losses, validation metrics and every table's
 rows by key in the export equal one process's, also across a stop after
-epoch 1 on 2 ps tasks and a resume on 1 (the shards re-sharded, no key lost).
+epoch 1 on 2 ps tasks and a resume on 1 (the shards re-sharded, no key lost)
+with a sidecar evaluator validating the checkpoints instead of the chief.
 With 2 workers training is asynchronous: metrics close to one process's, and
 the export serves in a fresh process with plain TensorFlow, as does
 `mxrec-pipeline export` of the run's checkpoint (one process, no cluster).
@@ -12,6 +13,7 @@ the export serves in a fresh process with plain TensorFlow, as does
 
 import json
 import pathlib
+import shutil
 import subprocess
 import sys
 
@@ -21,7 +23,10 @@ import tensorflow as tf
 
 import cluster_testlib as lib
 from mxrec_pipeline import cli
+from mxrec_pipeline import config as config_lib
+from mxrec_pipeline import sidecar
 from mxrec_pipeline.evaluation import METRICS_FILE
+from mxrec_pipeline.util import initialize
 
 pytestmark = [pytest.mark.slow, pytest.mark.cluster]
 
@@ -75,7 +80,9 @@ def test_one_worker_trains_and_resumes_on_another_ps_count_as_one_process(moviel
   model_dir = tmp_path / "run_ps"
   # Epoch 1 of 2 on 2 ps tasks, then the same job on 1: it resumes from the per-ps shards.
   _launch("workers=1,ps=2", tmp_path, data_dir, model_dir, num_epochs=1, num_train_steps=3)
-  out = _launch("workers=1,ps=1", tmp_path, data_dir, model_dir)
+  # Resumed with a sidecar evaluator: it validates the checkpoints, the chief none.
+  out = _launch("workers=1,ps=1,evaluator=1", tmp_path, data_dir, model_dir,
+                export_best_model="true")
   assert "1 epoch(s) and 3 step(s) done, continuing at epoch 2 of 2" in out
   for number, names in ((1, ["shard-0-of-2.index",
                              "shard-1-of-2.index"]), (2, ["shard-0-of-1.index"])):
@@ -91,6 +98,17 @@ def test_one_worker_trains_and_resumes_on_another_ps_count_as_one_process(moviel
   metrics = [json.loads((d / METRICS_FILE).read_text())["model"] for d in (model_dir, run1)]
   assert metrics[0] == pytest.approx(metrics[1], abs=1e-5)
   assert 0.0 < metrics[0]["ndcg@1"] < 1.0  # Validation that can tell models apart.
+  # The evaluator's last checkpoint is the chief's final model; each it validated (ckpt-1
+  # too unless ckpt-2 came first) scores as the one-process run's validation of that epoch.
+  records = sidecar.read_log(str(model_dir))
+  assert records[-1]["checkpoint"] == 2 and records[-1]["metrics"] == pytest.approx(
+      metrics[0], abs=1e-5)
+  for record in records:
+    assert lib.scalars(run1, "validation", "epoch_ndcg_10")[record["checkpoint"] - 1] == \
+        pytest.approx(record["metrics"]["ndcg@10"], abs=1e-5)
+  assert records[0]["best"] and (model_dir / "export" / "best_model_by_metric").is_dir()
+  assert "sidecar evaluator: validated" in (model_dir / "local_cluster" /
+                                            "evaluator-0.log").read_text()
   rows = [_serving_rows(d) for d in (model_dir, run1)]
   for table in TABLES:  # The export gathered every shard: each key's row, in key order.
     assert rows[0][table].shape == rows[1][table].shape, table
@@ -111,3 +129,30 @@ def test_two_workers_train_asynchronously_and_the_export_serves_with_plain_tf(mo
 
   # It serves with plain TF, as does `mxrec-pipeline export` of its checkpoint, in one process.
   lib.check_export_of_sharded_checkpoint(tmp_path, data_dir, model_dir)
+
+
+def test_sidecar_evaluator_scores_the_newest_checkpoint_as_the_run_validated_it(movielens):
+  tmp_path, data_dir, run1 = movielens
+  model_dir = tmp_path / "run1_evaluated"
+  shutil.copytree(run1, model_dir)
+  config = config_lib.load(
+      CONFIG,
+      lib.movielens_overrides(tmp_path, data_dir, model_dir, strategy="null",
+                              export_best_model="true")[1::2])
+  lines = []
+
+  records = sidecar.evaluate_checkpoints(config, poll_s=0.01, log=lines.append)
+
+  # ckpt-2 is the newest when it starts: ckpt-1 is skipped, as SidecarEvaluator does.
+  assert [r["checkpoint"] for r in records] == [2] and records[0]["best"]
+  final = json.loads((run1 / METRICS_FILE).read_text())["model"]
+  assert records[0]["metrics"] == pytest.approx(final, abs=1e-5)
+  for key, value in records[0]["metrics"].items():  # Keras' validation of epoch 2, the same.
+    tag = "epoch_" + key.replace("@", "_")
+    assert lib.scalars(run1, "validation", tag)[-1] == pytest.approx(value, abs=1e-5), key
+  assert (model_dir / "export" / "best_model_by_metric" / "saved_model.pb").exists()
+  assert sidecar.read_log(str(model_dir)) == records
+  assert "ckpt-2" in lines[0] and "(best, exported)" in lines[0]
+  # Restarted: checkpoint 2 is recorded, so nothing is left to validate.
+  assert sidecar.evaluate_checkpoints(config, poll_s=0.01, log=lines.append) == []
+  initialize.terminate_config_initializer()

@@ -17,6 +17,7 @@ import pytest
 import tensorflow as tf
 
 import keras_testlib as lib
+from mxrec_pipeline import cli as cli_lib
 from mxrec_pipeline import jobs
 from mxrec_pipeline.data import elwc
 from mxrec_pipeline.distributed import shard_files
@@ -299,17 +300,29 @@ def test_export_of_a_checkpoint_lacking_a_variable_is_refused(task, uninterrupte
     initialize.terminate_config_initializer()
 
 
-def test_cli_resumes_extends_exports_refuses_and_starts_fresh(tmp_path):
-  """The main job's config (best-model export on) on MovieLens, through the CLI."""
+def test_cli_resumes_extends_exports_refuses_and_starts_fresh(tmp_path, capsys):
+  """The main job's config (best-model export on) on MovieLens, through the CLI.
+
+  Trainings run as subprocesses, as a user runs them; the commands that stop
+  at a check run in this process (`cli.main`, the same exit status and
+  stderr). LambdaMART, not the subject here, is off.
+  """
   repo = HERE.parents[1]
   model_dir = tmp_path / "run"
   config = str(repo / "configs" / "movielens_listwise.yaml")
   sets = [
       f"pipeline.model_dir={model_dir}", "pipeline.num_epochs=2", "pipeline.num_train_steps=2",
-      "pipeline.num_valid_steps=1", "pipeline.strategy=null"
+      "pipeline.num_valid_steps=1", "pipeline.strategy=null", "lambdamart.enabled=false"
   ]
-  base = [sys.executable, "-m", "mxrec_pipeline.cli", "train", config, "--verbose", "0"]
-  base += [a for s in sets for a in ("--set", s)]
+  set_args = [a for s in sets for a in ("--set", s)]
+
+  def in_process(*args) -> tuple[int, str]:
+    """`mxrec-pipeline ARGS` in this process: (exit status, stderr)."""
+    capsys.readouterr()
+    code = cli_lib.main(list(args))
+    return code, capsys.readouterr().err
+
+  base = [sys.executable, "-m", "mxrec_pipeline.cli", "train", config, "--verbose", "0", *set_args]
 
   def cli(*args, command=None):
     return subprocess.run([*(command or base), *args], capture_output=True, text=True, cwd=repo,
@@ -335,31 +348,30 @@ def test_cli_resumes_extends_exports_refuses_and_starts_fresh(tmp_path):
   assert record["run"]["tables"]["user"]["dim"] == 16
   # Any kept checkpoint exports and serves in plain TF.
   out = tmp_path / "ckpt-3_export"
-  exported = cli("--checkpoint", "3", "--out", str(out), *[a for s in sets for a in ("--set", s)],
+  exported = cli("--checkpoint", "3", "--out", str(out), *set_args,
                  command=[sys.executable, "-m", "mxrec_pipeline.cli", "export", config])
   assert exported.returncode == 0, exported.stderr[-3000:]
   assert exported.stdout.strip().endswith(str(out))
   assert "serving_default" in tf.saved_model.load(str(out)).signatures
-  missing = cli("--checkpoint", "9", *[a for s in sets for a in ("--set", s)],
-                command=[sys.executable, "-m", "mxrec_pipeline.cli", "export", config])
-  assert missing.returncode == 2
-  assert "no checkpoint" in missing.stderr and "ckpt-9" in missing.stderr
-  assert "'ckpt-2', 'ckpt-3', 'ckpt-4'" in missing.stderr
+  code, err = in_process("export", config, "--checkpoint", "9", *set_args)
+  assert code == 2
+  assert "no checkpoint" in err and "ckpt-9" in err
+  assert "'ckpt-2', 'ckpt-3', 'ckpt-4'" in err
   # A live job's claim on the model_dir refuses a second job, naming the holder.
   holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
   try:
     (model_dir / ".mxrec_lock.json").write_text(
         json.dumps({"host": socket.gethostname(), "pid": holder.pid, "heartbeat": time.time()}))
-    busy = cli()
-    assert busy.returncode == 2
-    assert f"is in use by another job (host {socket.gethostname()}, pid {holder.pid}" in (
-        busy.stderr)
+    code, err = in_process("train", config, "--verbose", "0", *set_args)
+    assert code == 2
+    assert f"is in use by another job (host {socket.gethostname()}, pid {holder.pid}" in err
   finally:
     holder.kill()
     holder.wait()
-  refused = cli("--set", "pipeline.resume=false")
-  assert refused.returncode == 2
-  assert "error:" in refused.stderr and "holds checkpoint ckpt-4" in refused.stderr
+  code, err = in_process("train", config, "--verbose", "0", *set_args, "--set",
+                         "pipeline.resume=false")
+  assert code == 2
+  assert "error:" in err and "holds checkpoint ckpt-4" in err
   fresh = cli("--fresh")
   assert fresh.returncode == 0, fresh.stderr[-3000:]
   assert f"--fresh: removed {model_dir / 'checkpoints'}" in fresh.stdout
