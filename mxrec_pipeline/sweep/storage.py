@@ -131,6 +131,11 @@ def open_storage(config: config_lib.SweepConfig) -> optuna.storages.RDBStorage:
     return create()
   except (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.ProgrammingError):
     return create()  # Another machine created the tables at the same moment; now they exist.
+  except sqlalchemy.exc.OperationalError as e:
+    # SQLite's form of the same race: "table studies already exists".
+    if "already exists" not in str(e):
+      raise
+    return create()
 
 
 def count_states(study: optuna.Study) -> dict[TrialState, int]:

@@ -303,10 +303,9 @@ def fill(text: str, values: dict) -> str:
   return text
 
 
-def run_case(case, tmp: pathlib.Path, pythonpath: str, model: str = "", pg: str = ""):
-  """Runs a case's command in a subprocess; returns (exit status, stdout, stderr)."""
+def _write_files(case, tmp: pathlib.Path, values: dict) -> list[str]:
+  """Writes a case's input files under `tmp`; returns its arguments, filled in."""
   _, args, files, _, _ = case
-  values = {"tmp": str(tmp), "model": model, "repo": str(REPO), "pg": pg}
   for name, content in files.items():
     path = tmp / name
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -314,10 +313,39 @@ def run_case(case, tmp: pathlib.Path, pythonpath: str, model: str = "", pg: str 
       path.write_bytes(content.replace(b"{tmp}", str(tmp).encode()))
     else:
       path.write_text(fill(content, values))
+  return [fill(a, values) for a in args]
+
+
+def run_case_in_process(case, tmp: pathlib.Path, model: str = "", pg: str = ""):
+  """Runs a case's command as `cli.main` in this process, in `tmp`: (exit status, stdout, stderr).
+
+  The same code as the subprocess (`run_case`) without a new interpreter and
+  TensorFlow import; an exception that escapes `cli.main` becomes a
+  "Traceback" in stderr, as the command would print it.
+  """
+  import contextlib  # pylint: disable=import-outside-toplevel
+  import io  # pylint: disable=import-outside-toplevel
+  import traceback  # pylint: disable=import-outside-toplevel
+  from mxrec_pipeline import cli  # pylint: disable=import-outside-toplevel
+  args = _write_files(case, tmp, {"tmp": str(tmp), "model": model, "repo": str(REPO), "pg": pg})
+  out, err = io.StringIO(), io.StringIO()
+  with contextlib.chdir(tmp), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+    try:
+      code = cli.main(args)
+    except SystemExit as e:  # argparse's usage errors.
+      code = e.code if isinstance(e.code, int) else 1
+    except Exception:  # pylint: disable=broad-except
+      traceback.print_exc()
+      code = 1
+  return code, out.getvalue(), err.getvalue()
+
+
+def run_case(case, tmp: pathlib.Path, pythonpath: str, model: str = "", pg: str = ""):
+  """Runs a case's command in a subprocess; returns (exit status, stdout, stderr)."""
+  args = _write_files(case, tmp, {"tmp": str(tmp), "model": model, "repo": str(REPO), "pg": pg})
   env = {**os.environ, "PYTHONPATH": pythonpath, "TF_CPP_MIN_LOG_LEVEL": "3"}
-  process = subprocess.run(
-      [sys.executable, "-m", "mxrec_pipeline.cli", *(fill(a, values) for a in args)], cwd=tmp,
-      env=env, capture_output=True, text=True, timeout=TIMEOUT_S, check=False)
+  process = subprocess.run([sys.executable, "-m", "mxrec_pipeline.cli", *args], cwd=tmp, env=env,
+                           capture_output=True, text=True, timeout=TIMEOUT_S, check=False)
   return process.returncode, process.stdout, process.stderr
 
 

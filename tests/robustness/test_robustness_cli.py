@@ -1,7 +1,9 @@
 """Bad input through the command line: exit status 2 and one line naming the culprit.
 
-The table is robustness_cases.CASES; each case runs `mxrec-pipeline` in a
-subprocess. Predict cases score with tiny_model.py's SavedModel (untrained);
+The table is robustness_cases.CASES; each case runs `mxrec-pipeline`: sweep
+cases in a subprocess, the others as `cli.main` in this process (the same
+code, without a TensorFlow import per case; `python robustness_cases.py`
+runs them all as subprocesses). Predict cases score with tiny_model.py's SavedModel (untrained);
 the PostgreSQL cases use test_sweep_postgres's server; data cases train on tiny
 files (robustness_cases.METRICS checks the metrics.json of those that train).
 """
@@ -14,6 +16,7 @@ import subprocess
 import sys
 
 import pytest
+import tensorflow as tf
 
 import robustness_cases as cases
 from test_sweep_postgres import postgres_url  # noqa: F401  pylint: disable=unused-import (a fixture)
@@ -42,7 +45,11 @@ def test_case(case, tmp_path, request):
     pg = request.getfixturevalue("postgres_url").rsplit("@", 1)[1].split("/")[0]
   if any("pymysql" in a for a in args) and importlib.util.find_spec("pymysql"):
     pytest.skip("pymysql is installed: no missing driver to report")
-  code, out, err = cases.run_case(case, tmp_path, _pythonpath(), model, pg)
+  if args[0] == "sweep":  # Sweeps start worker processes and handle signals: a subprocess.
+    code, out, err = cases.run_case(case, tmp_path, _pythonpath(), model, pg)
+  else:
+    code, out, err = cases.run_case_in_process(case, tmp_path, model, pg)
+    tf.keras.backend.clear_session()
   values = {"tmp": str(tmp_path), "model": model, "repo": str(cases.REPO), "pg": pg}
   outcome = cases.classify(case, code, out, err, values)
   assert outcome == ("ok" if expected_code == 0 else "clear error"), (code, out, err[-2000:])

@@ -9,6 +9,7 @@ import sys
 import numpy as np
 import optuna
 import pytest
+import sqlalchemy
 import tensorflow as tf
 import yaml
 
@@ -235,3 +236,24 @@ def test_a_study_resumes_only_with_its_own_search_space_and_objective(tmp_path):
   minimize = _load(tmp_path, {**BASE, "objective": {"direction": "minimize"}})
   with pytest.raises(config_lib.SweepConfigError, match=r"differs in \['objective'\]"):
     runner.open_study(minimize, storage)
+
+
+@pytest.mark.parametrize("message, retried", [("table studies already exists", True),
+                                              ("database is locked", False)])
+def test_storage_created_by_another_process_at_the_same_moment_is_opened(
+    tmp_path, monkeypatch, message, retried):
+  config = _load(tmp_path, BASE)
+  real, calls = optuna.storages.RDBStorage, []
+
+  def racing(*args, **kwargs):  # The first create loses SQLite's race (or fails otherwise).
+    calls.append(1)
+    if len(calls) == 1:
+      raise sqlalchemy.exc.OperationalError("CREATE TABLE studies", {}, Exception(message))
+    return real(*args, **kwargs)
+
+  monkeypatch.setattr(optuna.storages, "RDBStorage", racing)
+  if retried:
+    assert storage_lib.open_storage(config) is not None and len(calls) == 2
+  else:
+    with pytest.raises(sqlalchemy.exc.OperationalError, match="database is locked"):
+      storage_lib.open_storage(config)
