@@ -131,15 +131,29 @@ def test_two_workers_train_asynchronously_and_the_export_serves_with_plain_tf(mo
   lib.check_export_of_sharded_checkpoint(tmp_path, data_dir, model_dir)
 
 
-def test_sidecar_evaluator_scores_the_newest_checkpoint_as_the_run_validated_it(movielens):
+def test_sidecar_evaluator_scores_the_newest_checkpoint_as_the_run_validated_it(
+    movielens, monkeypatch):
   tmp_path, data_dir, run1 = movielens
   model_dir = tmp_path / "run1_evaluated"
-  shutil.copytree(run1, model_dir)
+  shutil.copytree(run1, model_dir)  # Times kept: its checkpoints predate the evaluator.
   config = config_lib.load(
       CONFIG,
       lib.movielens_overrides(tmp_path, data_dir, model_dir, strategy="null",
                               export_best_model="true")[1::2])
   lines = []
+
+  class Waited(Exception):
+    pass
+
+  def wait(_):
+    raise Waited
+
+  # Beside a `--fresh` chief, checkpoints older than the evaluator are an earlier run's: it waits.
+  monkeypatch.setattr(sidecar.time, "sleep", wait)
+  with pytest.raises(Waited):
+    sidecar.evaluate_checkpoints(config, fresh=True, log=lines.append)
+  assert not lines and not (model_dir / sidecar.VALIDATION_LOG).exists()
+  monkeypatch.undo()
 
   records = sidecar.evaluate_checkpoints(config, poll_s=0.01, log=lines.append)
 
