@@ -140,15 +140,8 @@ class PipelineExport:
     scores, computed by the ServingModule `export_saved_model` saves (the
     same snapshots of the tables: absent ids read the zero row).
     """
-    builder = self._dataset_builder
-    with export_lib.serving_module(
-        model,
-        builder._context_feature_spec,  # pylint: disable=protected-access
-        builder._example_feature_spec,  # pylint: disable=protected-access
-        builder._mask_feature_name,  # pylint: disable=protected-access
-        builder.sparse_features,
-        snapshots=self._restored_snapshots() if self._export_source is not None else None,
-    ) as module:
+    snapshots = self._restored_snapshots() if self._export_source is not None else None
+    with export_lib.serving_module(model, *self._serving_features(), snapshots) as module:
       score = tf.function(lambda features: module.score(features)[export_lib.OUTPUT_KEY])
       yield score
 
@@ -170,18 +163,19 @@ class PipelineExport:
     """Where every worker writes table shards (checkpoints, export staging)."""
     return self._shard_checkpoint_dir or os.path.join(self._hparams.model_dir, "checkpoints")
 
-  def _export_with(self, model, export_to: str, snapshots) -> str:
+  def _serving_features(self) -> tuple:
+    """(context spec, example spec, mask name, sparse features) of what the export serves."""
     builder = self._dataset_builder
-    return export_lib.export_serving_model(
-        model,
-        export_to,
-        context_feature_spec=builder._context_feature_spec,  # pylint: disable=protected-access
-        example_feature_spec=builder._example_feature_spec,  # pylint: disable=protected-access
-        mask_feature_name=builder._mask_feature_name,  # pylint: disable=protected-access
-        sparse_features=builder.sparse_features,
-        before_rename=lambda _: self._faults.reach("export"),
-        snapshots=snapshots,
-        run_info=self.run_info())
+    return (
+        builder._context_feature_spec,  # pylint: disable=protected-access
+        builder._example_feature_spec,  # pylint: disable=protected-access
+        builder._mask_feature_name,  # pylint: disable=protected-access
+        builder.sparse_features)
+
+  def _export_with(self, model, export_to: str, snapshots) -> str:
+    return export_lib.export_serving_model(model, export_to, *self._serving_features(),
+                                           before_rename=lambda _: self._faults.reach("export"),
+                                           snapshots=snapshots, run_info=self.run_info())
 
   def run_info(self) -> dict:
     """What every checkpoint manifest and export records of this run: tables and config.
