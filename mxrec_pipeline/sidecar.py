@@ -19,7 +19,6 @@ See docs/distributed.md "Sidecar evaluator".
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from typing import Callable
@@ -110,11 +109,7 @@ def evaluate_checkpoints(config: config_lib.JobConfig, fresh: bool = False, poll
 
 def read_log(model_dir: str) -> list[dict]:
   """The records of `model_dir/validation.jsonl`, oldest first ([] when there is none)."""
-  path = os.path.join(model_dir, VALIDATION_LOG)
-  if not tf.io.gfile.exists(path):
-    return []
-  text = model_files.read_text(path)
-  return [json.loads(line) for line in text.splitlines() if line.strip()]
+  return model_files.read_json_lines(os.path.join(model_dir, VALIDATION_LOG))
 
 
 def _evaluate(pipeline: pipeline_lib.ModelFitPipeline, prefix: str) -> dict:
@@ -140,9 +135,7 @@ def _evaluate(pipeline: pipeline_lib.ModelFitPipeline, prefix: str) -> dict:
 
 def _write(model_dir: str, record: dict) -> None:
   """Appends `record` to validation.jsonl and its metrics to the `logs/validation` summaries."""
-  path = os.path.join(model_dir, VALIDATION_LOG)
-  lines = model_files.read_text(path) if tf.io.gfile.exists(path) else ""
-  model_files.write_text_atomically(path, lines + json.dumps(record, sort_keys=True) + "\n")
+  model_files.append_json_line(os.path.join(model_dir, VALIDATION_LOG), record)
   writer = tf.summary.create_file_writer(os.path.join(model_dir, "logs", "validation"))
   with writer.as_default():
     for key, value in record["metrics"].items():  # Keras' names: epoch_ndcg_10 at step epoch.

@@ -17,7 +17,6 @@ after `max_partitions`. Tables live on one host (one or more replicas).
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
 import threading
@@ -242,17 +241,14 @@ class ContinuousTrainer:
     return number
 
   def _append_line(self, line: dict) -> None:
-    with tf.io.gfile.GFile(os.path.join(self._model_dir, PROGRESSIVE_LOG), "a") as f:
-      f.write(json.dumps(line, sort_keys=True) + "\n")
+    model_files.append_json_line(os.path.join(self._model_dir, PROGRESSIVE_LOG), line)
 
   def _repair_log(self, line: dict | None) -> None:
     """Appends the restored checkpoint's line when a kill lost it (after the save, before it)."""
     if line is None:
       return
-    path = os.path.join(self._model_dir, PROGRESSIVE_LOG)
-    text = model_files.read_text(path) if tf.io.gfile.exists(path) else ""
-    written = {json.loads(row).get("checkpoint") for row in text.splitlines() if row.strip()}
-    if line["checkpoint"] not in written:
+    rows = model_files.read_json_lines(os.path.join(self._model_dir, PROGRESSIVE_LOG))
+    if line["checkpoint"] not in {row.get("checkpoint") for row in rows}:
       self._append_line(line)
 
   @staticmethod

@@ -13,6 +13,7 @@ beside the target, then renamed over it.
 from __future__ import annotations
 
 import fnmatch
+import json
 import os
 from typing import Sequence
 
@@ -37,6 +38,24 @@ def read_text(path: str) -> str:
   """The UTF-8 text of `path` (tf.errors.NotFoundError when absent)."""
   with tf.io.gfile.GFile(path, "r") as f:
     return f.read()
+
+
+def read_json_lines(path: str) -> list[dict]:
+  """The JSON objects of a JSON-lines file, in order ([] when there is no file)."""
+  if not tf.io.gfile.exists(path):
+    return []
+  return [json.loads(line) for line in read_text(path).splitlines() if line.strip()]
+
+
+def append_json_line(path: str, record: dict) -> None:
+  """Adds `record` as the last line of the JSON-lines file `path` (created if absent).
+
+  Rewrites the file atomically (`write_text_atomically`) rather than opening
+  it in append mode, which object stores (GCS, S3) do not offer: a kill
+  leaves the file with or without the line, never a torn one.
+  """
+  text = read_text(path) if tf.io.gfile.exists(path) else ""
+  write_text_atomically(path, text + json.dumps(record, sort_keys=True) + "\n")
 
 
 def remove(path: str) -> bool:

@@ -26,9 +26,13 @@ STORAGE_MODULES = [
     "keras/manifest.py",
     "keras/export.py",
     "keras/pipeline.py",
+    "keras/exporting.py",
+    "keras/training.py",
+    "keras/continuous.py",
     "saver/saver.py",
     "jobs.py",
     "evaluation.py",
+    "sidecar.py",
     "util/atomic_dir.py",
     "util/model_files.py",
 ]
@@ -86,3 +90,12 @@ def test_model_files_on_ram():
   assert not model_files.remove(f"{root}/a/config.yaml")
   assert model_files.is_local("/tmp/x") and model_files.is_local("file:///tmp/x")
   assert not model_files.is_local(root) and not model_files.is_local("gs://bucket/run")
+
+
+def test_json_lines_are_appended_whole_on_ram():
+  path = f"ram://{uuid.uuid4().hex}/log.jsonl"  # No append mode needed: object stores lack it.
+  assert model_files.read_json_lines(path) == []
+  model_files.append_json_line(path, {"checkpoint": 1, "b": 0.5})
+  model_files.append_json_line(path, {"checkpoint": 2})
+  assert model_files.read_json_lines(path) == [{"checkpoint": 1, "b": 0.5}, {"checkpoint": 2}]
+  assert model_files.read_text(path) == '{"b": 0.5, "checkpoint": 1}\n{"checkpoint": 2}\n'
