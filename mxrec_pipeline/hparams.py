@@ -120,10 +120,11 @@ class PipelineHparams:
       (default): the coordinator validates after each epoch. With
       `export_best_model`, `best_exporter_metric` must be a ranking metric
       (the evaluator scores what the export serves, without the loss).
-    checkpoint: None, or how epochs' checkpoints save the tables:
-      {"full_every_epochs": N} (default 1): a full save every N checkpoints,
-      delta checkpoints between (what changed since the previous one); see
-      `CheckpointSchedule`.
+    checkpoint: None, or when checkpoints are saved and which save the
+      tables in full: {"full_every_epochs" | "full_every_steps" |
+      "full_every_s", "delta_every_steps" | "delta_every_s", "keep_full"};
+      delta checkpoints between full ones hold what changed since the
+      previous one; see `CheckpointSchedule`. Default: every epoch, in full.
   """
 
   model_dir: str
@@ -271,32 +272,93 @@ class Sharding:
 
 @dataclasses.dataclass(frozen=True)
 class CheckpointSchedule:
-  """PipelineHparams.checkpoint, checked: full and delta saves of the tables.
+  """PipelineHparams.checkpoint, checked: when checkpoints are saved, full or as deltas.
+
+  Checkpoints are taken at the ends of epochs (of partitions in a continuous
+  run); the schedule decides, at each, whether to save and whether the
+  tables are saved in full or as a delta: the keys training touched since the
+  previous checkpoint, with their rows, slots and admission state, and the
+  keys eviction removed (distributed/delta.py; mxRec's `save_delta`). A
+  restore reads the full save and its deltas in order. Flat and tiered tables.
 
   Attributes:
-    full_every_epochs: Every this many epochs' checkpoints, one saves the
-      tables in full; the others hold deltas: the keys training touched since
-      the previous checkpoint, with their rows, slots and admission state,
-      and the keys eviction removed (distributed/delta.py; mxRec's
-      `save_delta`). A restore reads the full save and its deltas in order.
-      1 (default): every checkpoint full. Flat and tiered tables.
+    full_every_epochs: A full save every this many checkpoints, deltas
+      between. 1 (default): every checkpoint full.
+    full_every_steps: A full save at the first checkpoint at least this many
+      training steps after the chain's full save (instead of
+      full_every_epochs).
+    full_every_s: A full save at the first checkpoint at least this many
+      seconds (wall clock) after the chain's full save (mxRec's
+      `save_checkpoint_due_time`); the full save's time is in the checkpoint
+      (`shards-<N>/chain.json`), so the interval holds across restarts.
+    delta_every_steps: Save a checkpoint only once at least this many steps
+      passed since the previous one (other epoch ends save nothing; a resume
+      retrains from the last one). None (default): every epoch end.
+    delta_every_s: The same in seconds (mxRec's `save_delta_checkpoints_secs`).
+      The last epoch of a run and a due full save are always saved.
+    keep_full: Keep this many full saves and the checkpoints of their chains
+      (older chains are removed whole). None (default): the newest 3
+      checkpoints, and the chains they build on.
+
+  Seconds are measured on one clock for all workers (keras/save_schedule.py).
   """
 
   full_every_epochs: int = 1
+  full_every_steps: int | None = None
+  full_every_s: float | None = None
+  delta_every_steps: int | None = None
+  delta_every_s: float | None = None
+  keep_full: int | None = None
+
+  FIELDS = ("full_every_epochs", "full_every_steps", "full_every_s", "delta_every_steps",
+            "delta_every_s", "keep_full")
+
+  @property
+  def has_deltas(self) -> bool:
+    """Whether some checkpoints can be deltas (a full save is not every one)."""
+    return (self.full_every_epochs > 1 or self.full_every_steps is not None or
+            self.full_every_s is not None)
+
+  @property
+  def uses_clock(self) -> bool:
+    """Whether a decision depends on wall-clock time."""
+    return self.full_every_s is not None or self.delta_every_s is not None
 
   @classmethod
   def from_dict(cls, raw: dict | None) -> "CheckpointSchedule":
-    """From {"full_every_epochs"} (None: the defaults).
+    """From a mapping of FIELDS (None: the defaults).
 
     Raises:
-      ValueError: not a mapping, unknown keys, or not a positive int (named).
+      ValueError: not a mapping, unknown keys, a count that is not a positive
+        int, seconds that are not a positive number, two full schedules
+        (full_every_epochs, full_every_steps, full_every_s: one at most) or
+        both delta schedules, or a delta schedule without deltas (every save
+        full), each named.
     """
     if raw is None:
       return cls()
-    _check_mapping("checkpoint", raw, ("full_every_epochs",))
-    every = raw.get("full_every_epochs", cls.full_every_epochs)
-    _check_positive_int("checkpoint.full_every_epochs", every)
-    return cls(every)
+    _check_mapping("checkpoint", raw, cls.FIELDS)
+    for name in ("full_every_epochs", "full_every_steps", "delta_every_steps", "keep_full"):
+      if name in raw:
+        _check_positive_int(f"checkpoint.{name}", raw[name])
+    for name in ("full_every_s", "delta_every_s"):
+      value = raw.get(name)
+      if name in raw and (isinstance(value, bool) or not isinstance(value, (int, float)) or
+                          not 0 < value < float("inf")):
+        raise ValueError(f"`checkpoint.{name}` must be a positive number of seconds, got "
+                         f"{value!r}")
+    fulls = [n for n in ("full_every_epochs", "full_every_steps", "full_every_s") if n in raw]
+    if len(fulls) > 1:
+      raise ValueError(f"`checkpoint`: {' and '.join(fulls)} both set; choose one full-save "
+                       "schedule")
+    if "delta_every_steps" in raw and "delta_every_s" in raw:
+      raise ValueError("`checkpoint`: delta_every_steps and delta_every_s both set; choose one")
+    schedule = cls(**{k: raw[k] for k in cls.FIELDS if k in raw})
+    delta = next((n for n in ("delta_every_steps", "delta_every_s") if n in raw), None)
+    if delta is not None and not schedule.has_deltas:
+      raise ValueError(f"`checkpoint.{delta}` schedules delta saves, but every save is full: "
+                       "set full_every_steps, full_every_s or full_every_epochs > 1")
+    return schedule
 
 
 def _check_mapping(name: str, raw, known: tuple[str, ...]) -> None:

@@ -246,7 +246,7 @@ class KeyIndex(tf.Module):
     with tf.device(HOST_DEVICE):
       return dict(zip(STATE_NAMES, ops.load().mx_key_index_export_state(self._handle)))
 
-  def export_changes(self, clear: bool) -> dict[str, tf.Tensor]:
+  def export_changes(self, clear: bool, min_count: int = 0) -> dict[str, tf.Tensor]:
     """What changed since change tracking began or the last `clear` (delta checkpoints).
 
     Tracking is off until the first call with `clear`; from then on every
@@ -257,6 +257,11 @@ class KeyIndex(tf.Module):
 
     Args:
       clear: Start anew afterwards (and turn tracking on); False: a peek.
+      min_count: mxRec's `recent_key_count_threshold` (>= 0): > 0 leaves out
+        the changed keys touched fewer times since the last clear (their
+        occurrences in training batches; their admission counts with
+        admission), as mxRec's incremental saves filter rare keys. With
+        `clear`, touches are counted from then on (4 B per row) when > 0.
 
     Returns:
       STATE_NAMES -> int64 vectors as `export_state` gives them, of the
@@ -265,7 +270,7 @@ class KeyIndex(tf.Module):
       "deleted_keys": [d] int64, the keys eviction removed since.
     """
     with tf.device(HOST_DEVICE):
-      out = ops.load().mx_key_index_export_changes(self._handle, clear=clear)
+      out = ops.load().mx_key_index_export_changes(self._handle, clear=clear, min_count=min_count)
     return dict(zip((*STATE_NAMES, "deleted_keys"), out))
 
   def import_state(self, state: dict):

@@ -145,7 +145,12 @@ class RunCallbacks(tf.keras.callbacks.CallbackList):
 
 
 class SparseCheckpoint(tf.keras.callbacks.Callback):
-  """Saves a TrainingCheckpoint at the end of every epoch (after validation).
+  """Saves a TrainingCheckpoint at epoch ends (after validation), as its schedule says.
+
+  Every epoch by default; with `pipeline.checkpoint.delta_every_steps` or
+  `delta_every_s`, the epochs its SaveSchedule picks, and the run's last epoch
+  at `on_train_end` (RunCallbacks.end_run: after the last epoch, or an early
+  stop) when its own epoch end did not save it.
 
   Args:
     checkpoint: The run's TrainingCheckpoint.
@@ -154,9 +159,19 @@ class SparseCheckpoint(tf.keras.callbacks.Callback):
   def __init__(self, checkpoint: TrainingCheckpoint):
     super().__init__()
     self.checkpoint = checkpoint
+    self._unsaved = None  # Epochs done at the last epoch end that saved nothing.
 
   def on_epoch_end(self, epoch, logs=None):
-    self.checkpoint.save(epoch + 1)
+    self._unsaved = None
+    if self.checkpoint.wants_save():
+      self.checkpoint.save(epoch + 1)
+    else:
+      self._unsaved = epoch + 1
+
+  def on_train_end(self, logs=None):
+    if self._unsaved is not None:
+      self.checkpoint.save(self._unsaved)
+      self._unsaved = None
 
 
 class BestModelExporter(tf.keras.callbacks.Callback):

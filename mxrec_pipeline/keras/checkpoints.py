@@ -13,11 +13,15 @@ from __future__ import annotations
 
 import os
 import re
+import time
 from typing import Callable
 
 import tensorflow as tf
+from tensorflow.python.checkpoint import checkpoint_management  # pylint: disable=g-direct-tensorflow-import
 
+from mxrec_pipeline.hparams import CheckpointSchedule
 from mxrec_pipeline.keras import manifest
+from mxrec_pipeline.keras import save_schedule
 from mxrec_pipeline.keras import table_checkpoints
 from mxrec_pipeline.util import atomic_dir
 from mxrec_pipeline.util import faults as faults_lib
@@ -237,9 +241,10 @@ class TrainingCheckpoint:
       its "tables" (name -> spec fields) are compared on restore.
     faults: The run's util/faults.FaultPoints (checkpoint_shards, checkpoint_files).
     sharded: The tables are sharded over workers or ps tasks (else on one host).
-    full_every: Every this many checkpoints of a chain, a full save of the
-      tables; the ones between hold them as deltas (what changed since the
-      previous; distributed/delta.py). 1: every save full.
+    schedule: The run's keras/save_schedule.SaveSchedule: which saves hold
+      the tables in full, which as deltas (what changed since the previous;
+      distributed/delta.py), which epochs save, how many chains are kept
+      (`keep_full`: then `max_to_keep` is not used). Default: every save full.
 
   Attributes:
     epoch: int64 variable, the number of epochs trained (saved with the rest).
@@ -248,9 +253,10 @@ class TrainingCheckpoint:
 
   def __init__(self, model, directory: str, max_to_keep: int = 3, shards=None,
                run_info: dict | None = None, faults: faults_lib.FaultPoints | None = None,
-               sharded: bool = False, full_every: int = 1):
+               sharded: bool = False, schedule: save_schedule.SaveSchedule | None = None):
     self.directory = directory
-    self._full_every = full_every
+    self.schedule = schedule or save_schedule.SaveSchedule(CheckpointSchedule())
+    self._step = model.optimizer.iterations
     # The checkpoint the tables were last saved as or restored from (by their shards), which a
     # delta builds on; None: the next save is full.
     self._base = None
@@ -279,7 +285,10 @@ class TrainingCheckpoint:
                                       epoch=self.epoch, **best)
     # Checkpoints of versions before manifests hold no best metric.
     self._legacy_checkpoint = training_checkpoint(model, sharded=sharded, epoch=self.epoch)
-    self._manager = tf.train.CheckpointManager(saved, directory, max_to_keep=max_to_keep)
+    self._saved = saved
+    self._keep_full = self.schedule.schedule.keep_full
+    self._manager = tf.train.CheckpointManager(saved, directory,
+                                               max_to_keep=None if self._keep_full else max_to_keep)
     if shards is not None:  # Shards of saves that crashed before their ckpt-N was written.
       shards.prune(
           checkpoint_number(p[:-len(".index")])
@@ -339,6 +348,7 @@ class TrainingCheckpoint:
     move = self._placement_move(recorded)
     if move is not None:
       self._restore_move(latest, *move)
+      self.schedule.restored(int(self._step.numpy()), None, None)  # A new chain at the next save.
       self.restored = latest
       return int(self.epoch.numpy())
     tables_in_ckpt = not self._sharded and (legacy or int(recorded.get("format", 0)) < 3)
@@ -362,8 +372,18 @@ class TrainingCheckpoint:
     elif self._shards is not None and not tables_in_ckpt:  # Flat ones; tiered are in ckpt-N.
       self._shards.restore(checkpoint_number(latest), tables=self._flat_tables(), keep_rows=True)
       self._base = checkpoint_number(latest)
+    number = checkpoint_number(latest)
+    builds_on = self._base is not None or self._shards is None
+    self.schedule.restored(
+        int(self._step.numpy()),
+        (len(self._shards.chain(number)) if self._shards else 1) if builds_on else None,
+        table_checkpoints.chain_record(self._shards.directory, number) if self._shards else None)
     self.restored = latest
     return int(self.epoch.numpy())
+
+  def wants_save(self) -> bool:
+    """Whether the schedule saves at this epoch end (`delta_every_steps` / `_s`; not the last)."""
+    return self.schedule.wants_save(int(self._step.numpy()), final=False)
 
   @staticmethod
   def _flat_tables() -> list[str]:
@@ -429,20 +449,26 @@ class TrainingCheckpoint:
     previous = self._manager.latest_checkpoint
     intact = (f"the previous checkpoint {os.path.basename(previous)} is intact"
               if previous else "no earlier checkpoint was touched")
+    step, now = int(self._step.numpy()), self.schedule.now()
+    full = True
     with storage.full_storage_named(f"checkpoint {os.path.basename(prefix)}", self.directory,
                                     intact):
       # A manifest of an earlier save of this number (a retrained epoch) must not vouch for it.
       if tf.io.gfile.exists(manifest.path(prefix)):
         tf.io.gfile.remove(manifest.path(prefix))
       if self._shards is not None:
-        after = self._base if self._base is not None and self._base < epochs_done and len(
-            self._shards.chain(self._base)) < self._full_every else None
-        self._shards.save(epochs_done, after=after)
+        full = (self._base is None or self._base >= epochs_done or
+                self.schedule.full_due(step, now))
+        record = self.schedule.chain_record((step, now) if full else None)
+        self._shards.save(epochs_done, after=None if full else self._base, record=record)
         self._base = epochs_done
       self._faults.reach("checkpoint_shards")
       path = self._manager.save(checkpoint_number=epochs_done)
       self._faults.reach("checkpoint_files")
       manifest.write(path, self._run_info, self._shards_path(epochs_done), state)
+    self.schedule.saved(step, full, now)
+    if self._keep_full:
+      self._keep_chains(self._keep_full)
     kept = [checkpoint_number(p) for p in self._manager.checkpoints]
     for stale in tf.io.gfile.glob(os.path.join(self.directory, "ckpt-*" + manifest.SUFFIX)):
       if checkpoint_number(stale[:-len(manifest.SUFFIX)]) not in kept:
@@ -450,3 +476,29 @@ class TrainingCheckpoint:
     if self._shards is not None:
       self._shards.prune(kept)
     return path
+
+  def _keep_chains(self, keep_full: int) -> None:
+    """Removes the checkpoints of all but the newest `keep_full` chains (full save + deltas).
+
+    Their `ckpt-<N>` files here; their manifests and shards after, with the
+    rest of `save`'s pruning. The CheckpointManager (which keeps all when
+    `keep_full` is set) then tracks the kept ones.
+    """
+    numbers = sorted(checkpoint_number(p) for p in self._manager.checkpoints)
+    chains = {n: (self._shards.chain(n) if self._shards is not None else [n]) for n in numbers}
+    fulls = [n for n in numbers if chains[n] == [n]][-keep_full:]
+    kept = [n for n in numbers if chains[n][0] in fulls]
+    if len(kept) == len(numbers):
+      return
+    for number in set(numbers) - set(kept):
+      prefix = os.path.join(self.directory, f"ckpt-{number}")
+      if tf.io.gfile.exists(manifest.path(prefix)):  # First: never a complete-looking part.
+        tf.io.gfile.remove(manifest.path(prefix))
+      for path in tf.io.gfile.glob(prefix + ".*"):
+        tf.io.gfile.remove(path)
+    paths = [os.path.join(self.directory, f"ckpt-{n}") for n in kept]
+    # The state file CheckpointManager reads (TF's own writer, without tf.compat.v1's notice).
+    checkpoint_management.update_checkpoint_state_internal(
+        self.directory, paths[-1], paths, save_relative_paths=True,
+        all_model_checkpoint_timestamps=[time.time()] * len(paths))
+    self._manager = tf.train.CheckpointManager(self._saved, self.directory, max_to_keep=None)

@@ -26,7 +26,7 @@ from typing import Callable, Iterator, Sequence
 import tensorflow as tf
 
 from mxrec_pipeline.data import partitions as partitions_lib
-from mxrec_pipeline.hparams import ContinuousConfig
+from mxrec_pipeline.hparams import CheckpointSchedule, ContinuousConfig
 from mxrec_pipeline.keras import callbacks as callbacks_lib
 from mxrec_pipeline.keras import pipeline as pipeline_lib
 from mxrec_pipeline.keras import restoring
@@ -128,6 +128,12 @@ class ContinuousTrainer:
                               "subdirectories are the data partitions")
     partitions_lib.arrived(root)  # Raises when it does not exist.
     pipeline = self._pipeline
+    schedule = CheckpointSchedule.from_dict(pipeline.hparams.checkpoint)
+    skips = [n for n in ("delta_every_steps", "delta_every_s") if getattr(schedule, n) is not None]
+    if skips:
+      raise ValueError(f"`pipeline.checkpoint.{skips[0]}`: a continuous run saves a checkpoint "
+                       "after every partition (with its cursor); schedule its full saves with "
+                       "full_every_steps, full_every_s or full_every_epochs instead")
     model = pipeline.prepare_run()
     if pipeline.placement is not TablePlacement.ONE_HOST:
       raise ValueError(f"continuous training places the tables on one host (one or more "

@@ -43,6 +43,7 @@ from mxrec_pipeline.keras import exporting
 from mxrec_pipeline.keras import model as model_lib
 from mxrec_pipeline.keras import placed_models
 from mxrec_pipeline.keras import restoring
+from mxrec_pipeline.keras import save_schedule
 from mxrec_pipeline.keras import table_checkpoints
 from mxrec_pipeline.keras import training
 # Re-exported: the metric names and results were defined here.
@@ -237,11 +238,14 @@ class ModelFitPipeline(training.EpochLoops, exporting.PipelineExport, AbstractPi
     if tables:
       shards = table_checkpoints.TableCheckpoints(strategy, self._shard_dir(), tables,
                                                   [model.sparse_optimizer])
-    full_every = CheckpointSchedule.from_dict(hparams.checkpoint).full_every_epochs
+    # Seconds of the schedule read on one clock: the workers' mean, or the PS coordinator's own.
+    clock = save_schedule.agreed_clock(None if self._placement is
+                                       TablePlacement.PARAMETER_SERVERS else strategy)
     self.checkpoint = checkpoints_lib.TrainingCheckpoint(
-        model, os.path.join(hparams.model_dir,
-                            "checkpoints"), shards=shards, run_info=self.run_info(),
-        faults=self._faults, sharded=self._placement.sharded, full_every=full_every)
+        model, os.path.join(hparams.model_dir, "checkpoints"), shards=shards,
+        run_info=self.run_info(), faults=self._faults, sharded=self._placement.sharded,
+        schedule=save_schedule.SaveSchedule(CheckpointSchedule.from_dict(hparams.checkpoint),
+                                            clock))
     return model
 
   def distribute(self, dataset: tf.data.Dataset) -> tf.data.Dataset:

@@ -39,15 +39,25 @@ CHAIN_FILE = "chain.json"
 def chain(directory: str, number: int) -> list[int]:
   """The checkpoints whose shards make checkpoint `number`'s tables, oldest first.
 
-  [number] for a full save; for a delta (`pipeline.checkpoint.full_every_epochs`
-  > 1), the full save it builds on, then every delta up to `number`, as its
+  [number] for a full save; for a delta (`pipeline.checkpoint`), the full
+  save it builds on, then every delta up to `number`, as its
   `shards-<number>/chain.json` records.
   """
+  return [int(n) for n in _chain_file(directory, number).get("chain", [number])]
+
+
+def chain_record(directory: str, number: int) -> dict:
+  """What checkpoint `number` records of its chain's full save: {"full_step", "full_time"}
+  (keras/save_schedule.py; {} for a checkpoint of a version before schedules)."""
+  return {k: v for k, v in _chain_file(directory, number).items() if k != "chain"}
+
+
+def _chain_file(directory: str, number: int) -> dict:
   path = os.path.join(shards_path(directory, number), CHAIN_FILE)
   if not tf.io.gfile.exists(path):
-    return [number]
+    return {}
   with tf.io.gfile.GFile(path) as f:
-    return [int(n) for n in json.loads(f.read())["chain"]]
+    return json.loads(f.read())
 
 
 def full_shards_in(directory: str, number: int, tables: Iterable[str], scratch: str,
@@ -112,7 +122,7 @@ class TableCheckpoints:
     """`<directory>/shards-<number>`: the shards of checkpoint ckpt-<number>."""
     return shards_path(self.directory, number)
 
-  def save(self, number: int, after: int | None = None) -> None:
+  def save(self, number: int, after: int | None = None, record: dict | None = None) -> None:
     """Saves the shards this process holds as checkpoint `number`.
 
     Args:
@@ -120,6 +130,8 @@ class TableCheckpoints:
       after: None: a full save, which starts a chain. Else a delta
         (distributed/delta.py) after checkpoint `after`, the previous save of
         this run's chain: what changed since it (or since the restore of it).
+      record: JSON-able facts about the chain kept in its `chain.json`
+        (keras/save_schedule.SaveSchedule.chain_record); None: none.
     """
     stale = os.path.join(self.path(number), CHAIN_FILE)  # Of an earlier save of this number.
     if self._prunes and tf.io.gfile.exists(stale):
@@ -129,9 +141,10 @@ class TableCheckpoints:
         checkpoint_lib.save_table(self.path(number), table, self._optimizers, start_chain=True)
       else:
         delta.save_delta(self.path(number), table, self._optimizers)
-    if after is not None and self._prunes:
+    if (after is not None or record) and self._prunes:
+      numbers = [number] if after is None else chain(self.directory, after) + [number]
       with tf.io.gfile.GFile(os.path.join(self.path(number), CHAIN_FILE), "w") as f:
-        f.write(json.dumps({"chain": chain(self.directory, after) + [number]}))
+        f.write(json.dumps({"chain": numbers, **(record or {})}))
     if self._shared:
       barrier(self._strategy)
 

@@ -14,6 +14,7 @@ import tensorflow as tf
 
 from mxrec_pipeline.core import expansion
 from mxrec_pipeline.saver import sparse_files
+from mxrec_pipeline.util import initialize
 
 # Kinds whose sparse parts restore into each other: plain and tiered tables
 # both save keys, rows, embeddings and slots by name.
@@ -51,8 +52,7 @@ class PlainTableIO(TableIO):
         "keys": keys, "rows": rows, "embeddings": tf.gather(table.variable, rows),
         "slots": [tf.gather(v, rows) for _, v in slots]
     }
-    self.start_chain_op = tf.group(*table.key_index.export_changes(clear=True).values())
-    changes = table.key_index.export_changes(clear=False)  # Cleared once the save succeeded.
+    self.start_chain_op, changes = _change_ops(table)
     self.delta_fetches = {
         "keys": changes["keys"], "rows": changes["rows"],
         "embeddings": tf.gather(table.variable, changes["rows"]),
@@ -152,8 +152,7 @@ class TieredTableIO(TableIO):
     self.export_fetches = {
         "keys": keys, "rows": rows, "values": tiers.read_rows(table.variable, rows)
     }
-    self.start_chain_op = tf.group(*table.key_index.export_changes(clear=True).values())
-    changes = table.key_index.export_changes(clear=False)  # Cleared once the save succeeded.
+    self.start_chain_op, changes = _change_ops(table)
     self.delta_fetches = {  # Global rows training changed, read from whichever tier holds them.
         "keys": changes["keys"], "rows": changes["rows"],
         "values": tiers.read_rows(table.variable, changes["rows"]),
@@ -225,8 +224,7 @@ class ExpansionTableIO(TableIO):
         "keys": keys, "rows": rows, "values": values, "slot_initial_values": initial,
         "num_slots": table.store.size()[1]
     }
-    self.start_chain_op = tf.group(*table.key_index.export_changes(clear=True).values())
-    changes = table.key_index.export_changes(clear=False)  # Cleared once the save succeeded.
+    self.start_chain_op, changes = _change_ops(table)
     changed_values, _ = table.store.read_rows(changes["rows"])
     self.delta_fetches = dict(self.export_fetches, keys=changes["keys"], rows=changes["rows"],
                               values=changed_values,
@@ -348,3 +346,16 @@ def tiered_slots(table) -> list[tuple[str, tf.Variable, float]]:
   if len(names) != len(variables):  # Only if core/tiers.py changed its bookkeeping.
     names = [v.op.name[len(table.table_name) + 1:] for v, _ in variables]
   return [(name, variable, float(initial)) for name, (variable, initial) in zip(names, variables)]
+
+
+def _change_ops(table) -> tuple[tf.Operation, dict[str, tf.Tensor]]:
+  """(the op that starts a delta chain, the table's changes since) for a Saver's graph.
+
+  The changes are a peek: the Saver clears them (the start op again) once a
+  delta save succeeded. `init(recent_key_count_threshold=N)` leaves the keys
+  touched fewer than N times since the previous save out of the changes
+  (core/key_index.KeyIndex.export_changes' min_count).
+  """
+  threshold = initialize.get_config_initializer().config.recent_key_count_threshold
+  start = tf.group(*table.key_index.export_changes(clear=True, min_count=threshold).values())
+  return start, table.key_index.export_changes(clear=False, min_count=threshold)

@@ -59,6 +59,12 @@ class InitConfig:
       needs is_incremental_checkpoint.
     restore_model_version: The step whose checkpoint `Saver.restore` of a
       directory restores (None: the newest).
+    recent_key_count_threshold: mxRec's low-frequency filter of delta saves,
+      in [0, 2^31-1]: a delta of the Saver leaves out the keys training
+      touched fewer times than this since the previous save (occurrences in
+      the batches; sightings' counts with admission), so their latest
+      changes are not in the chain. 0 (default): every changed key. Above 0
+      the key index counts touches, 4 B per row.
   """
 
   train_steps: int = -1
@@ -73,6 +79,7 @@ class InitConfig:
   save_checkpoint_due_time: int | None = None
   save_delta_checkpoints_secs: int | None = None
   restore_model_version: int | None = None
+  recent_key_count_threshold: int = 0
 
   def __post_init__(self):
     for name in _STEP_KWARGS:
@@ -104,6 +111,15 @@ class InitConfig:
         raise ValueError(f"`{name}` must be in [{0 if name == 'restore_model_version' else 1}, "
                          f"{MAX_STEPS}], got {value}")
       object.__setattr__(self, name, int(value))
+    threshold = self.recent_key_count_threshold
+    if isinstance(threshold, bool) or not isinstance(threshold, numbers.Integral):
+      raise TypeError(f"`recent_key_count_threshold` must be an int, got {threshold!r}")
+    if not 0 <= threshold <= MAX_STEPS:
+      raise ValueError(f"`recent_key_count_threshold` must be in [0, {MAX_STEPS}], got {threshold}")
+    object.__setattr__(self, "recent_key_count_threshold", int(threshold))
+    if threshold and not self.is_incremental_checkpoint:
+      raise ValueError(f"`recent_key_count_threshold`={threshold} filters delta checkpoints: it "
+                       "needs `is_incremental_checkpoint=True`")
     if self.save_delta_checkpoints_secs is not None and not self.is_incremental_checkpoint:
       raise ValueError(f"`save_delta_checkpoints_secs`={self.save_delta_checkpoints_secs} needs "
                        "`is_incremental_checkpoint=True` (delta checkpoints)")
@@ -152,15 +168,16 @@ def init(**kwargs) -> ConfigInitializer:
       0), use_dynamic, use_dynamic_expansion, if_load, use_mpi,
       is_incremental_checkpoint (bools), save_checkpoint_due_time,
       save_delta_checkpoints_secs (seconds >= 1 or None), restore_model_version
-      (a step >= 0 or None).
+      (a step >= 0 or None), recent_key_count_threshold (an int >= 0).
 
   Returns:
     The process's ConfigInitializer.
 
   Raises:
     TypeError: an unknown argument (named) or a value of the wrong type.
-    ValueError: a step count or number of seconds out of range;
-      save_delta_checkpoints_secs without is_incremental_checkpoint.
+    ValueError: a step count, number of seconds or threshold out of range;
+      save_delta_checkpoints_secs or recent_key_count_threshold without
+      is_incremental_checkpoint.
     RuntimeError: init() was called before without terminate_config_initializer().
   """
   global _initializer

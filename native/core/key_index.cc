@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <functional>
 #include <iterator>
+#include <limits>
 #include <mutex>
 #include <new>
 #include <sstream>
@@ -333,7 +334,8 @@ void KeyIndex::UndoInsertsLocked(const int64_t* keys, const int64_t* rows,
   next_row_ = next_row_before;
 }
 
-Status KeyIndex::FindOrInsert(const int64_t* keys, int64_t n, int64_t* rows) {
+Status KeyIndex::FindOrInsert(const int64_t* keys, int64_t n, int64_t* rows,
+                              const int64_t* occurrences) {
   std::unique_lock<std::shared_mutex> lock(mu_);
   // Distinct keys (as the insert op passes them), n of them, bring at least
   // n - size_ new ones: when the array could not hold n keys while the rows
@@ -367,7 +369,7 @@ Status KeyIndex::FindOrInsert(const int64_t* keys, int64_t n, int64_t* rows) {
     }
   });
   if (deferred_at.empty()) {
-    MarkChangedLocked(rows, n);
+    MarkChangedLocked(rows, n, occurrences);
     return Status::Ok();
   }
   int64_t deferred = static_cast<int64_t>(deferred_at.size());
@@ -409,11 +411,11 @@ Status KeyIndex::FindOrInsert(const int64_t* keys, int64_t n, int64_t* rows) {
     Slot& slot = slots_[ProbeFrom(static_cast<uint64_t>(-2 - rows[i]), keys[i])];
     rows[i] = slot.row == kMissingRow ? InsertAtLocked(slot, keys[i]) : slot.row;
   }
-  MarkChangedLocked(rows, n);
+  MarkChangedLocked(rows, n, occurrences);
   return Status::Ok();
 }
 
-void KeyIndex::MarkChangedLocked(const int64_t* rows, int64_t n) {
+void KeyIndex::MarkChangedLocked(const int64_t* rows, int64_t n, const int64_t* counts) {
   if (!tracking_) return;
   for (int64_t i = 0; i < n; ++i) {
     const int64_t row = rows[i];
@@ -425,6 +427,16 @@ void KeyIndex::MarkChangedLocked(const int64_t* rows, int64_t n) {
       changed_.resize(std::max(bound, changed_.size() + changed_.size() / 4), 0);
     }
     changed_[word] |= uint64_t{1} << (row & 63);
+    if (!count_touches_) continue;
+    if (static_cast<size_t>(row) >= touches_.size()) {
+      const size_t bound = static_cast<size_t>(std::max(row + 1, next_row_));
+      touches_.resize(std::max(bound, touches_.size() + touches_.size() / 4), 0);
+    }
+    // Saturating: a count above 2^32 - 1 reads as 2^32 - 1 (min_count is an int32).
+    const int64_t count = counts != nullptr ? std::max<int64_t>(counts[i], 0) : 1;
+    const uint64_t added = uint64_t{touches_[row]} + static_cast<uint64_t>(count);
+    touches_[row] = static_cast<uint32_t>(
+        std::min<uint64_t>(added, std::numeric_limits<uint32_t>::max()));
   }
 }
 
@@ -499,7 +511,7 @@ Status KeyIndex::FindOrInsertAdmitting(const int64_t* keys, const int64_t* count
       continue;
     }
     TouchLocked(rows[i], time);
-    MarkChangedLocked(&rows[i], 1);
+    MarkChangedLocked(&rows[i], 1, &counts[i]);
   }
   return Status::Ok();
 }
@@ -538,6 +550,8 @@ void KeyIndex::Evict(int64_t idle, std::vector<int64_t>* freed_rows) {
     freed_rows->push_back(slots_[s].row);
     free_rows_.push_back(slots_[s].row);
     if (tracking_) deleted_.push_back(key);
+    // A freed row's next key starts its count anew.
+    if (static_cast<size_t>(slots_[s].row) < touches_.size()) touches_[slots_[s].row] = 0;
     EraseSlotLocked(s);
     --size_;
     ++evictions_;
@@ -572,11 +586,16 @@ void KeyIndex::ExportState(State* state) const {
   ExportStateLocked(/*changed_only=*/false, state);
 }
 
-void KeyIndex::ExportStateLocked(bool changed_only, State* state) const {
+void KeyIndex::ExportStateLocked(bool changed_only, State* state, int64_t min_count) const {
   *state = State();
   const int64_t seen = static_cast<int64_t>(last_seen_.size());
+  const int64_t counted = static_cast<int64_t>(touches_.size());
   for (const Slot& slot : slots_) {
     if (slot.row == kMissingRow || (changed_only && !ChangedLocked(slot.row))) continue;
+    if (changed_only && min_count > 0 &&
+        (slot.row < counted ? static_cast<int64_t>(touches_[slot.row]) : 0) < min_count) {
+      continue;
+    }
     state->keys.push_back(slot.key);
     state->rows.push_back(slot.row);
     state->last_seen.push_back(slot.row < seen ? last_seen_[slot.row] : -1);
@@ -589,20 +608,33 @@ void KeyIndex::ExportStateLocked(bool changed_only, State* state) const {
   state->counters = {admissions_, evictions_, now_};
 }
 
-void KeyIndex::ExportChanges(bool clear, Changes* changes) {
+void KeyIndex::ExportChanges(bool clear, Changes* changes, int64_t min_count) {
   std::unique_lock<std::shared_mutex> lock(mu_);
-  ExportStateLocked(/*changed_only=*/tracking_, &changes->changed);
+  // Before any count (tracking or counting just began): no key is filtered.
+  ExportStateLocked(/*changed_only=*/tracking_, &changes->changed,
+                    count_touches_ ? min_count : 0);
   changes->deleted = deleted_;
   if (clear) {
     std::fill(changed_.begin(), changed_.end(), 0);
     std::vector<int64_t>().swap(deleted_);
     tracking_ = true;
+    count_touches_ = min_count > 0;
+    if (count_touches_) {
+      std::fill(touches_.begin(), touches_.end(), 0);
+    } else {
+      std::vector<uint32_t>().swap(touches_);
+    }
   }
 }
 
 bool KeyIndex::tracking_changes() const {
   std::shared_lock<std::shared_mutex> lock(mu_);
   return tracking_;
+}
+
+bool KeyIndex::counting_touches() const {
+  std::shared_lock<std::shared_mutex> lock(mu_);
+  return count_touches_;
 }
 
 Status KeyIndex::ImportState(const State& state) {
@@ -765,6 +797,7 @@ void KeyIndex::ClearLocked() {
   // Tracking stays as it was; what changed is relative to the new content.
   std::vector<uint64_t>().swap(changed_);
   std::vector<int64_t>().swap(deleted_);
+  std::fill(touches_.begin(), touches_.end(), 0);
 }
 
 int64_t KeyIndex::size() const {
@@ -782,6 +815,7 @@ int64_t KeyIndex::MemoryBytes() const {
                               (free_rows_.capacity() + last_seen_.capacity() +
                                changed_.capacity() + deleted_.capacity()) *
                                   sizeof(int64_t) +
+                              touches_.capacity() * sizeof(uint32_t) +
                               pending_.size() * kPendingNodeBytes +
                               (pending_.bucket_count() > 1 ? pending_.bucket_count() : 0) *
                                   sizeof(void*));

@@ -101,9 +101,12 @@ class KeyIndex {
   // the empty slot its probe reached; the keys past the array's room wait for
   // one rehash; a failing batch undoes what it inserted (rows and free list
   // as before).
+  // `occurrences` (or nullptr: once each): how often keys[i] occurred in the
+  // batch, counted for ExportChanges' min_count when it counts touches.
   Status FindOrInsert(const int64_t* keys,  // (n)
                       int64_t n,
-                      int64_t* rows);  // out: (n)
+                      int64_t* rows,  // out: (n)
+                      const int64_t* occurrences = nullptr);  // (n) or nullptr
 
   // Training path with admission. `keys` are distinct; counts[i] (>= 0) is how
   // often keys[i] was seen in the batch (times the feature's faae_coefficient).
@@ -164,9 +167,15 @@ class KeyIndex {
     std::vector<int64_t> deleted;  // Keys Evict removed, in eviction order.
   };
   // The changes since tracking began or since the last call with `clear`,
-  // which then starts anew (and turns tracking on).
-  void ExportChanges(bool clear, Changes* changes);
+  // which then starts anew (and turns tracking on). `min_count` > 0 (mxRec's
+  // recent_key_count_threshold): only the changed keys whose rows training
+  // touched at least that often since the last clear (their occurrences in
+  // the batches; the admission counts with admission); the others are left
+  // out (their marks cleared with the rest). Touches are counted (4 B per row)
+  // from a call with `clear` and `min_count` > 0 until one with `clear` and 0.
+  void ExportChanges(bool clear, Changes* changes, int64_t min_count = 0);
   bool tracking_changes() const;
+  bool counting_touches() const;
 
   // Evaluation path: rows[i] is the row of keys[i], or kMissingRow if absent.
   // Never inserts.
@@ -283,12 +292,13 @@ class KeyIndex {
   void EraseSlotLocked(uint64_t s);
   // Writes `time` as the last-seen time of `row`, growing last_seen_.
   void TouchLocked(int64_t row, int64_t time);
-  // Marks rows[0..n) changed (rows < 0 skipped) when tracking changes.
-  void MarkChangedLocked(const int64_t* rows, int64_t n);
+  // Marks rows[0..n) changed (rows < 0 skipped) when tracking changes, and
+  // adds counts[i] (nullptr: 1) to their touches when counting them.
+  void MarkChangedLocked(const int64_t* rows, int64_t n, const int64_t* counts = nullptr);
   bool ChangedLocked(int64_t row) const;
-  // ExportState's content (only the admitted keys of changed rows when
-  // `changed_only`); caller holds mu_.
-  void ExportStateLocked(bool changed_only, State* state) const;
+  // ExportState's content (only the admitted keys of changed rows touched at
+  // least `min_count` times when `changed_only`); caller holds mu_.
+  void ExportStateLocked(bool changed_only, State* state, int64_t min_count = 0) const;
 
   struct Pending {
     int64_t count;
@@ -317,6 +327,8 @@ class KeyIndex {
   int64_t evictions_ = 0;          // guarded by mu_
   bool tracking_ = false;          // guarded by mu_: change tracking on
   std::vector<uint64_t> changed_;  // guarded by mu_: bitmap of changed rows, grown on use
+  bool count_touches_ = false;     // guarded by mu_: touches_ counted (ExportChanges' min_count)
+  std::vector<uint32_t> touches_;  // guarded by mu_: row -> touches since the last clear
   std::vector<int64_t> deleted_;   // guarded by mu_: keys evicted since the last clear
 };
 

@@ -167,9 +167,19 @@ class KeyIndexInsertOp : public ExistingResourceOp<KeyIndexResource> {
     Tensor* rows;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({num_unique}), &rows));
     if (training_) {
+      // Each key's occurrences in the batch, when the index counts touches
+      // (recent_key_count_threshold of delta checkpoints).
+      std::vector<int64_t> occurrences;
+      if (index.counting_touches()) {
+        occurrences.assign(unique.size(), 0);
+        const auto positions = restore->flat<int32_t>();
+        for (int64_t i = 0; i < positions.size(); ++i) ++occurrences[positions(i)];
+      }
       OP_REQUIRES_OK(ctx, GuardAllocation(index.name(), "new keys (host memory)", [&] {
                        return index.FindOrInsert(unique.data(), num_unique,
-                                                 rows->flat<int64_t>().data());
+                                                 rows->flat<int64_t>().data(),
+                                                 occurrences.empty() ? nullptr
+                                                                     : occurrences.data());
                      }));
     } else {
       index.Find(unique.data(), num_unique, rows->flat<int64_t>().data());
@@ -328,13 +338,16 @@ class KeyIndexExportChangesOp : public ExistingResourceOp<KeyIndexResource> {
  public:
   explicit KeyIndexExportChangesOp(OpKernelConstruction* ctx) : ExistingResourceOp(ctx) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("clear", &clear_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("min_count", &min_count_));
   }
 
   void ComputeWith(OpKernelContext* ctx, KeyIndexResource& resource) override {
     KeyIndex::Changes changes;
     OP_REQUIRES_OK(ctx, GuardAllocation(resource.index().name(),
-                                        "the exported changes (host memory)",
-                                        [&] { resource.index().ExportChanges(clear_, &changes); }));
+                                        "the exported changes (host memory)", [&] {
+                                          resource.index().ExportChanges(clear_, &changes,
+                                                                         min_count_);
+                                        }));
     KeyIndex::State& state = changes.changed;
     OP_REQUIRES_OK(ctx, OutputVectors(ctx, {&state.keys, &state.rows, &state.last_seen,
                                             &state.pending_keys, &state.pending_counts,
@@ -344,6 +357,7 @@ class KeyIndexExportChangesOp : public ExistingResourceOp<KeyIndexResource> {
 
  private:
   bool clear_ = false;
+  int64_t min_count_ = 0;
 };
 
 class KeyIndexImportStateOp : public OpKernel {

@@ -202,6 +202,7 @@ REGISTER_OP("MxKeyIndexExportChanges")
     .Output("counters: int64")
     .Output("deleted_keys: int64")
     .Attr("clear: bool")
+    .Attr("min_count: int >= 0 = 0")
     .SetIsStateful()
     .SetShapeFn([](InferenceContext* c) -> Status {
       TF_RETURN_IF_ERROR(VectorsShape(c, 0, 6));
@@ -214,7 +215,9 @@ What changed since change tracking began or since the last call with `clear`
 (which starts anew and turns tracking on), for delta checkpoints: the
 admitted keys whose rows training touched (keys, rows, last_seen; every
 admitted key before tracking began), the whole pending state, the counters
-and the keys eviction removed.
+and the keys eviction removed. `min_count` > 0 (mxRec's
+recent_key_count_threshold): only the keys touched at least that often since
+the last clear; with `clear`, touches are counted from then on (0: not).
 )doc");
 
 REGISTER_OP("MxKeyIndexImportState")

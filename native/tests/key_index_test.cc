@@ -1114,5 +1114,67 @@ TEST(ChangeTrackingTest, ImportStartsANewBaseAndMemoryCountsTheBitmap) {
   EXPECT_TRUE(changes.changed.keys.empty() && changes.deleted.empty());
 }
 
+TEST(ChangeTrackingTest, MinCountLeavesOutRareKeysAndCountsOccurrencesAndAdmissionCounts) {
+  // mxRec's recent_key_count_threshold: a delta keeps the keys touched at least
+  // min_count times since the last clear.
+  KeyIndex index(16, "delta_t");
+  KeyIndex::Changes changes;
+  index.ExportChanges(/*clear=*/true, &changes, /*min_count=*/3);
+  EXPECT_TRUE(index.counting_touches());
+  std::vector<int64_t> keys = {1, 2, 3};
+  std::vector<int64_t> rows(3);
+  std::vector<int64_t> occurrences = {3, 1, 2};  // 3 occurred 2 times in the first batch.
+  ASSERT_TRUE(index.FindOrInsert(keys.data(), 3, rows.data(), occurrences.data()).ok());
+  std::vector<int64_t> again = {3};  // Once more (no occurrences: once each).
+  ASSERT_TRUE(index.FindOrInsert(again.data(), 1, rows.data()).ok());
+  index.ExportChanges(false, &changes, 3);  // A peek: 1 (3 times) and 3 (3 times); 2 is rare.
+  EXPECT_EQ(ChangedPairs(changes), (std::vector<std::pair<int64_t, int64_t>>{{1, 0}, {3, 2}}));
+  index.ExportChanges(false, &changes, 4);
+  EXPECT_TRUE(changes.changed.keys.empty());
+  index.ExportChanges(true, &changes, 3);  // Counts start anew: 2's single touch is forgotten.
+  ASSERT_TRUE(index.FindOrInsert(keys.data() + 1, 1, rows.data()).ok());
+  index.ExportChanges(false, &changes, 1);
+  EXPECT_EQ(ChangedPairs(changes), (std::vector<std::pair<int64_t, int64_t>>{{2, 1}}));
+  index.ExportChanges(false, &changes, 2);
+  EXPECT_TRUE(changes.changed.keys.empty());
+
+  // With admission, the sightings' counts add up.
+  std::vector<int64_t> counts = {2, 5};
+  std::vector<int64_t> admitted = {7, 8};
+  ASSERT_TRUE(
+      index.FindOrInsertAdmitting(admitted.data(), counts.data(), 2, 1, 100, rows.data()).ok());
+  index.ExportChanges(false, &changes, 5);
+  EXPECT_EQ(changes.changed.keys, (std::vector<int64_t>{8}));
+
+  // A clear with min_count 0 stops counting; every changed key is exported again.
+  index.ExportChanges(true, &changes, 0);
+  EXPECT_FALSE(index.counting_touches());
+  ASSERT_TRUE(index.FindOrInsert(keys.data(), 1, rows.data()).ok());
+  index.ExportChanges(false, &changes, 0);
+  EXPECT_EQ(ChangedPairs(changes), (std::vector<std::pair<int64_t, int64_t>>{{1, 0}}));
+}
+
+TEST(ChangeTrackingTest, AnEvictedRowsCountDoesNotPassToItsNextKey) {
+  KeyIndex index(2, "delta_t");
+  KeyIndex::Changes changes;
+  index.ExportChanges(true, &changes, 2);
+  std::vector<int64_t> keys = {1};
+  std::vector<int64_t> counts = {5};
+  std::vector<int64_t> rows(1);
+  ASSERT_TRUE(index.FindOrInsertAdmitting(keys.data(), counts.data(), 1, 1, 100, rows.data()).ok());
+  std::vector<int64_t> freed;
+  std::vector<int64_t> other = {2};
+  std::vector<int64_t> once = {1};
+  ASSERT_TRUE(index.FindOrInsertAdmitting(other.data(), once.data(), 1, 1, 200, rows.data()).ok());
+  index.Evict(50, &freed);  // Key 1 (row 0) idle.
+  EXPECT_EQ(freed, (std::vector<int64_t>{0}));
+  std::vector<int64_t> next = {3};  // Takes row 0, seen once.
+  ASSERT_TRUE(index.FindOrInsertAdmitting(next.data(), once.data(), 1, 1, 210, rows.data()).ok());
+  EXPECT_EQ(rows[0], 0);
+  index.ExportChanges(false, &changes, 2);
+  EXPECT_TRUE(changes.changed.keys.empty());
+  EXPECT_EQ(changes.deleted, (std::vector<int64_t>{1}));
+}
+
 }  // namespace
 }  // namespace mxrec

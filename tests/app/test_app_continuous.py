@@ -184,6 +184,11 @@ def test_a_corrupt_partition_is_named_and_nothing_is_trained(staged, tmp_path, c
     (["--continuous", "--set", "continuous.late_partitions=later"], "late_partitions"),
     (["--continuous", "--set", "continuous.partitions_dir=/nonexistent/days"
      ], "partitions directory /nonexistent/days does not exist"),
+    ([
+        "--continuous", "--set", "continuous.partitions_dir=.", "--set",
+        "pipeline.checkpoint={full_every_steps: 4, delta_every_steps: 2}"
+    ], "`pipeline.checkpoint.delta_every_steps`: a continuous run saves a checkpoint after every "
+     "partition"),
 ])
 def test_bad_continuous_arguments_are_named(tmp_path, capsys, args, match):
   code = cli.main(["train", CONFIG, "--set", f"pipeline.model_dir={tmp_path}", *args])

@@ -7,7 +7,7 @@ on 2 ps tasks; the job resumes on 1 ps task with 2 asynchronous workers for
 epochs 2 and 3 (the shards re-sharded, every tier's rows handed over): no key
 is lost, the one shard holds more item keys than its 8 device rows (the host
 and SSD tiers hold the rest), epoch 3 saves each tiered shard as a delta on
-epoch 2's full save (`full_every_epochs` 2), and the run's export and
+epoch 2's full save (`full_every_steps` 6), and the run's export and
 `mxrec-pipeline export` of that checkpoint serve in a fresh process with
 plain TensorFlow.
 """
@@ -66,9 +66,9 @@ def test_tiered_tables_train_on_ps_reshard_and_export(tmp_path):
   model_dir = tmp_path / "run"
   _launch("workers=1,ps=2", tmp_path, data_dir, model_dir, num_epochs=1, num_train_steps=6)
   out = _launch("workers=2,ps=1", tmp_path, data_dir, model_dir, num_epochs=3, num_train_steps=9,
-                **{"checkpoint.full_every_epochs": 2})
+                **{"checkpoint.full_every_steps": 6})
   assert "continuing at epoch 2 of 3" in out
-  # Another ps count starts a chain: ckpt-2 full, ckpt-3 a delta on it.
+  # Another ps count starts a chain: ckpt-2 full (step 6), ckpt-3 a delta on it (step 9 < 6 + 6).
   chains = [table_checkpoints.chain(str(model_dir / "checkpoints"), n) for n in (2, 3)]
   assert chains == [[2], [2, 3]]
   for table in ("user", "item"):

@@ -108,13 +108,15 @@ def main():
                       help="export_best_model by validation loss")
   parser.add_argument("--full-every", type=int, default=1,
                       help="pipeline.checkpoint.full_every_epochs (delta checkpoints between)")
+  parser.add_argument("--checkpoint", type=json.loads,
+                      help="pipeline.checkpoint as JSON (instead of --full-every)")
   args = parser.parse_args()
   train, valid = (os.path.join(args.task_dir, f) for f in ("train.tfrecord", "valid.tfrecord"))
   hparams = pipeline_lib.PipelineHparams(
       model_dir=args.model_dir, num_epochs=args.epochs, num_train_steps=args.steps,
       learning_rate=0.05, seed=7, resume=not args.no_resume, export_best_model=args.export_best,
       best_exporter_metric="loss", best_exporter_metric_higher_better=False,
-      checkpoint={"full_every_epochs": args.full_every})
+      checkpoint=args.checkpoint or {"full_every_epochs": args.full_every})
   if args.tiered_ssd_dir:  # Batches of 2 lists: each batch's items fit the 12 device rows.
     model_builder = lib.model_builder(tables=lib.tiered_tables(args.tiered_ssd_dir))
     datasets = lib.dataset_builder(train, valid, train_batch_size=2)

@@ -389,8 +389,11 @@ def test_delta_checkpoints_between_full_ones_resume_and_export_as_full_ones(
                       env={"MXREC_FAULT": "train_batch:9"})  # Epoch 3's 3rd batch.
   assert killed.returncode == -9, killed.stderr[-3000:]
   assert "Resumed from" in killed.stdout and "ckpt-1: 1 epoch(s) and 6 step(s)" in killed.stdout
-  assert not (shards / "shards-1" / "chain.json").exists()
-  assert json.loads((shards / "shards-2" / "chain.json").read_text()) == {"chain": [1, 2]}
+  # Each chain.json names the chain and the step of its full save (keras/save_schedule.py).
+  assert json.loads(
+      (shards / "shards-1" / "chain.json").read_text()) == {"chain": [1], "full_step": 6}
+  assert json.loads(
+      (shards / "shards-2" / "chain.json").read_text()) == {"chain": [1, 2], "full_step": 6}
   names = [
       n for n, _ in tf.train.list_variables(str(shards / "shards-2" / "user" / "shard-0-of-1"))
   ]
@@ -413,4 +416,34 @@ def test_delta_checkpoints_between_full_ones_resume_and_export_as_full_ones(
   again = run_worker(task, model_dir, tmp_path / "state.json", *args)  # From ckpt-2's chain.
   assert again.returncode == 0, again.stderr[-3000:]
   _assert_ends_as_reference(model_dir, _state(tmp_path / "state.json"), reference)
-  assert not (shards / "shards-3" / "chain.json").exists()  # Full again.
+  assert json.loads((shards / "shards-3" / "chain.json").read_text())["chain"] == [3]  # Full.
+
+
+def test_a_checkpoint_schedule_in_steps_and_seconds_resumes_from_its_last_save(
+    task, reference, tmp_path):
+  """`pipeline.checkpoint` {full_every_steps 12, delta_every_s 3600, keep_full 1}, 6 steps/epoch.
+
+  Epoch 1 saves in full (a run's first save); epoch 2 saves nothing (no
+  hour since the last save, no full save due); killed in epoch 3, the same
+  command resumes from ckpt-1 and retrains epoch 2; epoch 3 (step 18, 12 past
+  the chain's full save) saves in full, and keep_full 1 removes ckpt-1's
+  chain. The run ends as the uninterrupted reference.
+  """
+  model_dir = tmp_path / "model"
+  args = ("--export-best", "--checkpoint",
+          json.dumps({"full_every_steps": 12, "delta_every_s": 3600, "keep_full": 1}))
+  killed = run_worker(task, model_dir, tmp_path / "state.json", *args,
+                      env={"MXREC_FAULT": "train_batch:15"})  # Epoch 3's 3rd batch.
+  assert killed.returncode == -9, killed.stderr[-3000:]
+  shards = model_dir / "checkpoints"
+  assert sorted(p.name for p in shards.glob("ckpt-*.index")) == ["ckpt-1.index"]
+  again = run_worker(task, model_dir, tmp_path / "state.json", *args)
+  assert again.returncode == 0, again.stderr[-3000:]
+  assert "ckpt-1: 1 epoch(s) and 6 step(s) done, continuing at epoch 2 of 3" in again.stdout
+  _assert_ends_as_reference(model_dir, _state(tmp_path / "state.json"), reference)
+  assert sorted(p.name for p in shards.glob("ckpt-*.index")) == ["ckpt-3.index"]
+  assert sorted(p.name for p in shards.glob("shards-*")) == ["shards-3"]
+  record = json.loads((shards / "shards-3" / "chain.json").read_text())
+  assert record["chain"] == [3] and record["full_step"] == 18 and record["full_time"] > 0
+  assert tf.train.get_checkpoint_state(
+      str(shards)).all_model_checkpoint_paths == [str(shards / "ckpt-3")]

@@ -72,7 +72,8 @@ def test_checkpoint_holds_the_tiers(trained):
       name.startswith("tiered_tables/item/tiers/") and "store_values" in name for name in names)
   assert not [name for name in names if name.startswith("tiered_tables/user/")]
   shards = pathlib.Path(checkpoint).parent / f"shards-{checkpoint.rsplit('-', 1)[1]}"
-  assert sorted(p.name for p in shards.iterdir()) == ["item", "user", "word"]
+  # Each table's shard, and the chain's record (keras/save_schedule.py).
+  assert sorted(p.name for p in shards.iterdir()) == ["chain.json", "item", "user", "word"]
 
 
 def test_saved_model_serves_every_tier_without_the_op_library(trained):

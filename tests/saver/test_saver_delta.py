@@ -7,8 +7,9 @@ gives, and the same next step, for plain and dynamic-expansion tables;
 `restore_model_version` picks step 3 of the directory. Deltas hold only the
 keys trained since the previous save; a full
 part a kept delta needs outlives max_to_keep; a failed delta loses no change;
-misuse and a missing part of the chain are named. DeltaCheckpointHook saves
-on init()'s timers (a fake clock).
+misuse and a missing part of the chain are named; recent_key_count_threshold
+leaves rare keys out of deltas. DeltaCheckpointHook saves on init()'s timers
+(a fake clock).
 """
 
 import json
@@ -182,6 +183,32 @@ def test_misuse_and_a_broken_chain_are_named(tmp_path):
     init(save_delta_checkpoints_secs=60)
   with pytest.raises(TypeError, match="`save_checkpoint_due_time` must be an int or None"):
     init(save_checkpoint_due_time=1.5)
+  with pytest.raises(
+      ValueError, match=r"`recent_key_count_threshold`=2 filters delta "
+      r"checkpoints: it needs `is_incremental_checkpoint=True`"):
+    init(recent_key_count_threshold=2)
+  with pytest.raises(ValueError, match=r"`recent_key_count_threshold` must be in \[0, "):
+    init(is_incremental_checkpoint=True, recent_key_count_threshold=-1)
+  with pytest.raises(TypeError, match="`recent_key_count_threshold` must be an int"):
+    init(is_incremental_checkpoint=True, recent_key_count_threshold=2.0)
+
+
+@pytest.mark.parametrize("mode", test_saver.MODES)
+def test_recent_key_count_threshold_leaves_rare_keys_out_of_the_deltas(mode, tmp_path):
+  """mxRec's low-frequency filter: a delta holds the keys trained at least N times since the
+  previous save (occurrences in the batches; the evaluation probe does not count)."""
+  paths, states, _ = _train_with_deltas(str(tmp_path), mode, recent_key_count_threshold=2)
+  # Step 3's batch: item 3 twice (8, 9, 1, 5 once), user 200 twice; step 4's: item 4 twice.
+  for step, table, keys in ((3, "item", [3]), (3, "user", [200]), (4, "item", [4]), (4, "user",
+                                                                                     [])):
+    delta = tmp_path / f"delta-sparse-model-{step}" / sparse_files.table_dir(table)
+    np.testing.assert_array_equal(np.load(delta / "keys.npy"), keys, err_msg=f"{step} {table}")
+  # The full part holds every key; the chain then lacks the rare keys' later changes (by
+  # design): item 8, first seen at step 3 once, is not restored.
+  full = tmp_path / "sparse-model-2" / sparse_files.table_dir("item")
+  assert 8 not in np.load(full / "keys.npy")
+  restored, _ = _restored(paths[4], mode, recent_key_count_threshold=2)
+  assert 8 not in restored["item/keys"] and 8 in states[4]["item/keys"]
 
 
 def test_the_hook_saves_full_and_delta_checkpoints_on_the_init_timers(tmp_path):
