@@ -5,11 +5,11 @@ rows back, gradients home) with TF's CollectiveAllToAllV2
 (collective_ops.all_to_all_v2, CPU and GPU, over the gRPC collective executor
 MultiWorkerMirroredStrategy sets up) instead of all-gathers, as TorchRec's
 row-wise input/output dists and TFRA's all-to-all embedding do: each worker
-buckets its distinct keys by owner, the per-owner counts are all-gathered,
-the keys go out in chunks padded to the largest count and the rows come back,
-one all-to-all each; the gradient of an all-to-all is the reverse all-to-all.
-A worker receives about its own n distinct ids and rows, n (8 + 2 d s) bytes
-per step instead of exchange.py's W n (8 + 2 d s).
+buckets its distinct keys by owner, one all-reduce (max) of a number agrees on
+the largest count M, the keys go out in chunks of M led by their count and
+the rows come back, one all-to-all each; the gradient of an all-to-all is the
+reverse all-to-all. A worker receives about its own n distinct ids and rows,
+n (8 + 2 d s) bytes per step instead of exchange.py's W n (8 + 2 d s).
 
 all_to_all_v2 is not reachable through the public ReplicaContext in TF 2.15;
 its collectives are keyed by (group_key, instance_key), which every worker
@@ -34,8 +34,8 @@ from mxrec_pipeline.distributed import sharding
 # group key, so int32 instance keys never overflow.
 GROUP_KEY = 1 << 30
 MAX_TABLES = 64  # Instance keys interleave the tables: 1 + (call * 64 + table index).
-_KEYS_PER_LOOKUP = 3  # ids forward, rows forward, rows backward.
-# The most lookups whose instance keys fit in int32: 1 + ((3 * lookup + 2) * 64 + 63) < 2**31.
+_KEYS_PER_LOOKUP = 4  # the largest count, ids forward, rows forward, rows backward.
+# The most lookups whose instance keys fit in int32: 1 + ((4 * lookup + 3) * 64 + 63) < 2**31.
 MAX_LOOKUPS_PER_GROUP = (
     (1 << 31) - 2 -
     (_KEYS_PER_LOOKUP - 1) * MAX_TABLES - MAX_TABLES) // (_KEYS_PER_LOOKUP * MAX_TABLES) + 1
@@ -50,8 +50,8 @@ class AllToAllKeys(tf.Module):
   call, as MultiWorkerMirroredStrategy's launchers take call-time keys. A
   per-worker counter of lookups, advanced identically on every worker,
   gives them: lookup c of table t uses group GROUP_KEY + c // per_group and
-  instance keys 1 + ((3 * (c % per_group) + k) * MAX_TABLES + t), k < 3, all
-  int32 for any number of lookups (a new group every ~11 million lookups of
+  instance keys 1 + ((4 * (c % per_group) + k) * MAX_TABLES + t), k < 4, all
+  int32 for any number of lookups (a new group every ~8.4 million lookups of
   a table; TF sets a group up on its first collective).
 
   Args:
@@ -110,15 +110,24 @@ def _all_to_all(t, num_shards: int, group_key, forward_key, backward_key, timeou
   return exchange_rows(t)
 
 
+def _largest(count: tf.Tensor, num_shards: int, group_key, instance_key,
+             timeout_s: float) -> tf.Tensor:
+  """The largest of every worker's int32 scalar `count`: one all-reduce (max) of 4 bytes."""
+  return collective_ops.all_reduce_v2(count[tf.newaxis], num_shards, group_key, instance_key,
+                                      merge_op="Max", final_op="Id", timeout=timeout_s)[0]
+
+
 def exchange_lookup(unique_keys: tf.Tensor, lookup_owned: Callable[..., tf.Tensor], num_shards: int,
                     dim: int, dtype: tf.DType, keys: AllToAllKeys, timeout_s: float = 0.0,
                     weights: tf.Tensor | None = None) -> tuple[tf.Tensor, exchange.ExchangeBytes]:
   """See exchange.exchange_lookup; the same contract, routed by all-to-alls.
 
     1. bucket    this worker's distinct keys sorted by owner; counts [W] per owner
-    2. counts    all_gather(counts) -> C [W, W], C[i, j] = keys i sends to j;
-                 chunks padded to M = max C (all_to_all sends equal chunks)
-    3. ids       all_to_all([W, M] keys)      -> the keys every worker asks me
+    2. largest   all_reduce(max) of this worker's largest count -> M, the
+                 same on every worker (all_to_all sends equal chunks)
+    3. ids       all_to_all([W, 1 + M] keys): chunk j is the count of keys
+                 for owner j, then those keys, padded -> the keys every
+                 worker asks me, each chunk led by its count
     4. lookup    the owner's rows of the valid ones
     5. rows      all_to_all([W, M, dim] rows) -> my keys' rows from their owners
     backward:    the gradient of an all_to_all is the all_to_all of the
@@ -129,39 +138,44 @@ def exchange_lookup(unique_keys: tf.Tensor, lookup_owned: Callable[..., tf.Tenso
     unique_keys, lookup_owned, num_shards, dim, dtype, weights: As
       exchange.exchange_lookup's.
     keys: The table's AllToAllKeys.
-    timeout_s: Timeout of each all-to-all in seconds (0: none); a worker
+    timeout_s: Timeout of each collective in seconds (0: none); a worker
       that does not join fails the others with DeadlineExceededError.
 
   Returns:
-    ([n, dim] rows of unique_keys, ExchangeBytes: ids = W * M * 8 (16 with
-    weights) + W * W * 4, rows = gradients = W * M * dim * itemsize).
+    ([n, dim] rows of unique_keys, ExchangeBytes: ids = W * (1 + M) * 8 (16
+    with weights) + 4, rows = gradients = W * M * dim * itemsize).
   """
   context = tf.distribute.get_replica_context()
   if context is None or tf.distribute.in_cross_replica_context():
     raise ValueError("exchange_lookup: call it inside strategy.run (a replica context)")
-  me = context.replica_id_in_sync_group
   n = tf.size(unique_keys, out_type=tf.int32)
   owners = sharding.owner(unique_keys, num_shards)
   order = tf.argsort(owners, stable=True)
   sorted_owners = tf.gather(owners, order)
   send_counts = tf.math.bincount(owners, minlength=num_shards, maxlength=num_shards, dtype=tf.int32)
-  counts = context.all_gather(send_counts[tf.newaxis], axis=0)  # [W, W]
-  chunk = tf.maximum(tf.reduce_max(counts), 1)  # M
+  group_key, (largest_key, ids_key, rows_key, grads_key) = keys.next()
+  chunk = tf.maximum(
+      _largest(tf.reduce_max(send_counts), num_shards, group_key, largest_key, timeout_s), 1)  # M
   starts = tf.cumsum(send_counts, exclusive=True)
   slots = sorted_owners * chunk + tf.range(n) - tf.gather(starts, sorted_owners)  # [n]
   padded = num_shards * chunk
   sent = tf.gather(unique_keys, order)
   if weights is not None:
     sent = tf.stack([sent, tf.gather(weights, order)], axis=1)  # [n, 2]
-  outgoing = tf.scatter_nd(slots[:, tf.newaxis], sent, tf.concat([[padded], tf.shape(sent)[1:]], 0))
-  group_key, (ids_key, rows_key, grads_key) = keys.next()
-  incoming = _all_to_all(
-      tf.reshape(outgoing, tf.concat([[num_shards, chunk], tf.shape(sent)[1:]], 0)), num_shards,
-      group_key, ids_key, None, timeout_s)
-  valid = tf.reshape(tf.range(chunk)[tf.newaxis] < counts[:, me][:, tf.newaxis], [-1])
+  trailing = tf.shape(sent)[1:]
+  outgoing = tf.scatter_nd(slots[:, tf.newaxis], sent, tf.concat([[padded], trailing], 0))
+  # Each chunk led by its count (a weighted chunk's: [count, 0]).
+  counts = tf.cast(send_counts, sent.dtype)[:, tf.newaxis]
+  if weights is not None:
+    counts = tf.stack([counts, tf.zeros_like(counts)], axis=-1)
+  outgoing = tf.concat(
+      [counts, tf.reshape(outgoing, tf.concat([[num_shards, chunk], trailing], 0))],
+      axis=1)  # [W, 1 + M, ...]
+  incoming = _all_to_all(outgoing, num_shards, group_key, ids_key, None, timeout_s)
+  received = tf.cast(incoming[:, 0] if weights is None else incoming[:, 0, 0], tf.int32)  # [W]
+  valid = tf.reshape(tf.range(chunk)[tf.newaxis] < received[:, tf.newaxis], [-1])
   positions = tf.cast(tf.reshape(tf.where(valid), [-1]), tf.int32)  # In [0, W * M).
-  incoming = tf.gather(tf.reshape(incoming, tf.concat([[padded], tf.shape(sent)[1:]], 0)),
-                       positions)
+  incoming = tf.gather(tf.reshape(incoming[:, 1:], tf.concat([[padded], trailing], 0)), positions)
   if weights is None:
     own_rows = lookup_owned(incoming)
   else:
@@ -175,5 +189,5 @@ def exchange_lookup(unique_keys: tf.Tensor, lookup_owned: Callable[..., tf.Tenso
   row_bytes = padded64 * dim * dtype.size
   key_bytes = exchange.KEY_BYTES * (2 if weights is not None else 1)
   return rows, exchange.ExchangeBytes(
-      ids=padded64 * key_bytes + num_shards * num_shards * exchange.COUNT_BYTES, rows=row_bytes,
+      ids=(padded64 + num_shards) * key_bytes + exchange.COUNT_BYTES, rows=row_bytes,
       gradients=row_bytes)

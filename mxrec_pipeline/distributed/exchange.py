@@ -28,7 +28,7 @@ import tensorflow as tf
 from mxrec_pipeline.distributed import sharding
 
 KEY_BYTES = 8  # int64 keys.
-COUNT_BYTES = 4  # int32 counts all-gathered beside them.
+COUNT_BYTES = 4  # int32 counts exchanged beside them.
 
 
 @dataclasses.dataclass(frozen=True)
@@ -139,8 +139,9 @@ def bytes_per_step_formula(unique_ids_per_worker: float, dim: int, num_workers: 
 
   all_gather (this module): W * n * (8 + 2 * dim * itemsize) + 3 * W * 4.
   all_to_all (distributed/all_to_all.py): n * (8 + 2 * dim * itemsize)
-  + W * W * 4. For n distinct ids per worker and step, no padding (equal n
-  on every worker, keys spread evenly over the owners).
+  + W * 8 + 4 (the chunks' counts; the largest count). For n distinct ids
+  per worker and step, no padding (equal n on every worker, keys spread
+  evenly over the owners).
 
   Args:
     unique_ids_per_worker: n, distinct ids of the table in a worker's batch.
@@ -157,5 +158,5 @@ def bytes_per_step_formula(unique_ids_per_worker: float, dim: int, num_workers: 
   if routing == "all_gather":
     return w * n * per_id + 3 * w * COUNT_BYTES
   if routing == "all_to_all":
-    return n * per_id + w * w * COUNT_BYTES
+    return n * per_id + w * KEY_BYTES + COUNT_BYTES
   raise ValueError(f"`routing` must be 'all_gather' or 'all_to_all', got {routing!r}")

@@ -49,7 +49,7 @@ def test_one_shard_lookup_gradient_and_update():
 def test_bytes_formula():
   assert exchange.bytes_per_step_formula(1000, 16, 2) == 2 * 1000 * (8 + 2 * 16 * 4) + 3 * 2 * 4
   assert exchange.bytes_per_step_formula(
-      1000, 16, 2, routing="all_to_all") == (1000 * (8 + 2 * 16 * 4) + 2 * 2 * 4)
+      1000, 16, 2, routing="all_to_all") == (1000 * (8 + 2 * 16 * 4) + 2 * 8 + 4)
   with pytest.raises(ValueError, match="`routing` must be"):
     exchange.bytes_per_step_formula(1000, 16, 2, routing="ring")
 
@@ -88,12 +88,12 @@ def test_all_to_all_keys_never_overflow_int32():
   group, instances = keys.next()  # The last lookup of the first group: the largest keys.
   assert int(group) == all_to_all.GROUP_KEY
   assert [int(k) for k in instances] == [
-      1 + ((3 * last + k) * all_to_all.MAX_TABLES + all_to_all.MAX_TABLES - 1) for k in range(3)
+      1 + ((4 * last + k) * all_to_all.MAX_TABLES + all_to_all.MAX_TABLES - 1) for k in range(4)
   ]
   assert max(int(k) for k in instances) <= np.iinfo(np.int32).max
   group, instances = keys.next()  # The next group starts over.
   assert int(group) == all_to_all.GROUP_KEY + 1
-  assert [int(k) for k in instances] == [1 + k * all_to_all.MAX_TABLES + 63 for k in range(3)]
+  assert [int(k) for k in instances] == [1 + k * all_to_all.MAX_TABLES + 63 for k in range(4)]
   small = all_to_all.AllToAllKeys(0, lookups_per_group=2)
   assert [int(small.next()[0]) - all_to_all.GROUP_KEY for _ in range(5)] == [0, 0, 1, 1, 2]
   with pytest.raises(ValueError, match="`lookups_per_group` must be in"):

@@ -123,7 +123,7 @@ def _check_bytes(outs):
 
 
 def _check_all_to_all_bytes(outs, weighted):
-  """Counted bytes == W chunks of the largest worker-to-owner count M, per step."""
+  """Counted bytes == W chunks of the largest worker-to-owner count M (+ its count), per step."""
   ids_bytes = rows_bytes = 0
   workers, row_bytes = len(outs), lib.DIM * 4
   for step in range(STEPS):
@@ -131,7 +131,7 @@ def _check_all_to_all_bytes(outs, weighted):
     for w in range(workers):
       owners = sharding.owner_numpy(np.unique(lib.worker_slice(step, w, workers)[0]), workers)
       chunk = max(chunk, np.bincount(owners, minlength=workers).max())
-    ids_bytes += workers * chunk * 8 * (2 if weighted else 1) + workers * workers * 4
+    ids_bytes += workers * (chunk + 1) * 8 * (2 if weighted else 1) + 4
     rows_bytes += workers * chunk * row_bytes
   for out in outs:
     np.testing.assert_array_equal(out["bytes"], [ids_bytes, rows_bytes, rows_bytes])
