@@ -29,6 +29,7 @@ from mxrec_pipeline import config as config_lib
 from mxrec_pipeline import evaluation
 from mxrec_pipeline import jobs
 from mxrec_pipeline.keras import checkpoints as checkpoints_lib
+from mxrec_pipeline.keras import datasets
 from mxrec_pipeline.keras import epochs as epochs_lib
 from mxrec_pipeline.keras import manifest
 from mxrec_pipeline.keras import pipeline as pipeline_lib
@@ -121,10 +122,8 @@ def _evaluate(pipeline: pipeline_lib.ModelFitPipeline, prefix: str) -> dict:
   initialize.init()
   model = pipeline.restore_for_export(prefix)
   pipeline.model = model
-  dataset = pipeline.dataset_builder.build_raw_valid_dataset()
-  steps = pipeline.hparams.num_valid_steps
-  if steps:
-    dataset = dataset.take(steps)
+  dataset = datasets.validation_batches(pipeline.dataset_builder, pipeline.hparams.num_valid_steps,
+                                        raw=True)
   with pipeline.serving_scorer(model) as score:
     metrics = evaluation.evaluate_scores(dataset, score)
   return {

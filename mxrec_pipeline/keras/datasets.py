@@ -281,17 +281,20 @@ class BaseDatasetBuilder(tfr.keras.pipeline.BaseDatasetBuilder):
     """
     return self._insert(self._valid_batches(num_epochs, all_lists=False), is_training=False)
 
-  def build_raw_valid_dataset(self, all_lists: bool = False) -> tf.data.Dataset:
-    """One pass over the validation batches without insertion: raw ids kept.
+  def build_raw_valid_dataset(self, all_lists: bool = False,
+                              num_epochs: int | None = 1) -> tf.data.Dataset:
+    """The validation batches without insertion: raw ids kept.
 
-    For scorers that read raw features (baselines); same batches and order as
-    `build_valid_dataset(num_epochs=1)`.
+    For scorers that read raw features (baselines, the serving scorer); the
+    same batches in the same order as `build_valid_dataset(num_epochs)`.
 
     Args:
       all_lists: Keep every list, even under `skip_lists_without_relevant`
         (e.g. to count them).
+      num_epochs: Passes over the validation data (default one); None
+        repeats forever.
     """
-    return self._valid_batches(1, all_lists)
+    return self._valid_batches(num_epochs, all_lists)
 
   def _valid_batches(self, num_epochs: int | None, all_lists: bool) -> tf.data.Dataset:
     dataset = self._build_dataset(file_pattern=self._hparams.valid_input_pattern,
@@ -347,3 +350,22 @@ class SimpleDatasetBuilder(BaseDatasetBuilder):
 
   # tfr's SimpleDatasetBuilder._features_and_labels, reused unchanged.
   _features_and_labels = tfr.keras.pipeline.SimpleDatasetBuilder._features_and_labels
+
+
+def validation_batches(builder, num_steps: int | None, raw: bool = False) -> tf.data.Dataset:
+  """The validation batches a run scores: `num_steps` of them, or one pass when None.
+
+  As Keras' `validation_steps` reads them: with `num_steps`, the data
+  repeats when it has fewer batches. The coordinator's validation under
+  ParameterServerStrategy and the sidecar evaluator both score these.
+
+  Args:
+    builder: The run's dataset builder (`raw` needs `build_raw_valid_dataset`,
+      a BaseDatasetBuilder's).
+    num_steps: Batches (PipelineHparams.num_valid_steps), or None: one pass.
+    raw: Raw ids, not inserted (for a scorer that maps ids itself: the export's).
+  """
+  epochs = None if num_steps else 1
+  dataset = (builder.build_raw_valid_dataset(
+      num_epochs=epochs) if raw else builder.build_valid_dataset(num_epochs=epochs))
+  return dataset.take(num_steps) if num_steps else dataset

@@ -26,6 +26,7 @@ from mxrec_pipeline.core.asc import replicas
 from mxrec_pipeline.hparams import RANKING_METRICS
 from mxrec_pipeline.keras import callbacks as callbacks_lib
 from mxrec_pipeline.keras import ps
+from mxrec_pipeline.keras import datasets
 from mxrec_pipeline.keras.datasets import BaseDatasetBuilder
 from mxrec_pipeline.keras.epochs import EpochGate, epoch_groups
 from mxrec_pipeline.keras.strategies import splits_batches
@@ -133,10 +134,7 @@ class EpochLoops:
 
   def _evaluate_on_coordinator(self) -> dict[str, float]:
     """ps.evaluate_on_coordinator over the validation data (`num_valid_steps` batches or all)."""
-    steps = self._hparams.num_valid_steps
-    dataset = self._data.build_valid_dataset(num_epochs=None if steps else 1)
-    if steps:
-      dataset = dataset.take(steps)
+    dataset = datasets.validation_batches(self._data, self._hparams.num_valid_steps)
     return ps.evaluate_on_coordinator(self.model, dataset, self.build_metrics())
 
   def _has_sparse_features(self) -> bool:
