@@ -192,6 +192,10 @@ class BestModelExporter(tf.keras.callbacks.Callback):
     higher_is_better: Direction of `monitor`.
     best: The run's BestMetric (`TrainingCheckpoint.best`); None: a new one.
 
+  Attributes:
+    current: Whether this process wrote the export at the last epoch end of
+      the run (so it serves the model as it is now).
+
   Raises:
     KeyError (at epoch end): `monitor` is not among the logs (named).
   """
@@ -204,6 +208,7 @@ class BestModelExporter(tf.keras.callbacks.Callback):
     self.export_fn, self.path, self.monitor = export_fn, path, monitor
     self.higher_is_better = higher_is_better
     self.state = best or BestMetric()
+    self.current = False
 
   @property
   def best(self) -> float | None:
@@ -222,6 +227,9 @@ class BestModelExporter(tf.keras.callbacks.Callback):
       state = json.load(f)
     return float(state["value"]) if state.get("monitor") == self.monitor else None
 
+  def on_train_begin(self, logs=None):
+    self.current = False
+
   def on_epoch_end(self, epoch, logs=None):
     logs = logs or {}
     if self.monitor not in logs:
@@ -229,11 +237,13 @@ class BestModelExporter(tf.keras.callbacks.Callback):
     value = float(logs[self.monitor])
     best = self.best
     better = best is None or (value > best if self.higher_is_better else value < best)
+    self.current = False
     if better:
       written = self.export_fn(self.model, self.path)
       self.state.set(self.monitor, value, epoch + 1)
       if written is None:  # Another process of the cluster writes the export.
         return
+      self.current = True
       model_files.write_text_atomically(  # A reader never sees it half-written.
           os.path.join(self.path, self.STATE_FILE),
           json.dumps({"monitor": self.monitor, "value": value, "epoch": epoch + 1}))

@@ -40,6 +40,7 @@ from mxrec_pipeline.keras.sharded import ShardedLookup
 from mxrec_pipeline.util import atomic_dir
 from mxrec_pipeline.util import initialize
 from mxrec_pipeline.util import local_variable
+from mxrec_pipeline.util import model_files
 from mxrec_pipeline.util import storage
 
 SERVING_INPUT = "examples"
@@ -213,4 +214,25 @@ def export_serving_model(model, export_dir: str, context_feature_spec, example_f
     with storage.full_storage_named(f"export {os.path.basename(export_dir)}", export_dir,
                                     "the previous export there is intact"):
       atomic_dir.write_dir_atomically(export_dir, write, before_rename=before_rename)
+  return export_dir
+
+
+def copy_export(source: str, export_dir: str, ignore: Sequence[str] = (),
+                before_rename: Callable[[str], None] | None = None) -> str:
+  """Writes a copy of the export `source` as `export_dir`, as `export_serving_model` writes one.
+
+  For an export of a model whose state `source` already serves (a run whose
+  last epoch was its best: latest_model is then best_model_by_metric's
+  SavedModel). Beside `export_dir`, then renamed into place; `ignore`: file
+  names (fnmatch patterns) not copied; `before_rename` as
+  export_serving_model's.
+
+  Returns:
+    export_dir.
+  """
+  with storage.full_storage_named(f"export {os.path.basename(export_dir)}", export_dir,
+                                  "the previous export there is intact"):
+    atomic_dir.write_dir_atomically(export_dir,
+                                    lambda path: model_files.copy_tree(source, path, ignore),
+                                    before_rename=before_rename)
   return export_dir

@@ -16,12 +16,13 @@ import dataclasses
 import json
 import os
 import tempfile
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Sequence
 
 import tensorflow as tf
 
 from mxrec_pipeline.distributed import checkpoint as checkpoint_lib
 from mxrec_pipeline.distributed import export as distributed_export
+from mxrec_pipeline.keras import callbacks as callbacks_lib
 from mxrec_pipeline.keras import export as export_lib
 from mxrec_pipeline.keras import manifest
 from mxrec_pipeline.keras import model as model_lib
@@ -129,6 +130,23 @@ class PipelineExport:
     finally:
       if staging is not None:
         distributed_export.remove_staging(staging)
+
+  def export_latest(self, model,
+                    callbacks: Sequence[tf.keras.callbacks.Callback] = ()) -> str | None:
+    """Exports `model` as `model_dir/export/latest_model` at the end of training.
+
+    When the run's BestModelExporter (among `callbacks`) wrote its export at
+    the last epoch end, on one host, that export serves this very model: it
+    is copied (without its best_metric.json) instead of exported again (a
+    SavedModel export traces and serializes the serving functions: seconds).
+    Otherwise `export_saved_model`. Returns as it does.
+    """
+    latest = os.path.join(self._hparams.model_dir, "export", "latest_model")
+    best = next((c for c in callbacks if isinstance(c, callbacks_lib.BestModelExporter)), None)
+    if best is None or not best.current or self._placement.sharded:
+      return self.export_saved_model(model, latest)
+    return export_lib.copy_export(best.path, latest, ignore=[best.STATE_FILE],
+                                  before_rename=lambda _: self._faults.reach("export"))
 
   @contextlib.contextmanager
   def serving_scorer(self, model) -> Iterator[Callable[[dict], tf.Tensor]]:

@@ -95,7 +95,7 @@ class EpochLoops:
         gate.close()
     run_callbacks.end_run()
     self.history = run_callbacks.history
-    self.export_saved_model(model, os.path.join(hparams.model_dir, "export", "latest_model"))
+    self.export_latest(model, run_callbacks.callbacks)
     results = model.evaluate(self._distribute(strategy, data.build_valid_dataset(num_epochs=1)),
                              steps=valid_steps if split and not hparams.num_valid_steps else None,
                              return_dict=True, verbose=0)

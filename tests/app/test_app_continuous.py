@@ -123,29 +123,32 @@ def test_each_partition_once_in_order_scored_before_training_exported_by_version
   assert lines[2]["model"]["ndcg@10"] == pytest.approx(expected, abs=1e-5)
 
 
-@pytest.mark.parametrize("late", ["train", "skip"])
 def test_a_rerun_trains_only_what_is_new_and_a_late_partition_as_configured(
-    staged, tmp_path, capsys, late):
+    staged, tmp_path, capsys):
+  """Days 1, 2 and 4 arrive; 2 runs train them; then day 3 (late) and 5: `late_partitions`
+  train trains day 3 after 4, skip leaves it (the same run continued in two copies)."""
   days, model_dir = tmp_path / "days", tmp_path / "model"
   days.mkdir()
   _publish(staged, days, DAYS[0], DAYS[1], DAYS[3])  # Day 3 is late.
-  code, _, err = _train(capsys, model_dir, days, f"continuous.late_partitions={late}",
-                        "continuous.max_partitions=2")
+  code, _, err = _train(capsys, model_dir, days, "continuous.max_partitions=2")
   assert code == 0, err[-3000:]
   assert [line["partition"] for line in _lines(model_dir)] == [DAYS[0], DAYS[1]]
-  code, out, err = _train(capsys, model_dir, days, f"continuous.late_partitions={late}")
+  code, out, err = _train(capsys, model_dir, days)
   assert code == 0, err[-3000:]
   assert "Resumed from" in out and "2 epoch(s)" in out
   _publish(staged, days, DAYS[2], DAYS[4])
-  code, out, err = _train(capsys, model_dir, days, f"continuous.late_partitions={late}")
-  assert code == 0, err[-3000:]
-  trained = [line["partition"] for line in _lines(model_dir)]
-  if late == "train":
-    assert trained == [DAYS[0], DAYS[1], DAYS[3], DAYS[2], DAYS[4]]
-  else:
-    assert trained == [DAYS[0], DAYS[1], DAYS[3], DAYS[4]]
-    assert f"partition {DAYS[2]} arrived late (older than {DAYS[3]}): skipped" in out
-  assert [line["checkpoint"] for line in _lines(model_dir)] == list(range(1, len(trained) + 1))
+  shutil.copytree(model_dir, tmp_path / "model_skip")
+  for late in ("train", "skip"):
+    run_dir = model_dir if late == "train" else tmp_path / "model_skip"
+    code, out, err = _train(capsys, run_dir, days, f"continuous.late_partitions={late}")
+    assert code == 0, err[-3000:]
+    trained = [line["partition"] for line in _lines(run_dir)]
+    if late == "train":
+      assert trained == [DAYS[0], DAYS[1], DAYS[3], DAYS[2], DAYS[4]]
+    else:
+      assert trained == [DAYS[0], DAYS[1], DAYS[3], DAYS[4]]
+      assert f"partition {DAYS[2]} arrived late (older than {DAYS[3]}): skipped" in out
+    assert [line["checkpoint"] for line in _lines(run_dir)] == list(range(1, len(trained) + 1))
 
 
 def test_a_partition_without_data_is_named_and_trained_once_fixed(staged, tmp_path, capsys):

@@ -1,5 +1,6 @@
 """End to end: train a tiny task with SimplePipeline, export, serve in a fresh process."""
 
+import json
 import zlib
 
 import numpy as np
@@ -73,6 +74,24 @@ def test_outputs_checkpoints_logs_and_exports(trained):
   assert (model_dir / "logs").is_dir()
   for name in ("latest_model", "best_model_by_metric"):
     assert (model_dir / "export" / name / "saved_model.pb").exists()
+
+
+def test_a_run_ending_on_its_best_epoch_copies_that_export_as_latest_model(trained):
+  """The best export of the last epoch serves the final model: latest_model is its copy
+  (byte for byte, without best_metric.json), not a second export."""
+  export = trained["tmp"] / "model" / "export"
+  record = json.loads((export / "best_model_by_metric" / "best_metric.json").read_text())
+  assert record["epoch"] == 2  # This seeded run's last epoch is its best.
+  best = sorted(
+      p.relative_to(export / "best_model_by_metric")
+      for p in (export / "best_model_by_metric").rglob("*") if p.is_file())
+  latest = sorted(
+      p.relative_to(export / "latest_model") for p in (export / "latest_model").rglob("*")
+      if p.is_file())
+  assert latest == [p for p in best if p.name != "best_metric.json"]
+  for path in latest:
+    assert (export / "latest_model" / path).read_bytes() == (export / "best_model_by_metric" /
+                                                             path).read_bytes(), path
 
 
 def test_training_updates_only_touched_table_rows(trained):
