@@ -427,7 +427,11 @@ void KeyIndex::MarkChangedLocked(const int64_t* rows, int64_t n, const int64_t* 
       changed_.resize(std::max(bound, changed_.size() + changed_.size() / 4), 0);
     }
     changed_[word] |= uint64_t{1} << (row & 63);
-    if (!count_touches_) continue;
+  }
+  if (!count_touches_) return;
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t row = rows[i];
+    if (row < 0) continue;
     if (static_cast<size_t>(row) >= touches_.size()) {
       const size_t bound = static_cast<size_t>(std::max(row + 1, next_row_));
       touches_.resize(std::max(bound, touches_.size() + touches_.size() / 4), 0);
