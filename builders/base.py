@@ -48,12 +48,30 @@ class DataPaths:
     valid_list_size: Examples of the longest validation list, when the
       builder knows it (e.g. from converting the data); None:
       `build_dataset_builder` reads the validation files to find it.
+    holdout: File pattern of training lists held out to validate on while
+      training, for early stopping (`pipeline.early_stopping`; the lists are
+      also in `train`), or None: the builder holds none out.
+    train_without_holdout: File pattern of the training lists that are not
+      in `holdout` (None with it).
   """
 
   train: str
   valid: str
   bad_records: Mapping[str, dict] = dataclasses.field(default_factory=dict, compare=False)
   valid_list_size: int | None = None
+  holdout: str | None = None
+  train_without_holdout: str | None = None
+
+  def for_selection(self) -> "DataPaths":
+    """These paths with `train_without_holdout` to train on and `holdout` to validate on.
+
+    Raises:
+      ValueError: no holdout.
+    """
+    if self.holdout is None or self.train_without_holdout is None:
+      raise ValueError("these data paths hold no training lists out")
+    return dataclasses.replace(self, train=self.train_without_holdout, valid=self.holdout,
+                               valid_list_size=None, holdout=None, train_without_holdout=None)
 
 
 class RankerBuilder(abc.ABC):

@@ -96,5 +96,6 @@ class LetorDasalc(MslrDnn):
     _, example_spec, _ = self.feature_specs()
     return model_lib.ModelBuilder(
         input_creator=model_lib.FeatureSpecInputCreator({}, example_spec),
-        preprocessor=Log1pConcatPreprocessor(list(example_spec), FEATURES),
+        preprocessor=Log1pConcatPreprocessor(list(example_spec), FEATURES,
+                                             moments=self.standardizing(model)),
         scorer=DasalcScorer(model, FEATURES), mask_feature_name=MASK_FEATURE, name=self.name)

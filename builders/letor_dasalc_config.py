@@ -39,6 +39,9 @@ class DasalcModelConfig:
       networks; list b of a training batch trains member b mod
       ensemble_size; at validation and in the export the score is the mean
       of the members' scores.
+    standardize: Standardize the log1p features (each feature's mean and
+      standard deviation over the training lists outside the holdout; as
+      mslr_dnn's `model.standardize`) before the noise.
   """
 
   hidden_layer_dims: list[int] = dataclasses.field(default_factory=lambda: [64, 32])
@@ -50,6 +53,7 @@ class DasalcModelConfig:
   num_attention_layers: int = 1
   combine: str = "concat"
   ensemble_size: int = 1
+  standardize: bool = False
 
   def __post_init__(self):
     check_dnn_options(self.hidden_layer_dims, self.dropout, self.batch_norm_moment)

@@ -32,6 +32,7 @@ from builders.base import MASK_FEATURE, DataPaths, RankerBuilder
 from builders.mslr_config import FETCHED, NUM_FEATURES, MslrDataConfig, MslrModelConfig
 from mxrec_pipeline.data import fetch as fetch_lib
 from mxrec_pipeline.data import letor
+from mxrec_pipeline.data import letor_prep
 from mxrec_pipeline.data import validation
 from mxrec_pipeline.keras import model as model_lib
 
@@ -66,20 +67,27 @@ class Log1pConcatPreprocessor(tfr.keras.model.Preprocessor):
       [batch_size, list_size, 1] float32 (or [.., k]).
     output_name: Name of the joined feature.
     use_log1p: Apply `signed_log1p`; False only joins.
+    moments: None, or (mean, std): [n] per joined column, subtracted and
+      divided by after the transform (constants of the graph, so the export
+      holds them); e.g. data/letor_prep.feature_moments.
   """
 
-  def __init__(self, feature_names, output_name: str = "features", use_log1p: bool = True):
+  def __init__(self, feature_names, output_name: str = "features", use_log1p: bool = True,
+               moments: tuple | None = None):
     self._names = list(feature_names)
     self._output_name = output_name
     self._use_log1p = use_log1p
+    self._moments = moments
 
   def __call__(self, context_inputs, example_inputs, mask):
     """See tfr's `Preprocessor`. Returns (context_inputs, {output_name: [B, L, n]})."""
     del mask
     joined = tf.concat([example_inputs[name] for name in self._names], axis=-1)
-    return dict(context_inputs), {
-        self._output_name: signed_log1p(joined) if self._use_log1p else joined
-    }
+    x = signed_log1p(joined) if self._use_log1p else joined
+    if self._moments is not None:
+      mean, std = (tf.constant(v, tf.float32) for v in self._moments)
+      x = (x - mean) / std
+    return dict(context_inputs), {self._output_name: x}
 
 
 def cached_elwc(src: str | os.PathLike, elwc_dir: str | os.PathLike, num_features: int,
@@ -126,6 +134,56 @@ def cached_shape(src: str | os.PathLike, elwc_dir: str | os.PathLike) -> letor.L
   tmp.write_text(json.dumps(shape.to_dict()), encoding="utf-8")
   os.replace(tmp, out)
   return shape
+
+
+def cached_holdout(src: str | os.PathLike, elwc_dir: str | os.PathLike,
+                   data: MslrDataConfig) -> tuple[str, str]:
+  """(rest, holdout): LETOR files of `src`'s queries split by `data.holdout_*`, split once.
+
+  Cached beside the ELWC conversions, named by a digest of the source (as
+  `cached_elwc`'s) and the holdout settings (letor_prep.split_holdout).
+  """
+  src = pathlib.Path(src).resolve()
+  key = _source_key(src, data.holdout_fraction, data.holdout_min_queries, data.holdout_seed)
+  rest, holdout = (
+      pathlib.Path(elwc_dir) / f"{src.stem}.{key}.{part}.txt" for part in ("rest", "holdout"))
+  if not (rest.is_file() and holdout.is_file()):
+    rest.parent.mkdir(parents=True, exist_ok=True)
+    letor_prep.split_holdout(src, rest, holdout, data.holdout_fraction, data.holdout_min_queries,
+                             data.holdout_seed)
+  return str(rest), str(holdout)
+
+
+def joined_letor(sources, elwc_dir: str | os.PathLike) -> str:
+  """One LETOR file of the lines of `sources` in order, written once beside the conversions."""
+  sources = [pathlib.Path(s).resolve() for s in sources]
+  key = hashlib.sha256("|".join(_source_key(s) for s in sources).encode()).hexdigest()[:16]
+  out = pathlib.Path(elwc_dir) / f"{sources[0].stem}.{key}.joined.txt"
+  if not out.is_file():
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(f".tmp{os.getpid()}")
+    with open(tmp, "w", encoding="utf-8") as f:
+      for source in sources:
+        text = source.read_text(encoding="utf-8")
+        f.write(text if text.endswith("\n") or not text else text + "\n")
+    os.replace(tmp, out)
+  return str(out)
+
+
+def cached_moments(src: str | os.PathLike, elwc_dir: str | os.PathLike, num_features: int,
+                   data: MslrDataConfig) -> tuple[list[float], list[float]]:
+  """letor_prep.feature_moments of `src`, computed once and kept beside the conversions."""
+  src = pathlib.Path(src).resolve()
+  key = _source_key(src, num_features, list(data.label_range), data.on_bad_record)
+  out = pathlib.Path(elwc_dir) / f"{src.stem}.{key}.moments.json"
+  if not out.is_file():
+    mean, std = letor_prep.feature_moments([src], num_features, tuple(data.label_range),
+                                           data.on_bad_record)
+    tmp = out.with_suffix(f".tmp{os.getpid()}")
+    tmp.write_text(json.dumps({"mean": mean.tolist(), "std": std.tolist()}), encoding="utf-8")
+    os.replace(tmp, out)
+  moments = json.loads(out.read_text(encoding="utf-8"))
+  return moments["mean"], moments["std"]
 
 
 def check_baseline_feature(feature: int, num_features: int, train: letor.LetorShape,
@@ -182,6 +240,8 @@ class MslrDnn(RankerBuilder):
 
   def __init__(self, num_features: int | None = None):
     self.num_features = num_features
+    # (mean, std) of each feature's log1p over the training lists outside the holdout.
+    self.moments: tuple | None = None
 
   def prepare_data(self, data: MslrDataConfig) -> DataPaths:
     """See `RankerBuilder`; also sets `num_features` (the data's width).
@@ -198,15 +258,28 @@ class MslrDnn(RankerBuilder):
     else:
       train, valid = data.train_path, data.valid_path
       elwc_dir = data.elwc_dir or fetch_lib.default_cache_dir("mslr_elwc")
+    rest = holdout = None
+    if data.holdout_path is not None:  # Train on both files after the selection.
+      rest, holdout = train, data.holdout_path
+      train = joined_letor([rest, holdout], elwc_dir)
+    elif letor_prep.holdout_size(
+        cached_shape(train, elwc_dir).num_lists, data.holdout_fraction,
+        data.holdout_min_queries) > 0:
+      rest, holdout = cached_holdout(train, elwc_dir, data)
     shapes = [cached_shape(src, elwc_dir) for src in (train, valid)]
     self.num_features = data.num_features or max(1, *(s.num_features for s in shapes))
+    sources = [train, valid] + ([rest, holdout] if holdout is not None else [])
     converted = [
         cached_elwc(src, elwc_dir, self.num_features, data.label_range, data.on_bad_record)
-        for src in (train, valid)
+        for src in sources
     ]
     check_baseline_feature(data.baseline_feature, self.num_features, shapes[0], train)
+    self.moments = cached_moments(rest or train, elwc_dir, self.num_features, data)
     skipped = {split: bad_records(path) for split, path in zip(("train", "valid"), converted)}
-    return DataPaths(*converted, bad_records=skipped, valid_list_size=shapes[1].max_list_size)
+    return DataPaths(converted[0], converted[1], bad_records=skipped,
+                     valid_list_size=shapes[1].max_list_size,
+                     train_without_holdout=converted[2] if holdout is not None else None,
+                     holdout=converted[3] if holdout is not None else None)
 
   def feature_specs(self):
     """See `RankerBuilder`; `num_features` example features.
@@ -219,12 +292,26 @@ class MslrDnn(RankerBuilder):
                        "(or pass num_features)")
     return {}, example_feature_spec(self.num_features), LABEL_SPEC
 
+  def standardizing(self, model) -> tuple | None:
+    """The feature moments when `model.standardize`, else None.
+
+    Raises:
+      ValueError: `model.standardize` before `prepare_data` fitted them.
+    """
+    if not model.standardize:
+      return None
+    if self.moments is None:
+      raise ValueError(f"{self.name}: model.standardize needs the training data's feature "
+                       "moments, fitted by prepare_data")
+    return self.moments
+
   def build_model_builder(self, model: MslrModelConfig, seed):
     del seed  # No table; dense initializers follow the pipeline's global seed.
     _, example_spec, _ = self.feature_specs()
     return model_lib.ModelBuilder(
         input_creator=model_lib.FeatureSpecInputCreator({}, example_spec),
-        preprocessor=Log1pConcatPreprocessor(list(example_spec), use_log1p=model.use_log1p),
+        preprocessor=Log1pConcatPreprocessor(list(example_spec), use_log1p=model.use_log1p,
+                                             moments=self.standardizing(model)),
         scorer=model_lib.DNNScorer(hidden_layer_dims=list(model.hidden_layer_dims), output_units=1,
                                    activation=tf.nn.relu, input_batch_norm=model.use_batch_norm,
                                    use_batch_norm=model.use_batch_norm,

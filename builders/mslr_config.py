@@ -37,6 +37,16 @@ class MslrDataConfig:
       label outside label_range or a malformed token stops the job, naming
       file:line) or "skip" (such lines are dropped and counted in the log
       and metrics.json).
+    holdout_fraction: Fraction of the training queries held out to validate
+      on while training (early stopping, `pipeline.early_stopping`), in
+      [0, 0.5]; 0: none. The count is ceil(fraction x queries), at least
+      `holdout_min_queries`, at most half the queries
+      (data/letor_prep.holdout_size). Unused without early stopping.
+    holdout_min_queries: The fewest queries held out, > 0.
+    holdout_seed: Seed of the draw of the held-out queries.
+    holdout_path: A LETOR file of held-out queries to use instead of a draw
+      from train_path (then the model trained after the selection trains on
+      both files).
   """
 
   train_path: str | None = None
@@ -46,17 +56,33 @@ class MslrDataConfig:
   baseline_feature: int = BM25_WHOLE_DOCUMENT
   label_range: list[float] = dataclasses.field(default_factory=lambda: [0.0, 4.0])
   on_bad_record: str = "error"
+  holdout_fraction: float = 0.1
+  holdout_min_queries: int = 30
+  holdout_seed: int = 0
+  holdout_path: str | None = None
 
   def __post_init__(self):
     if (self.train_path is None) != (self.valid_path is None):
       missing = "valid_path" if self.valid_path is None else "train_path"
       raise ValueError(f"data.{missing} is required when the other of data.train_path and "
                        f"data.valid_path is set (leave both null to fetch {FETCHED})")
-    for name in ("train_path", "valid_path"):
+    for name in ("train_path", "valid_path", "holdout_path"):
       path = getattr(self, name)
       if path is not None and not pathlib.Path(path).is_file():
         raise ValueError(f"data.{name}: no such file: {path}")
     check_bad_record_options(self.on_bad_record, self.label_range, "data.label_range")
+    if (isinstance(self.holdout_fraction, bool) or not isinstance(self.holdout_fraction,
+                                                                  (int, float)) or
+        not 0.0 <= self.holdout_fraction <= 0.5):
+      raise ValueError(f"data.holdout_fraction must be in [0, 0.5], got {self.holdout_fraction!r}")
+    if isinstance(
+        self.holdout_min_queries,
+        bool) or not isinstance(self.holdout_min_queries, int) or self.holdout_min_queries < 1:
+      raise ValueError("data.holdout_min_queries must be a positive int, got "
+                       f"{self.holdout_min_queries!r}")
+    if self.holdout_path is not None and self.train_path is None:
+      raise ValueError("data.holdout_path needs data.train_path and data.valid_path (the "
+                       f"fetched {FETCHED} files are split by holdout_fraction)")
     if self.num_features is not None and self.num_features < 1:
       raise ValueError(f"data.num_features must be a positive int, got {self.num_features}")
     width = self.num_features or float("inf")
@@ -75,6 +101,10 @@ class MslrModelConfig:
     use_batch_norm: Batch normalization of the inputs and hidden layers.
     batch_norm_moment: Momentum of the batch normalization's moving averages.
     use_log1p: Apply `sign(x) * log1p(|x|)` to every feature first.
+    standardize: Then subtract each feature's mean and divide by its
+      standard deviation, both of the training lists outside the holdout
+      (data/letor_prep.feature_moments), constants of the model and its
+      export. A missing feature of a LETOR line is 0 before the transform.
   """
 
   hidden_layer_dims: list[int] = dataclasses.field(default_factory=lambda: [64, 32, 16])
@@ -82,6 +112,7 @@ class MslrModelConfig:
   use_batch_norm: bool = True
   batch_norm_moment: float = 0.99
   use_log1p: bool = True
+  standardize: bool = False
 
   def __post_init__(self):
     check_dnn_options(self.hidden_layer_dims, self.dropout, self.batch_norm_moment)

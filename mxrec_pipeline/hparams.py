@@ -125,6 +125,10 @@ class PipelineHparams:
       "full_every_s", "delta_every_steps" | "delta_every_s", "keep_full"};
       delta checkpoints between full ones hold what changed since the
       previous one; see `CheckpointSchedule`. Default: every epoch, in full.
+    early_stopping: None, or {"patience", "then"}: stop once the validation
+      `best_exporter_metric` has not improved for `patience` epochs
+      (`num_epochs` is then the most), then keep the best epoch's model or
+      the last, or retrain (a job with a holdout); see `EarlyStopping`.
   """
 
   model_dir: str
@@ -150,6 +154,7 @@ class PipelineHparams:
   sharding: dict | None = None
   checkpoint: dict | None = None
   sidecar_evaluator: bool = False
+  early_stopping: dict | None = None
 
   def __post_init__(self):
     if not self.model_dir:
@@ -190,6 +195,11 @@ class PipelineHparams:
       WarmStart.from_dict(self.warm_start)
     Sharding.from_dict(self.sharding)
     CheckpointSchedule.from_dict(self.checkpoint)
+    if self.early_stopping is not None:
+      EarlyStopping.from_dict(self.early_stopping)
+      if self.strategy in (MULTI_WORKER_MIRRORED, PARAMETER_SERVER):
+        raise ValueError(f"`early_stopping` runs on one host (strategy null or "
+                         f"MirroredStrategy) in this version, got strategy {self.strategy!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -359,6 +369,55 @@ class CheckpointSchedule:
       raise ValueError(f"`checkpoint.{delta}` schedules delta saves, but every save is full: "
                        "set full_every_steps, full_every_s or full_every_epochs > 1")
     return schedule
+
+
+# What an early-stopped run serves and reports (EarlyStopping.then).
+KEEP_BEST, KEEP_LAST, RETRAIN = "keep_best", "keep_last", "retrain"
+
+
+@dataclasses.dataclass(frozen=True)
+class EarlyStopping:
+  """PipelineHparams.early_stopping, checked: the rule of tf.keras.callbacks.EarlyStopping.
+
+  Training stops at the end of the first epoch that is `patience` epochs
+  after the best validation value of `best_exporter_metric` so far (its
+  direction `best_exporter_metric_higher_better`); the best value and its
+  epoch are in every checkpoint, so a rerun of a stopped run trains nothing
+  and a resumed one counts on.
+
+  Attributes:
+    patience: Epochs without improvement before stopping, > 0.
+    then: What the run serves and reports: "keep_best" (the best epoch's
+      model: it is exported as best_model_by_metric when it is reached, and
+      copied as latest_model at the end), "keep_last" (the last epoch's, as
+      Keras' `restore_best_weights=False`), or "retrain" (a job whose data
+      holds out training lists for validation, `DataPaths.holdout`: a
+      selection run on the rest finds the best epoch count E, then the
+      model is trained on every training list for E epochs; jobs.train).
+  """
+
+  patience: int = 10
+  then: str = RETRAIN
+
+  THEN = (KEEP_BEST, KEEP_LAST, RETRAIN)
+
+  @classmethod
+  def from_dict(cls, raw: dict | None) -> "EarlyStopping | None":
+    """From {"patience", "then"}; None: no early stopping.
+
+    Raises:
+      ValueError: not a mapping, unknown keys, a patience that is not a
+        positive int, or an unknown `then` (named).
+    """
+    if raw is None:
+      return None
+    _check_mapping("early_stopping", raw, ("patience", "then"))
+    if "patience" in raw:
+      _check_positive_int("early_stopping.patience", raw["patience"])
+    then = raw.get("then", cls.then)
+    if then not in cls.THEN:
+      raise ValueError(f"`early_stopping.then` must be one of {list(cls.THEN)}, got {then!r}")
+    return cls(raw.get("patience", cls.patience), then)
 
 
 def _check_mapping(name: str, raw, known: tuple[str, ...]) -> None:

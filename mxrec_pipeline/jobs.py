@@ -31,6 +31,7 @@ import yaml
 import builders
 from builders.base_config import DatasetConfig
 from mxrec_pipeline import config as config_lib
+from mxrec_pipeline import early_stopping_job
 from mxrec_pipeline import evaluation
 from mxrec_pipeline import hparams as hparams_lib
 from mxrec_pipeline.cluster import reach
@@ -56,19 +57,26 @@ def setup(config: config_lib.JobConfig, strategy: tf.distribute.Strategy | None 
   """A job's (ranker, its data paths, the SimplePipeline); prepares the data if needed."""
   ranker = builders.get_builder(config.builder)
   paths = ranker.prepare_data(config.data)
+  return ranker, paths, make_pipeline(config, ranker, paths, strategy, shard_checkpoint_dir)
+
+
+def make_pipeline(config: config_lib.JobConfig, ranker, paths,
+                  strategy: tf.distribute.Strategy | None = None,
+                  shard_checkpoint_dir: str | None = None) -> pipeline_lib.SimplePipeline:
+  """The SimplePipeline of job `config` on `paths` (data `ranker` prepared)."""
   model_builder = ranker.build_model_builder(config.model, config.pipeline.seed)
   dataset_builder = ranker.build_dataset_builder(paths, config.dataset, config.model)
   dataset_builder.skip_lists_without_relevant = config.metrics.skip_queries_without_relevant
-  return ranker, paths, pipeline_lib.SimplePipeline(model_builder, dataset_builder, config.pipeline,
-                                                    strategy=strategy,
-                                                    shard_checkpoint_dir=shard_checkpoint_dir,
-                                                    run_config=config.to_dict())
+  return pipeline_lib.SimplePipeline(model_builder, dataset_builder, config.pipeline,
+                                     strategy=strategy, shard_checkpoint_dir=shard_checkpoint_dir,
+                                     run_config=config.to_dict())
 
 
 # What a training run writes in its model_dir (and `--fresh` removes); metrics.jsonl: a
 # continuous run's per-partition lines; validation.jsonl: a sidecar evaluator's (sidecar.py).
+# selection: an early-stopped job's selection run (early_stopping_job.py).
 RUN_OUTPUTS = ("checkpoints", "logs", "export", evaluation.METRICS_FILE, PROGRESSIVE_LOG,
-               evaluation.VALIDATION_LOG)
+               evaluation.VALIDATION_LOG, early_stopping_job.SELECTION_DIR)
 
 
 def clear_run_outputs(model_dir: str) -> list[str]:
@@ -146,8 +154,15 @@ def train(config: config_lib.JobConfig, verbose: int = 2,
     start = time.perf_counter()
     try:
       with _watchdog(config) as watching:
-        model_metrics = pipeline.train_and_validate(verbose=verbose,
-                                                    callbacks=[*watching, *callbacks])
+        if config.pipeline.early_stopping is None:
+          stopping = None
+          model_metrics = pipeline.train_and_validate(verbose=verbose,
+                                                      callbacks=[*watching, *callbacks])
+        else:
+          model_metrics, stopping = early_stopping_job.train(
+              config, paths,
+              lambda c, p: make_pipeline(c, ranker, p, strategy, shard_checkpoint_dir), verbose,
+              [*watching, *callbacks])
     except (tf.errors.ResourceExhaustedError, tf.errors.InvalidArgumentError) as e:
       line = _table_error(e)
       if line is None:
@@ -166,6 +181,8 @@ def train(config: config_lib.JobConfig, verbose: int = 2,
     if gbdt_metrics is None:
       print(f"lambdamart: not scored: {gbdt_info['reason']}", flush=True)
     extra = {"lambdamart": gbdt_metrics, "lambdamart_info": gbdt_info, "wall_s": wall_s}
+    if stopping is not None:
+      extra["early_stopping"] = stopping
     evaluation.write_metrics(model_dir, model_metrics, baseline, data=data_report, extra=extra)
     return {"model": model_metrics, "baseline": baseline, **extra}
 
@@ -176,8 +193,11 @@ def lambdamart_metrics(config: config_lib.JobConfig, ranker, paths,
 
   Trained on every whole list of the training file (the ranker's own
   dataset builder with the training file as its validation split, so labels
-  are the model's), with the features of `lambdamart.feature_layout` (the
-  sparse features' ids as categorical), then scored by
+  are the model's; with `lambdamart.early_stopping_rounds` in an
+  early-stopped job with held-out lists, as the model is: rounds chosen on
+  them, then kept or refitted on every list), with the features of
+  `lambdamart.feature_layout` (the sparse features' ids as categorical),
+  then scored by
   `evaluation.evaluate_scores`. Only the chief of a multi-worker job trains
   it.
 
@@ -200,11 +220,23 @@ def lambdamart_metrics(config: config_lib.JobConfig, ranker, paths,
   ids = [feature.name for feature in ranker.sparse_features(config.model)[0]]
   whole_lists = DatasetConfig(train_batch_size=config.dataset.train_batch_size,
                               valid_batch_size=config.dataset.valid_batch_size)
-  train_data = ranker.build_dataset_builder(dataclasses.replace(paths, valid=paths.train),
-                                            whole_lists, config.model).build_raw_valid_dataset()
+
+  def lists(pattern):
+    # Whole lists: the longest of `pattern` (not of the validation split).
+    return ranker.build_dataset_builder(
+        dataclasses.replace(paths, valid=pattern, valid_list_size=None), whole_lists,
+        config.model).build_raw_valid_dataset()
+
   seed = config.lambdamart.seed if config.lambdamart.seed is not None else config.pipeline.seed
-  return lambdamart.evaluate(train_data, valid_dataset, context, example, ids, config.lambdamart,
-                             seed)
+  rule = hparams_lib.EarlyStopping.from_dict(config.pipeline.early_stopping)
+  if rule is None or paths.holdout is None or config.lambdamart.early_stopping_rounds is None:
+    return lambdamart.evaluate(lists(paths.train), valid_dataset, context, example, ids,
+                               config.lambdamart, seed)
+  # Trained as the model: rounds chosen on the held-out lists, then kept or refitted on all.
+  return lambdamart.evaluate(
+      lists(paths.train_without_holdout), valid_dataset, context, example, ids, config.lambdamart,
+      seed, holdout_batches=lists(paths.holdout),
+      refit_batches=lists(paths.train) if rule.then == hparams_lib.RETRAIN else None)
 
 
 def _lockstep_workers(config: config_lib.JobConfig) -> int:

@@ -26,8 +26,8 @@ LAYERS = (
     ("distributed",),  # Tables sharded by key over workers (MultiWorkerMirroredStrategy).
     ("keras",),  # tfr-shaped layers, models and pipelines.
     # Jobs and commands; gbdt: the LambdaMART baseline of the evaluation.
-    ("config", "evaluation", "gbdt", "serving", "jobs", "continuous_job", "sidecar", "sweep",
-     "cluster", "cli"),
+    ("config", "evaluation", "gbdt", "serving", "jobs", "continuous_job", "early_stopping_job",
+     "sidecar", "sweep", "cluster", "cli"),
 )
 # Tolerated upward imports, (importer, imported) units, each with the reason and
 # the issue that removes it. None today (core -> graph went with issue 15).

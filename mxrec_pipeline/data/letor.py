@@ -101,17 +101,11 @@ def scan_letor(path: PathLike) -> LetorShape:
     The file's `LetorShape` (all 0 for a file without lines).
   """
   nonzero: set[int] = set()
-  max_id = max_list = num_lists = run = 0
-  qid = None
-  with open(path, encoding="utf-8") as f:
-    for line in f:
-      tokens = line.split("#", 1)[0].split()
-      if len(tokens) < 2:
-        continue
-      if tokens[1] != qid:
-        qid, run, num_lists = tokens[1], 0, num_lists + 1
-      run += 1
-      max_list = max(max_list, run)
+  max_id = max_list = num_lists = 0
+  for run in query_runs(path):
+    num_lists += 1
+    max_list = max(max_list, len(run))
+    for _, tokens in run:
       for token in tokens[2:]:
         fid_text, _, value_text = token.partition(":")
         try:
@@ -124,6 +118,27 @@ def scan_letor(path: PathLike) -> LetorShape:
             nonzero.add(fid)
   zero = tuple(i for i in range(1, max_id + 1) if i not in nonzero)
   return LetorShape(max_id, max_list, num_lists, zero)
+
+
+def query_runs(path: PathLike) -> Iterator[list[tuple[str, list[str]]]]:
+  """Yields each query of a LETOR file as its lines: [(line, tokens before any '#')].
+
+  Lenient, without parsing: a query is a run of consecutive lines with the
+  same `qid:` token (the second); lines of fewer than 2 tokens are passed
+  over (`iter_letor` reports bad lines).
+  """
+  run: list[tuple[str, list[str]]] = []
+  with open(path, encoding="utf-8") as f:
+    for line in f:
+      tokens = line.split("#", 1)[0].split()
+      if len(tokens) < 2:
+        continue
+      if run and tokens[1] != run[0][1][1]:
+        yield run
+        run = []
+      run.append((line, tokens))
+  if run:
+    yield run
 
 
 def iter_letor(path: PathLike, num_features: int = 136, label_range: tuple[float,

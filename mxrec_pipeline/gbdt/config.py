@@ -34,6 +34,13 @@ class LambdaMartConfig:
       (None too: LightGBM's default seeds). With the defaults (no bagging, no
       feature subsampling) the trees do not depend on it.
     num_threads: LightGBM's threads, >= 0; 0: OpenMP's default (one per core).
+    early_stopping_rounds: None (default: `n_estimators` trees), or in a
+      job whose data hold training lists out (`DataPaths.holdout`) with
+      `pipeline.early_stopping`: the trees are fitted on the other lists,
+      stopping once NDCG@10 on the held-out ones has not improved for this
+      many rounds (`lightgbm.early_stopping`; `n_estimators` is the most);
+      then, as the model, the best round's trees are kept, or with
+      `then: retrain` that many trees are fitted on every training list.
   """
 
   enabled: bool = True
@@ -43,6 +50,7 @@ class LambdaMartConfig:
   min_child_samples: int = 20
   seed: int | None = None
   num_threads: int = 1
+  early_stopping_rounds: int | None = None
 
   def __post_init__(self):
     if self.n_estimators <= 0:
@@ -53,5 +61,8 @@ class LambdaMartConfig:
       raise ValueError(f"lambdamart.num_leaves must be >= 2, got {self.num_leaves}")
     if self.num_threads < 0:
       raise ValueError(f"lambdamart.num_threads must be >= 0, got {self.num_threads}")
+    if self.early_stopping_rounds is not None and self.early_stopping_rounds < 1:
+      raise ValueError("lambdamart.early_stopping_rounds must be positive, got "
+                       f"{self.early_stopping_rounds}")
     if self.min_child_samples < 1:
       raise ValueError(f"lambdamart.min_child_samples must be >= 1, got {self.min_child_samples}")

@@ -278,7 +278,8 @@ def collect(batches: Iterable, encoder: Encoder) -> tuple[np.ndarray, np.ndarray
 
 
 def train(train_batches: Iterable, layout: FeatureLayout, config: LambdaMartConfig,
-          seed: int | None) -> TrainedLambdaMart:
+          seed: int | None, holdout_batches: Iterable | None = None,
+          refit_batches: Iterable | None = None) -> TrainedLambdaMart:
   """Fits LightGBM's LambdaMART (objective "lambdarank") on every training list.
 
   Args:
@@ -287,6 +288,11 @@ def train(train_batches: Iterable, layout: FeatureLayout, config: LambdaMartConf
     layout: The feature columns.
     config: Tree parameters.
     seed: LightGBM's `seed` (None: its default seeds).
+    holdout_batches: With `config.early_stopping_rounds`: held-out training
+      lists (as `train_batches`) whose NDCG@10 stops the boosting
+      (`lightgbm.early_stopping`); the model keeps the best round's trees.
+    refit_batches: With `holdout_batches`: then fit the best round count of
+      trees on these lists (every training list) as the model.
 
   Raises:
     LambdaMartUnavailable: lightgbm missing, no feature column, no labeled
@@ -302,8 +308,26 @@ def train(train_batches: Iterable, layout: FeatureLayout, config: LambdaMartConf
   data = lightgbm.Dataset(matrix, labels, group=group,
                           categorical_feature=layout.categorical_indices or "auto",
                           params={"verbose": -1})
+  stops = holdout_batches is not None and config.early_stopping_rounds is not None
+  stopping = {}
   try:
-    model = lightgbm.train(params, data, num_boost_round=config.n_estimators)
+    if not stops:
+      model = lightgbm.train(params, data, num_boost_round=config.n_estimators)
+    else:
+      held, held_labels, held_group = collect(holdout_batches, encoder)
+      valid = lightgbm.Dataset(held, held_labels, group=held_group, reference=data)
+      model = lightgbm.train(
+          params | {"metric": "ndcg", "eval_at": [10]}, data, num_boost_round=config.n_estimators,
+          valid_sets=[valid],
+          callbacks=[lightgbm.early_stopping(config.early_stopping_rounds, verbose=False)])
+      stopping = {"best_round": int(model.best_iteration), "holdout_lists": int(held_group.size)}
+      if refit_batches is not None:
+        matrix, labels, group = collect(refit_batches, encoder)
+        data = lightgbm.Dataset(matrix, labels, group=group,
+                                categorical_feature=layout.categorical_indices or "auto",
+                                params={"verbose": -1})
+        model = lightgbm.train(params, data, num_boost_round=max(model.best_iteration, 1))
+        stopping["refit"] = True
   except lightgbm.basic.LightGBMError as e:
     raise LambdaMartUnavailable(f"LightGBM failed: {e}") from e
   info = {
@@ -311,6 +335,7 @@ def train(train_batches: Iterable, layout: FeatureLayout, config: LambdaMartConf
           "n_estimators": config.n_estimators,
           **{k: v for k, v in params.items() if k != "verbose"}
       },
+      **({"early_stopping": stopping} if stopping else {}),
       "lightgbm_version": lightgbm.__version__,
       "columns": len(layout.column_names),
       "categorical_features": [c.name for c in layout.columns if c.kind == CATEGORICAL],
@@ -324,7 +349,8 @@ def train(train_batches: Iterable, layout: FeatureLayout, config: LambdaMartConf
 def evaluate(train_batches: Iterable, valid_dataset: tf.data.Dataset, context_spec: Mapping[str,
                                                                                             object],
              example_spec: Mapping[str, object], id_features: Collection[str],
-             config: LambdaMartConfig, seed: int | None) -> tuple[dict[str, float] | None, dict]:
+             config: LambdaMartConfig, seed: int | None, holdout_batches: Iterable | None = None,
+             refit_batches: Iterable | None = None) -> tuple[dict[str, float] | None, dict]:
   """LambdaMART's validation metrics, or None and the reason it is absent.
 
   Args:
@@ -332,7 +358,7 @@ def evaluate(train_batches: Iterable, valid_dataset: tf.data.Dataset, context_sp
     valid_dataset: The validation batches the model and baseline are scored
       on (raw features), finite.
     context_spec, example_spec, id_features: As `feature_layout`.
-    config, seed: As `train`.
+    config, seed, holdout_batches, refit_batches: As `train`.
 
   Returns:
     (metrics keyed as RANKING_METRICS, info): info is `train`'s, or
@@ -346,7 +372,7 @@ def evaluate(train_batches: Iterable, valid_dataset: tf.data.Dataset, context_sp
   """
   try:
     layout = feature_layout(context_spec, example_spec, id_features)
-    trained = train(train_batches, layout, config, seed)
+    trained = train(train_batches, layout, config, seed, holdout_batches, refit_batches)
   except LambdaMartUnavailable as e:
     return None, {"reason": str(e)}
   return evaluation.evaluate_scores(valid_dataset, trained.score), trained.info

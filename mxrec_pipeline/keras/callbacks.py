@@ -1,4 +1,5 @@
-"""Keras callbacks of the pipeline: checkpoint saves, table statistics, best export, eviction."""
+"""Keras callbacks of the pipeline: checkpoint saves, table statistics, best export, early
+stopping, eviction."""
 
 from __future__ import annotations
 
@@ -247,6 +248,56 @@ class BestModelExporter(tf.keras.callbacks.Callback):
       model_files.write_text_atomically(  # A reader never sees it half-written.
           os.path.join(self.path, self.STATE_FILE),
           json.dumps({"monitor": self.monitor, "value": value, "epoch": epoch + 1}))
+
+
+class EarlyStopper(tf.keras.callbacks.Callback):
+  """Stops training `patience` epochs after the best validation epoch (hparams.EarlyStopping).
+
+  tf.keras.callbacks.EarlyStopping's rule (min_delta 0), its state the run's
+  BestMetric, which every checkpoint saves: a resumed run counts the epochs
+  since its best on, and `stopped(best, epochs_done)` tells a rerun that its
+  run had already stopped. Put it after the BestModelExporter of the same
+  monitor (which then updates the BestMetric) and before the checkpoint
+  callback (whose checkpoint then holds the epoch's state).
+
+  Args:
+    monitor: Keras log key, e.g. "val_ndcg_10".
+    higher_is_better: Direction of `monitor`.
+    patience: Epochs without improvement before stopping, > 0.
+    best: The run's BestMetric (`TrainingCheckpoint.best`).
+    track: Update `best` at improvements (no BestModelExporter does).
+
+  Attributes:
+    stopped_epoch: The epoch (1-based) training stopped after, or 0.
+
+  Raises:
+    KeyError (at epoch end): `monitor` is not among the logs (named).
+  """
+
+  def __init__(self, monitor: str, higher_is_better: bool, patience: int, best: BestMetric,
+               track: bool):
+    super().__init__()
+    self.monitor, self.higher_is_better, self.patience = monitor, higher_is_better, patience
+    self.best, self.track = best, track
+    self.stopped_epoch = 0
+
+  def stopped(self, epochs_done: int) -> bool:
+    """Whether a run with `epochs_done` epochs and this BestMetric had stopped early."""
+    if self.best.get(self.monitor) is None:
+      return False
+    return epochs_done - int(self.best.epoch.numpy()) >= self.patience
+
+  def on_epoch_end(self, epoch, logs=None):
+    logs = logs or {}
+    if self.monitor not in logs:
+      raise KeyError(f"EarlyStopper: '{self.monitor}' is not in the logs {sorted(logs)}")
+    if self.track:
+      value, best = float(logs[self.monitor]), self.best.get(self.monitor)
+      if best is None or (value > best if self.higher_is_better else value < best):
+        self.best.set(self.monitor, value, epoch + 1)
+    if self.stopped(epoch + 1):
+      self.stopped_epoch = epoch + 1
+      self.model.stop_training = True
 
 
 class FaultCallback(tf.keras.callbacks.Callback):

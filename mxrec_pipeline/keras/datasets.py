@@ -296,6 +296,16 @@ class BaseDatasetBuilder(tfr.keras.pipeline.BaseDatasetBuilder):
     """
     return self._valid_batches(num_epochs, all_lists)
 
+  def build_serialized_valid_dataset(self) -> tf.data.Dataset:
+    """One pass of [valid_batch_size] serialized ELWC protos: what an export serves.
+
+    The lists of `build_raw_valid_dataset(all_lists=True)`, batch for batch
+    (files in name order, records in file order), unparsed: for scoring an
+    export (`export.evaluate_export`).
+    """
+    files = tf.data.Dataset.list_files(self._hparams.valid_input_pattern, shuffle=False)
+    return files.flat_map(self._hparams.dataset_reader).batch(self._hparams.valid_batch_size)
+
   def _valid_batches(self, num_epochs: int | None, all_lists: bool) -> tf.data.Dataset:
     dataset = self._build_dataset(file_pattern=self._hparams.valid_input_pattern,
                                   batch_size=self._hparams.valid_batch_size,

@@ -236,3 +236,43 @@ def copy_export(source: str, export_dir: str, ignore: Sequence[str] = (),
                                     lambda path: model_files.copy_tree(source, path, ignore),
                                     before_rename=before_rename)
   return export_dir
+
+
+def evaluate_export(export_dir: str, builder, metrics: Sequence[tf.keras.metrics.Metric],
+                    loss: Callable[[tf.Tensor, tf.Tensor], tf.Tensor]) -> dict[str, float]:
+  """The validation metrics and mean batch loss of the SavedModel in `export_dir`.
+
+  Scores `builder.build_serialized_valid_dataset()` with the export's
+  serving_default signature, as a client would, against the labels of
+  `build_raw_valid_dataset(all_lists=True)` (the same lists); with the
+  builder's `skip_lists_without_relevant`, lists without a relevant document
+  are left out, as validation leaves them out.
+
+  Args:
+    export_dir: An export of `export_serving_model`.
+    builder: A keras/datasets.BaseDatasetBuilder of the data to score.
+    metrics: Keras metrics (fresh), updated with (labels, scores).
+    loss: (labels, scores) -> scalar loss of a batch.
+
+  Returns:
+    {metric name: value} and "loss": the mean of the batches' losses.
+  """
+  serve = tf.saved_model.load(export_dir).signatures["serving_default"]
+  losses = []
+  batches = tf.data.Dataset.zip(
+      (builder.build_serialized_valid_dataset(), builder.build_raw_valid_dataset(all_lists=True)))
+  for serialized, (_, labels) in batches:
+    scores = serve(**{SERVING_INPUT: serialized})[OUTPUT_KEY]
+    # The export pads to the batch's longest list, the dataset to valid_list_size.
+    width = tf.shape(labels)[1]
+    scores = tf.pad(scores, [[0, 0], [0, tf.maximum(width - tf.shape(scores)[1], 0)]])[:, :width]
+    if builder.skip_lists_without_relevant:
+      keep = tf.reduce_any(labels > 0.0, axis=1)
+      scores, labels = tf.boolean_mask(scores, keep), tf.boolean_mask(labels, keep)
+      if int(tf.size(labels)) == 0:
+        continue
+    for metric in metrics:
+      metric.update_state(labels, scores)
+    losses.append(float(loss(labels, scores)))
+  results = {metric.name: float(metric.result()) for metric in metrics}
+  return results | {"loss": sum(losses) / len(losses) if losses else float("nan")}

@@ -31,6 +31,7 @@ from mxrec_pipeline.keras import restoring
 from mxrec_pipeline.keras import sharded
 from mxrec_pipeline.keras import table_checkpoints
 from mxrec_pipeline.keras.strategies import TablePlacement
+from mxrec_pipeline.keras.training import ranking_results
 from mxrec_pipeline.util import model_files
 
 # TableSpec fields that shape a table's saved state; a checkpoint restores only onto the same.
@@ -142,11 +143,30 @@ class PipelineExport:
     Otherwise `export_saved_model`. Returns as it does.
     """
     latest = os.path.join(self._hparams.model_dir, "export", "latest_model")
-    best = next((c for c in callbacks if isinstance(c, callbacks_lib.BestModelExporter)), None)
+    best = self._best_exporter(callbacks)
+    if self._keeps_best and best is not None:  # One host (EarlyStopping): its best export.
+      return export_lib.copy_export(best.path, latest, ignore=[best.STATE_FILE],
+                                    before_rename=lambda _: self._faults.reach("export"))
     if best is None or not best.current or self._placement.sharded:
       return self.export_saved_model(model, latest)
     return export_lib.copy_export(best.path, latest, ignore=[best.STATE_FILE],
                                   before_rename=lambda _: self._faults.reach("export"))
+
+  @staticmethod
+  def _best_exporter(callbacks) -> callbacks_lib.BestModelExporter | None:
+    """The run's BestModelExporter among `callbacks` that has written an export, or None."""
+    best = next((c for c in callbacks if isinstance(c, callbacks_lib.BestModelExporter)), None)
+    return best if best is not None and tf.io.gfile.isdir(best.path) else None
+
+  def evaluate_export(self, export_dir: str) -> dict[str, float]:
+    """RANKING_METRICS and "loss" of the export in `export_dir` on the validation data.
+
+    As `train_and_validate` returns them (export.evaluate_export: the
+    export's serving_default signature on the whole validation lists).
+    """
+    results = export_lib.evaluate_export(export_dir, self._dataset_builder, self.build_metrics(),
+                                         self.build_loss())
+    return ranking_results(results)
 
   @contextlib.contextmanager
   def serving_scorer(self, model) -> Iterator[Callable[[dict], tf.Tensor]]:

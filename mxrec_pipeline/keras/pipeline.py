@@ -30,8 +30,9 @@ import tensorflow as tf
 import tensorflow_ranking as tfr
 
 # Re-exported: users import PipelineHparams and RANKING_METRICS from here.
-from mxrec_pipeline.hparams import (MULTI_WORKER_MIRRORED, PARAMETER_SERVER, RANKING_METRICS,
-                                    STRATEGIES, CheckpointSchedule, PipelineHparams, WarmStart)
+from mxrec_pipeline.hparams import (KEEP_BEST, MULTI_WORKER_MIRRORED, PARAMETER_SERVER,
+                                    RANKING_METRICS, STRATEGIES, CheckpointSchedule, EarlyStopping,
+                                    PipelineHparams, WarmStart)
 from mxrec_pipeline.keras import callbacks as callbacks_lib
 from mxrec_pipeline.keras import checkpoints as checkpoints_lib
 # Re-exported: tfr users find the dataset builders in the pipeline module.
@@ -168,15 +169,19 @@ class ModelFitPipeline(training.EpochLoops, exporting.PipelineExport, AbstractPi
     ]
     # The best-model export comes before the checkpoint, which then holds its BestMetric.
     # With a sidecar evaluator, that task exports the best model (mxrec_pipeline/sidecar.py).
-    if hparams.export_best_model and not hparams.sidecar_evaluator:
-      monitor = ("val_loss" if hparams.best_exporter_metric == "loss" else "val_" +
-                 metric_name(hparams.best_exporter_metric))
+    best = self.checkpoint.best if self.checkpoint is not None else None
+    exports_best = ((hparams.export_best_model or self._keeps_best) and
+                    not hparams.sidecar_evaluator)
+    if exports_best:
       callbacks.append(
           callbacks_lib.BestModelExporter(
               lambda m, path: self.export_saved_model(m, path),
-              os.path.join(hparams.model_dir, "export", "best_model_by_metric"), monitor,
-              higher_is_better=hparams.best_exporter_metric_higher_better,
-              best=self.checkpoint.best if self.checkpoint is not None else None))
+              os.path.join(hparams.model_dir, "export", "best_model_by_metric"), self._monitor,
+              higher_is_better=hparams.best_exporter_metric_higher_better, best=best))
+    stopper = self.early_stopper(best)
+    if stopper is not None:
+      stopper.track = not exports_best
+      callbacks.append(stopper)
     if self.checkpoint is not None:
       callbacks.append(callbacks_lib.SparseCheckpoint(self.checkpoint))
     sharded_tables = self._sharded_tables if self._placement.sharded else None
@@ -184,6 +189,29 @@ class ModelFitPipeline(training.EpochLoops, exporting.PipelineExport, AbstractPi
         callbacks_lib.TableStatsLogger(os.path.join(hparams.model_dir, "logs"),
                                        tables=sharded_tables, strategy=self._strategy_in_use))
     return callbacks
+
+  @property
+  def _monitor(self) -> str:
+    """The Keras log key of `best_exporter_metric` at validation ("val_ndcg_10")."""
+    metric = self._hparams.best_exporter_metric
+    return "val_loss" if metric == "loss" else "val_" + metric_name(metric)
+
+  @property
+  def _keeps_best(self) -> bool:
+    """Whether the run serves its best validation epoch (early_stopping then: keep_best)."""
+    rule = EarlyStopping.from_dict(self._hparams.early_stopping)
+    return rule is not None and rule.then == KEEP_BEST
+
+  def early_stopper(self, best) -> callbacks_lib.EarlyStopper | None:
+    """The run's EarlyStopper over BestMetric `best` (None: no `early_stopping`)."""
+    rule = EarlyStopping.from_dict(self._hparams.early_stopping)
+    if rule is None:
+      return None
+    return callbacks_lib.EarlyStopper(self._monitor,
+                                      self._hparams.best_exporter_metric_higher_better,
+                                      rule.patience,
+                                      best if best is not None else checkpoints_lib.BestMetric(),
+                                      track=True)
 
   def _sparse_optimizer(self):
     hparams = self._hparams
@@ -318,6 +346,13 @@ class ModelFitPipeline(training.EpochLoops, exporting.PipelineExport, AbstractPi
     if hparams.warm_start is not None and not self.checkpoint.exists():
       restoring.warm_start(hparams, self._placement.sharded, model)
     start_epoch = restoring.resume(self.checkpoint, hparams, model, len(plan))
+    stopper = self.early_stopper(self.checkpoint.best)
+    if stopper is not None and start_epoch < len(plan) and stopper.stopped(start_epoch):
+      print(
+          f"Early stopping had ended this run after epoch {start_epoch} (the best, epoch "
+          f"{int(self.checkpoint.best.epoch.numpy())}, was {stopper.patience} or more epochs "
+          "before): nothing left to train", flush=True)
+      start_epoch = len(plan)
     if self._placement is TablePlacement.PARAMETER_SERVERS:
       return self._fit_epochs_on_ps(model, plan, start_epoch, callbacks, verbose)
     return self._fit_epochs(model, plan, start_epoch, callbacks, verbose)

@@ -5,7 +5,8 @@ keras/exporting.PipelineExport is: once `prepare_run` has built and placed
 the model and `restoring.resume` has chosen the first epoch, `_fit_epochs`
 trains one host's or the workers' epochs (consecutive epochs with the same
 steps as one model.fit on one iterator, an `EpochGate` holding each epoch's
-insertion until Keras begins it) and `_fit_epochs_on_ps` trains under
+insertion until Keras begins it; an early-stopped run keeping its best epoch
+reports its best export's metrics) and `_fit_epochs_on_ps` trains under
 ParameterServerStrategy (one model.fit per epoch over each worker's part,
 validation on the coordinator: keras/ps.py). Both export `latest_model` and
 return the final validation metrics keyed as RANKING_METRICS
@@ -95,7 +96,9 @@ class EpochLoops:
         gate.close()
     run_callbacks.end_run()
     self.history = run_callbacks.history
-    self.export_latest(model, run_callbacks.callbacks)
+    latest = self.export_latest(model, run_callbacks.callbacks)
+    if self._keeps_best and self._best_exporter(run_callbacks.callbacks) is not None:
+      return self.evaluate_export(latest)  # The best epoch's model, which latest_model serves.
     results = model.evaluate(self._distribute(strategy, data.build_valid_dataset(num_epochs=1)),
                              steps=valid_steps if split and not hparams.num_valid_steps else None,
                              return_dict=True, verbose=0)

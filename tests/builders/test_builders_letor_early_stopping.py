@@ -1,0 +1,159 @@
+"""LETOR jobs with early stopping on held-out training queries, through the CLI.
+
+The held-out queries, the selection run and the retrain on every training
+query (`then: retrain`), the best epoch served (`then: keep_best`), a rerun of
+a finished job, LambdaMART stopped the same way, standardized features.
+"""
+
+import json
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import builders_testlib as lib
+from builders import mslr
+from builders import mslr_config
+from mxrec_pipeline.data import elwc
+from mxrec_pipeline.data import letor_prep
+from mxrec_pipeline.evaluation import evaluate_scores
+from mxrec_pipeline.util import initialize
+
+pytestmark = pytest.mark.slow
+
+CONFIG = str(lib.CONFIG_DIR / "mslr_dnn.yaml")
+
+
+@pytest.fixture
+def data(tmp_path):
+  train = lib.write_letor(tmp_path / "train.txt", 40, 6, first_qid=1, seed=1)
+  valid = lib.write_letor(tmp_path / "vali.txt", 10, 6, first_qid=100, seed=2)
+  return [
+      f"data.train_path={train}", f"data.valid_path={valid}", f"data.elwc_dir={tmp_path / 'elwc'}",
+      "data.holdout_min_queries=5", "pipeline.num_train_steps=null", "pipeline.num_epochs=12",
+      "pipeline.seed=3", "model.hidden_layer_dims=[8]", "dataset.list_size=6",
+      "lambdamart.n_estimators=60", "lambdamart.early_stopping_rounds=5",
+      "lambdamart.min_child_samples=2"
+  ]
+
+
+def _rerun(capsys, overrides):
+  initialize.terminate_config_initializer()
+  tf.keras.backend.clear_session()
+  return lib.train_cli(capsys, CONFIG, overrides)
+
+
+def test_retrain_trains_every_query_for_the_selected_epochs(tmp_path, data, capsys):
+  model_dir = tmp_path / "model"
+  overrides = data + [
+      f"pipeline.model_dir={model_dir}", "pipeline.early_stopping={patience: 2, then: retrain}"
+  ]
+  metrics = lib.train_cli(capsys, CONFIG, overrides)
+  stopping = metrics["early_stopping"]
+  best, run = stopping["best_epoch"], stopping["epochs_run"]
+  assert 1 <= best <= run == min(12, best + 2)
+  assert stopping["retrained_epochs"] == best and stopping["then"] == "retrain"
+  assert sorted(stopping["holdout"]) == ["mrr", "ndcg@1", "ndcg@10", "ndcg@5"]
+  # The selection run stopped after `run` epochs; the model trained `best` epochs on all.
+  assert (model_dir / "selection" / "checkpoints" / f"ckpt-{run}.index").is_file()
+  assert (model_dir / "checkpoints" / f"ckpt-{best}.index").is_file()
+  assert not (model_dir / "checkpoints" / f"ckpt-{best + 1}.index").exists()
+  # 5 of the 40 queries held out (at least holdout_min_queries); 35 train the selection.
+  assert metrics["lambdamart_info"]["early_stopping"]["holdout_lists"] == 5
+  assert metrics["lambdamart_info"]["early_stopping"]["refit"] is True
+  assert metrics["lambdamart_info"]["train_lists"] == 40  # The refit's lists.
+  # The served model is the retrained one: its export scores the metrics reported.
+  valid = next((tmp_path / "elwc").glob("vali.*.tfrecord"))
+  served = _served_metrics(model_dir / "export" / "latest_model", valid)
+  assert served["ndcg@10"] == pytest.approx(metrics["model"]["ndcg@10"], abs=1e-5)
+
+  # The same command again trains nothing and reports the same.
+  again = _rerun(capsys, overrides)
+  assert again["model"] == pytest.approx(metrics["model"], abs=1e-6)
+  assert again["early_stopping"] == metrics["early_stopping"]
+
+
+def test_keep_best_serves_the_best_epoch_scored_on_the_validation_split(tmp_path, data, capsys):
+  model_dir = tmp_path / "model"
+  metrics = lib.train_cli(
+      capsys, CONFIG, data +
+      [f"pipeline.model_dir={model_dir}", "pipeline.early_stopping={patience: 2, then: keep_best}"])
+  stopping = metrics["early_stopping"]
+  assert stopping["epochs_run"] == min(12, stopping["best_epoch"] + 2)
+  assert "retrained_epochs" not in stopping and not (model_dir / "selection").exists()
+  best = json.loads(
+      (model_dir / "export" / "best_model_by_metric" / "best_metric.json").read_text())
+  assert best["epoch"] == stopping["best_epoch"]
+  # The held-out NDCG@10 of the best epoch is what the selection saw ...
+  assert stopping["holdout"]["ndcg@10"] == pytest.approx(best["value"], abs=1e-5)
+  # ... while the model's metrics are latest_model (the best epoch's) on the validation split.
+  valid = next((tmp_path / "elwc").glob("vali.*.tfrecord"))
+  served = _served_metrics(model_dir / "export" / "latest_model", valid)
+  assert served == pytest.approx(metrics["model"], abs=1e-5)
+  # LambdaMART kept its best round (no refit), trained on the 35 other queries.
+  info = metrics["lambdamart_info"]
+  assert info["train_lists"] == 35 and "refit" not in info["early_stopping"]
+
+
+def test_retrain_without_held_out_queries_is_refused(tmp_path, data, capsys):
+  args = ["train", CONFIG, "--verbose", "0"]
+  for override in data + [
+      f"pipeline.model_dir={tmp_path / 'model'}", "data.holdout_fraction=0",
+      "pipeline.early_stopping={patience: 2}"
+  ]:
+    args += ["--set", override]
+  err = lib.cli_error(capsys, args)
+  assert "then is 'retrain'" in err and "builder 'mslr_dnn' holds none out" in err
+
+
+def test_holdout_split_and_moments_of_the_training_queries(tmp_path):
+  train = lib.write_letor(tmp_path / "train.txt", 40, 6, first_qid=1, seed=1)
+  valid = lib.write_letor(tmp_path / "vali.txt", 10, 6, first_qid=100, seed=2)
+  data = mslr_config.MslrDataConfig(train_path=str(train), valid_path=str(valid),
+                                    elwc_dir=str(tmp_path / "elwc"), holdout_min_queries=5)
+  ranker = mslr.MslrDnn()
+  paths = ranker.prepare_data(data)
+  qids = {
+      name: [
+          int(r.context.features.feature["qid"].int64_list.value[0])
+          for r in elwc.read_elwc_tfrecord(getattr(paths, name))
+      ] for name in ("train", "train_without_holdout", "holdout")
+  }
+  assert len(qids["holdout"]) == 5 and len(qids["train_without_holdout"]) == 35
+  assert sorted(qids["holdout"] + qids["train_without_holdout"]) == sorted(qids["train"])
+  rest = next((tmp_path / "elwc").glob("train.*.rest.txt"))
+  mean, std = letor_prep.feature_moments([rest], 136)
+  np.testing.assert_allclose(ranker.moments[0], mean)
+  np.testing.assert_allclose(ranker.moments[1], std)
+  # Another seed, another holdout; the same seed, the same files (cached).
+  other = mslr.MslrDnn().prepare_data(
+      mslr_config.MslrDataConfig(**{**vars(data), "holdout_seed": 1}))
+  assert other.holdout != paths.holdout
+  assert mslr.MslrDnn().prepare_data(data) == paths
+
+
+def test_standardized_features_are_constants_of_the_export(tmp_path, data, capsys):
+  model_dir = tmp_path / "model"
+  metrics = lib.train_cli(
+      capsys, CONFIG, data + [
+          f"pipeline.model_dir={model_dir}", "model.standardize=true", "model.use_batch_norm=false",
+          "pipeline.num_epochs=2"
+      ])
+  # The export scores as in training without the data: moved aside, it still serves.
+  os.rename(tmp_path / "elwc", tmp_path / "elsewhere")
+  valid = next((tmp_path / "elsewhere").glob("vali.*.tfrecord"))
+  served = _served_metrics(model_dir / "export" / "latest_model", valid)
+  assert served["ndcg@10"] == pytest.approx(metrics["model"]["ndcg@10"], abs=1e-5)
+
+
+def _served_metrics(export_dir, valid_path) -> dict:
+  """RANKING_METRICS of an export on an ELWC file, each list scored by serving_default."""
+  serve = tf.saved_model.load(str(export_dir)).signatures["serving_default"]
+  records = lib.serialized_lists(str(valid_path))
+  labels = [[e.features.feature["utility"].float_list.value[0] for e in r.examples]
+            for r in elwc.read_elwc_tfrecord(str(valid_path))]
+  width = max(len(row) for row in labels)
+  dataset = tf.data.Dataset.from_tensors(
+      ({"examples": records}, tf.constant([row + [-1.0] * (width - len(row)) for row in labels])))
+  return evaluate_scores(dataset, lambda f: serve(examples=f["examples"])["scores"])
