@@ -77,3 +77,21 @@ def test_movielens_100k(movielens_dir, tmp_path):
   assert result.num_train_ratings + result.num_valid_ratings == 100_000
   assert sum(len(p.examples) for p in elwc.read_elwc_tfrecord(result.valid_path)) == (
       result.num_valid_ratings)
+
+
+def test_lightgbm_leaves_as_tf_ops_on_mslr_5k(mslr_dir):
+  """gbdt/tree_ops on real features: LambdaMART's leaves of every test document equal LightGBM's."""
+  lightgbm = pytest.importorskip("lightgbm")
+  from mxrec_pipeline.gbdt import tree_ops  # pylint: disable=import-outside-toplevel
+
+  def matrix(split):
+    lists = letor.read_letor(mslr_dir / f"msn1.fold1.{split}.5k.txt")
+    return (np.concatenate([q.features for q in lists]), np.concatenate([q.labels for q in lists]),
+            [len(q.labels) for q in lists])
+
+  x, y, group = matrix("train")
+  booster = lightgbm.train({"objective": "lambdarank", "verbose": -1, "num_threads": 1},
+                           lightgbm.Dataset(x, y, group=group), num_boost_round=100)
+  test, _, _ = matrix("test")
+  leaves = tree_ops.leaf_indices(tree_ops.TreeArrays.from_booster(booster), tf.constant(test))
+  np.testing.assert_array_equal(leaves.numpy(), booster.predict(test, pred_leaf=True))
