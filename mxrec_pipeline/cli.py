@@ -101,6 +101,7 @@ def _train_local_cluster(args, config: config_lib.JobConfig) -> int:
   overrides = [*args.set, f"pipeline.strategy={strategy}"]
   if spec.evaluator:  # The chief then skips validation; the evaluator validates.
     overrides.append("pipeline.sidecar_evaluator=true")
+  config_lib.load(args.config, overrides)  # A config the tasks would refuse is refused once, here.
   argv = [
       sys.executable, "-m", "mxrec_pipeline.cli", "train", args.config, f"--verbose={args.verbose}"
   ] + (["--fresh"] if args.fresh else [])

@@ -134,6 +134,9 @@ class ContinuousTrainer:
       raise ValueError(f"`pipeline.checkpoint.{skips[0]}`: a continuous run saves a checkpoint "
                        "after every partition (with its cursor); schedule its full saves with "
                        "full_every_steps, full_every_s or full_every_epochs instead")
+    if pipeline.hparams.early_stopping is not None:
+      raise ValueError("`pipeline.early_stopping`: a continuous run trains every partition as it "
+                       "arrives and never stops on a validation metric; set it to null")
     model = pipeline.prepare_run()
     if pipeline.placement is not TablePlacement.ONE_HOST:
       raise ValueError(f"continuous training places the tables on one host (one or more "

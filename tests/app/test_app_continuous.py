@@ -192,6 +192,10 @@ def test_a_corrupt_partition_is_named_and_nothing_is_trained(staged, tmp_path, c
         "pipeline.checkpoint={full_every_steps: 4, delta_every_steps: 2}"
     ], "`pipeline.checkpoint.delta_every_steps`: a continuous run saves a checkpoint after every "
      "partition"),
+    ([
+        "--continuous", "--set", "continuous.partitions_dir=.", "--set",
+        "pipeline.early_stopping={patience: 2}"
+    ], "`pipeline.early_stopping`: a continuous run trains every partition"),
 ])
 def test_bad_continuous_arguments_are_named(tmp_path, capsys, args, match):
   code = cli.main(["train", CONFIG, "--set", f"pipeline.model_dir={tmp_path}", *args])

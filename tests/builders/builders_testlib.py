@@ -88,7 +88,11 @@ def assert_metrics_file(metrics: dict) -> None:
 
   LambdaMART's metrics are checked when LightGBM scored it (else its reason is given).
   """
-  assert sorted(metrics) == ["baseline", "data", "lambdamart", "lambdamart_info", "model", "wall_s"]
+  assert sorted(set(metrics) - {"early_stopping"}) == [
+      "baseline", "data", "lambdamart", "lambdamart_info", "model", "wall_s"
+  ]
+  if "early_stopping" in metrics:  # A job with pipeline.early_stopping (the LETOR configs).
+    assert 1 <= metrics["early_stopping"]["best_epoch"] <= metrics["early_stopping"]["epochs_run"]
   assert sorted(metrics["wall_s"]) == ["baseline", "lambdamart", "model"]
   if metrics["lambdamart"] is None:
     assert metrics["lambdamart_info"]["reason"]

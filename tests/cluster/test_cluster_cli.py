@@ -30,7 +30,7 @@ def test_bad_cluster_setup_exits_2_naming_it(tmp_path, monkeypatch, capsys, tf_c
   args = ["train", CONFIG]
   for override in [
       f"pipeline.model_dir={tmp_path / 'run'}", "pipeline.strategy=MultiWorkerMirroredStrategy",
-      *sets
+      "pipeline.early_stopping=null", *sets
   ]:
     args += ["--set", override]
   assert cli.main(args) == 2
@@ -70,7 +70,8 @@ def test_a_task_whose_port_is_taken_exits_2_naming_task_and_address(tmp_path, ta
     args = [
         "-m", "mxrec_pipeline.cli", "train", CONFIG, "--set",
         f"pipeline.model_dir={tmp_path / 'run'}", "--set",
-        "pipeline.strategy=MultiWorkerMirroredStrategy", "--set", "pipeline.seed=1"
+        "pipeline.strategy=MultiWorkerMirroredStrategy", "--set", "pipeline.seed=1", "--set",
+        "pipeline.early_stopping=null"
     ]
   else:
     cluster = {"chief": ["localhost:1"], "ps": [f"localhost:{taken_port}"]}

@@ -48,7 +48,8 @@ def _overrides(tmp_path, letor, model_dir, **pipeline):
       f"data.train_path={train}", f"data.valid_path={valid}", f"data.elwc_dir={tmp_path / 'elwc'}",
       f"pipeline.model_dir={model_dir}", "model.hidden_layer_dims=[8]", "model.dropout=0.0",
       "model.use_batch_norm=false", "dataset.train_batch_size=4", "dataset.list_size=8",
-      "pipeline.num_epochs=2", "pipeline.num_train_steps=6", "pipeline.collective_timeout_s=60"
+      "pipeline.num_epochs=2", "pipeline.num_train_steps=6", "pipeline.collective_timeout_s=60",
+      "pipeline.early_stopping=null"
   ] + [f"pipeline.{k}={v}" for k, v in pipeline.items()]
   return [a for s in sets for a in ("--set", s)]
 

@@ -15,8 +15,10 @@ CLUSTER = {"worker": ["localhost:1", "localhost:2"]}
 
 
 def _config(model_dir, strategy="MultiWorkerMirroredStrategy"):
-  return config_lib.load(CONFIG,
-                         [f"pipeline.model_dir={model_dir}", f"pipeline.strategy={strategy}"])
+  return config_lib.load(CONFIG, [
+      f"pipeline.model_dir={model_dir}", f"pipeline.strategy={strategy}",
+      "pipeline.early_stopping=null"
+  ])
 
 
 def _set_task(monkeypatch, index):

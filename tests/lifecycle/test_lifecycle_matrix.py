@@ -60,7 +60,7 @@ def _sets(config: str, data, model_dir: pathlib.Path) -> list[str]:
       "pipeline.num_valid_steps=null", "pipeline.strategy=null", "pipeline.seed=1",
       "pipeline.export_best_model=true", "pipeline.best_exporter_metric=loss",
       "pipeline.best_exporter_metric_higher_better=false", "lambdamart.enabled=false",
-      "dataset.train_batch_size=4", "dataset.valid_batch_size=4"
+      "dataset.train_batch_size=4", "dataset.valid_batch_size=4", "pipeline.early_stopping=null"
   ]
   if config.startswith("movielens"):
     sets += [
