@@ -5,8 +5,12 @@ query (`then: retrain`), the best epoch served (`then: keep_best`), a rerun of
 a finished job, LambdaMART stopped the same way, standardized features.
 """
 
+import filecmp
 import json
 import os
+import signal
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -18,6 +22,7 @@ from builders import mslr_config
 from mxrec_pipeline.data import elwc
 from mxrec_pipeline.data import letor_prep
 from mxrec_pipeline.evaluation import evaluate_scores
+from mxrec_pipeline.util import faults
 from mxrec_pipeline.util import initialize
 
 pytestmark = pytest.mark.slow
@@ -157,3 +162,37 @@ def _served_metrics(export_dir, valid_path) -> dict:
   dataset = tf.data.Dataset.from_tensors(
       ({"examples": records}, tf.constant([row + [-1.0] * (width - len(row)) for row in labels])))
   return evaluate_scores(dataset, lambda f: serve(examples=f["examples"])["scores"])
+
+
+def _cli_run(args, fault=None):
+  env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+  env.pop(faults.ENV, None)
+  if fault is not None:
+    env[faults.ENV] = fault
+  return subprocess.run([sys.executable, "-m", "mxrec_pipeline.cli", "train", CONFIG, *args],
+                        capture_output=True, text=True, timeout=600, env=env, check=False)
+
+
+def test_killed_in_the_selection_the_same_command_ends_as_an_uninterrupted_job(tmp_path, data):
+  overrides = data + [
+      "pipeline.early_stopping={patience: 2, then: retrain}", "pipeline.num_epochs=6",
+      "lambdamart.enabled=false"
+  ]
+
+  def args(model_dir):
+    return ["--verbose", "0"
+           ] + [a for o in overrides + [f"pipeline.model_dir={model_dir}"] for a in ("--set", o)]
+
+  reference = _cli_run(args(tmp_path / "reference"))
+  assert reference.returncode == 0, reference.stderr[-3000:]
+  killed = _cli_run(args(tmp_path / "model"), fault="train_batch:7")  # In the selection's epoch 2.
+  assert killed.returncode == -signal.SIGKILL
+  assert not (tmp_path / "model" / "checkpoints").exists()  # The retrain had not begun.
+  again = _cli_run(args(tmp_path / "model"))
+  assert again.returncode == 0, again.stderr[-3000:]
+  assert "Resumed from" in again.stdout
+  want, got = (
+      json.loads((tmp_path / d / "metrics.json").read_text()) for d in ("reference", "model"))
+  assert got["model"] == want["model"] and got["early_stopping"] == want["early_stopping"]
+  exports = [tmp_path / d / "export" / "latest_model" / "variables" for d in ("reference", "model")]
+  assert filecmp.cmp(*(e / "variables.data-00000-of-00001" for e in exports), shallow=False)
