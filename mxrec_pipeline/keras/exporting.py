@@ -45,7 +45,8 @@ class PipelineExport:
   Expects the attributes ModelFitPipeline sets (`_model_builder`,
   `_dataset_builder`, `_hparams`, `_placement`, `_strategy_in_use`,
   `_sharded_tables`, `_export_source`, `_export_scratch`, `_export_snapshots`, `_exports`,
-  `_faults`, `_run_config`) and its `_compile`, `_sparse_optimizer` and `_use`.
+  `_faults`, `_run_config`) and its `_compile`, `_sparse_optimizer`, `_use`, `_keeps_best`,
+  `build_metrics` and `build_loss`.
   """
 
   def restore_for_export(self, checkpoint: str) -> tf.keras.Model:
