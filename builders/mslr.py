@@ -136,22 +136,29 @@ def cached_shape(src: str | os.PathLike, elwc_dir: str | os.PathLike) -> letor.L
   return shape
 
 
-def cached_holdout(src: str | os.PathLike, elwc_dir: str | os.PathLike,
-                   data: MslrDataConfig) -> tuple[str, str]:
-  """(rest, holdout): LETOR files of `src`'s queries split by `data.holdout_*`, split once.
+def cached_holdout(train_elwc: str, elwc_dir: str | os.PathLike,
+                   data: MslrDataConfig) -> tuple[str, str, list[int]] | None:
+  """(rest, holdout, held-out qids): the converted training lists split by `data.holdout_*`.
 
-  Cached beside the ELWC conversions, named by a digest of the source (as
-  `cached_elwc`'s) and the holdout settings (letor_prep.split_holdout).
+  Split once (letor_prep.split_holdout) and kept beside the conversions, named
+  by the converted file's name (which holds a digest of its source and
+  checks) and the holdout settings; the qids file is written last, so a
+  split killed halfway is redone. None: too few lists to hold any out.
   """
-  src = pathlib.Path(src).resolve()
-  key = _source_key(src, data.holdout_fraction, data.holdout_min_queries, data.holdout_seed)
-  rest, holdout = (
-      pathlib.Path(elwc_dir) / f"{src.stem}.{key}.{part}.txt" for part in ("rest", "holdout"))
-  if not (rest.is_file() and holdout.is_file()):
-    rest.parent.mkdir(parents=True, exist_ok=True)
-    letor_prep.split_holdout(src, rest, holdout, data.holdout_fraction, data.holdout_min_queries,
-                             data.holdout_seed)
-  return str(rest), str(holdout)
+  src = pathlib.Path(train_elwc)
+  key = hashlib.sha256(
+      f"{src.name}|{data.holdout_fraction}|{data.holdout_min_queries}|{data.holdout_seed}".encode(
+      )).hexdigest()[:16]
+  rest, holdout, qids = (pathlib.Path(elwc_dir) / f"{src.stem}.{key}.{part}"
+                         for part in ("rest.tfrecord", "holdout.tfrecord", "holdout.json"))
+  if not qids.is_file():
+    held = letor_prep.split_holdout(src, rest, holdout, data.holdout_fraction,
+                                    data.holdout_min_queries, data.holdout_seed)
+    tmp = qids.with_suffix(f".tmp{os.getpid()}")
+    tmp.write_text(json.dumps(held), encoding="utf-8")
+    os.replace(tmp, qids)
+  held = json.loads(qids.read_text(encoding="utf-8"))
+  return None if held is None else (str(rest), str(holdout), held)
 
 
 def joined_letor(sources, elwc_dir: str | os.PathLike) -> str:
@@ -170,15 +177,17 @@ def joined_letor(sources, elwc_dir: str | os.PathLike) -> str:
   return str(out)
 
 
-def cached_moments(src: str | os.PathLike, elwc_dir: str | os.PathLike, num_features: int,
-                   data: MslrDataConfig) -> tuple[list[float], list[float]]:
-  """letor_prep.feature_moments of `src`, computed once and kept beside the conversions."""
+def cached_moments(
+    src: str | os.PathLike, elwc_dir: str | os.PathLike, num_features: int, data: MslrDataConfig,
+    exclude_qids: list[int] = ()) -> tuple[list[float], list[float]]:
+  """letor_prep.feature_moments of `src` without `exclude_qids`, computed once and kept."""
   src = pathlib.Path(src).resolve()
-  key = _source_key(src, num_features, list(data.label_range), data.on_bad_record)
+  key = _source_key(src, num_features, list(data.label_range), data.on_bad_record,
+                    hashlib.sha256(json.dumps(sorted(exclude_qids)).encode()).hexdigest())
   out = pathlib.Path(elwc_dir) / f"{src.stem}.{key}.moments.json"
   if not out.is_file():
     mean, std = letor_prep.feature_moments([src], num_features, tuple(data.label_range),
-                                           data.on_bad_record)
+                                           data.on_bad_record, exclude_qids)
     tmp = out.with_suffix(f".tmp{os.getpid()}")
     tmp.write_text(json.dumps({"mean": mean.tolist(), "std": std.tolist()}), encoding="utf-8")
     os.replace(tmp, out)
@@ -258,28 +267,30 @@ class MslrDnn(RankerBuilder):
     else:
       train, valid = data.train_path, data.valid_path
       elwc_dir = data.elwc_dir or fetch_lib.default_cache_dir("mslr_elwc")
-    rest = holdout = None
+    given = None  # (rest, holdout) LETOR files given by data.holdout_path.
     if data.holdout_path is not None:  # Train on both files after the selection.
-      rest, holdout = train, data.holdout_path
-      train = joined_letor([rest, holdout], elwc_dir)
-    elif letor_prep.holdout_size(
-        cached_shape(train, elwc_dir).num_lists, data.holdout_fraction,
-        data.holdout_min_queries) > 0:
-      rest, holdout = cached_holdout(train, elwc_dir, data)
+      given = (train, data.holdout_path)
+      train = joined_letor(given, elwc_dir)
     shapes = [cached_shape(src, elwc_dir) for src in (train, valid)]
     self.num_features = data.num_features or max(1, *(s.num_features for s in shapes))
-    sources = [train, valid] + ([rest, holdout] if holdout is not None else [])
     converted = [
         cached_elwc(src, elwc_dir, self.num_features, data.label_range, data.on_bad_record)
-        for src in sources
+        for src in [train, valid, *(given or ())]
     ]
     check_baseline_feature(data.baseline_feature, self.num_features, shapes[0], train)
-    self.moments = cached_moments(rest or train, elwc_dir, self.num_features, data)
+    if given is not None:  # rest, holdout: the given files' conversions.
+      held, moments_of, held_qids = converted[2:], given[0], []
+    else:
+      holdout = (cached_holdout(converted[0], elwc_dir, data)
+                 if data.holdout_fraction > 0.0 else None)
+      held = holdout[:2] if holdout else None
+      moments_of, held_qids = train, holdout[2] if holdout else []
+    self.moments = cached_moments(moments_of, elwc_dir, self.num_features, data, held_qids)
     skipped = {split: bad_records(path) for split, path in zip(("train", "valid"), converted)}
     return DataPaths(converted[0], converted[1], bad_records=skipped,
                      valid_list_size=shapes[1].max_list_size,
-                     train_without_holdout=converted[2] if holdout is not None else None,
-                     holdout=converted[3] if holdout is not None else None)
+                     train_without_holdout=held[0] if held else None,
+                     holdout=held[1] if held else None)
 
   def feature_specs(self):
     """See `RankerBuilder`; `num_features` example features.

@@ -41,7 +41,9 @@ class MslrDataConfig:
       on while training (early stopping, `pipeline.early_stopping`), in
       [0, 0.5]; 0: none. The count is ceil(fraction x queries), at least
       `holdout_min_queries`, at most half the queries
-      (data/letor_prep.holdout_size). Unused without early stopping.
+      (data/letor_prep.holdout_size). Validated on only with early stopping;
+      split (and converted) whenever > 0, and `model.standardize`'s moments
+      are fitted on the other queries either way.
     holdout_min_queries: The fewest queries held out, > 0.
     holdout_seed: Seed of the draw of the held-out queries.
     holdout_path: A LETOR file of held-out queries to use instead of a draw
@@ -116,3 +118,6 @@ class MslrModelConfig:
 
   def __post_init__(self):
     check_dnn_options(self.hidden_layer_dims, self.dropout, self.batch_norm_moment)
+    if self.standardize and not self.use_log1p:
+      raise ValueError("model.standardize needs model.use_log1p: the moments are those of the "
+                       "log1p features")

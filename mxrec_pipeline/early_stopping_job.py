@@ -33,8 +33,11 @@ from mxrec_pipeline.util import initialize
 SELECTION_DIR = "selection"
 
 
-def train(config: config_lib.JobConfig, paths, make_pipeline: Callable, verbose: int,
-          callbacks: Sequence[tf.keras.callbacks.Callback]) -> tuple[dict[str, float], dict]:
+def train(
+    config: config_lib.JobConfig, paths, make_pipeline: Callable, verbose: int,
+    callbacks: Sequence[tf.keras.callbacks.Callback],
+    retrain_callbacks: Sequence[tf.keras.callbacks.Callback] = ()
+) -> tuple[dict[str, float], dict]:
   """Trains `config` (its `pipeline.early_stopping` set); see the module docstring.
 
   Args:
@@ -42,7 +45,10 @@ def train(config: config_lib.JobConfig, paths, make_pipeline: Callable, verbose:
     paths: Its builders.base.DataPaths.
     make_pipeline: (config, paths) -> a SimplePipeline of that job on those
       data (jobs.setup's).
-    verbose, callbacks: As `SimplePipeline.train_and_validate`.
+    verbose, callbacks: As `SimplePipeline.train_and_validate`; with
+      `then: retrain`, `callbacks` (e.g. a sweep's per-epoch reporter) see
+      the selection run only, whose epochs the early stopping decides on.
+    retrain_callbacks: The callbacks of the retrain (e.g. a watchdog's).
 
   Returns:
     (the served model's metrics on the validation split, keyed as
@@ -88,7 +94,8 @@ def train(config: config_lib.JobConfig, paths, make_pipeline: Callable, verbose:
   initialize.terminate_config_initializer()  # The next run creates its own tables.
   tf.keras.backend.clear_session()
   retrain = _replace_pipeline(config, num_epochs=epochs, num_train_steps=steps, early_stopping=None)
-  metrics = make_pipeline(retrain, paths).train_and_validate(verbose=verbose, callbacks=callbacks)
+  metrics = make_pipeline(retrain, paths).train_and_validate(verbose=verbose,
+                                                             callbacks=retrain_callbacks)
   return metrics, record | {"retrained_epochs": epochs}
 
 
@@ -98,9 +105,12 @@ def _replace_pipeline(config: config_lib.JobConfig, **changes) -> config_lib.Job
 
 def _stopping(pipeline) -> dict:
   """{"best_epoch", "epochs_run"} of a trained pipeline's run (its checkpoint's BestMetric)."""
+  epochs_run = int(pipeline.checkpoint.epoch.numpy())
   return {
       "best_epoch": int(pipeline.checkpoint.best.epoch.numpy()),
-      "epochs_run": int(pipeline.checkpoint.epoch.numpy())
+      "epochs_run": epochs_run,
+      # False: num_epochs ended the run first (the best epoch may be that cap).
+      "stopped_early": epochs_run < pipeline.hparams.num_epochs
   }
 
 

@@ -162,7 +162,7 @@ def train(config: config_lib.JobConfig, verbose: int = 2,
           model_metrics, stopping = early_stopping_job.train(
               config, paths,
               lambda c, p: make_pipeline(c, ranker, p, strategy, shard_checkpoint_dir), verbose,
-              [*watching, *callbacks])
+              [*watching, *callbacks], retrain_callbacks=watching)
     except (tf.errors.ResourceExhaustedError, tf.errors.InvalidArgumentError) as e:
       line = _table_error(e)
       if line is None:

@@ -100,14 +100,23 @@ def write_elwc_tfrecord(path: PathLike, elwcs: Iterable[input_pb2.ExampleListWit
   Returns:
     The number of records written.
   """
+  return write_records(path, (elwc.SerializeToString() for elwc in elwcs))
+
+
+def write_records(path: PathLike, records: Iterable[bytes]) -> int:
+  """Writes serialized records to an uncompressed TFRecord file, atomically (as above).
+
+  Returns:
+    The number of records written.
+  """
   path = pathlib.Path(path)
   fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
   os.close(fd)
   count = 0
   try:
     with tf.io.TFRecordWriter(tmp) as writer:
-      for elwc in elwcs:
-        writer.write(elwc.SerializeToString())
+      for record in records:
+        writer.write(record)
         count += 1
     os.replace(tmp, path)
   except BaseException:

@@ -4,6 +4,7 @@ stopping, eviction."""
 from __future__ import annotations
 
 import json
+import math
 import os
 from typing import Callable
 
@@ -237,7 +238,8 @@ class BestModelExporter(tf.keras.callbacks.Callback):
       raise KeyError(f"BestModelExporter: '{self.monitor}' is not in the logs {sorted(logs)}")
     value = float(logs[self.monitor])
     best = self.best
-    better = best is None or (value > best if self.higher_is_better else value < best)
+    better = not math.isnan(value) and (best is None or
+                                        (value > best if self.higher_is_better else value < best))
     self.current = False
     if better:
       written = self.export_fn(self.model, self.path)
@@ -293,7 +295,8 @@ class EarlyStopper(tf.keras.callbacks.Callback):
       raise KeyError(f"EarlyStopper: '{self.monitor}' is not in the logs {sorted(logs)}")
     if self.track:
       value, best = float(logs[self.monitor]), self.best.get(self.monitor)
-      if best is None or (value > best if self.higher_is_better else value < best):
+      if not math.isnan(value) and (best is None or
+                                    (value > best if self.higher_is_better else value < best)):
         self.best.set(self.monitor, value, epoch + 1)
     if self.stopped(epoch + 1):
       self.stopped_epoch = epoch + 1

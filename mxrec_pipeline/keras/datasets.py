@@ -303,8 +303,11 @@ class BaseDatasetBuilder(tfr.keras.pipeline.BaseDatasetBuilder):
     (files in name order, records in file order), unparsed: for scoring an
     export (`export.evaluate_export`).
     """
+    # tfr's reading (build_ranking_dataset, deterministic), so several files interleave alike.
     files = tf.data.Dataset.list_files(self._hparams.valid_input_pattern, shuffle=False)
-    return files.flat_map(self._hparams.dataset_reader).batch(self._hparams.valid_batch_size)
+    records = files.interleave(self._hparams.dataset_reader, num_parallel_calls=tf.data.AUTOTUNE,
+                               deterministic=True)
+    return records.batch(self._hparams.valid_batch_size)
 
   def _valid_batches(self, num_epochs: int | None, all_lists: bool) -> tf.data.Dataset:
     dataset = self._build_dataset(file_pattern=self._hparams.valid_input_pattern,

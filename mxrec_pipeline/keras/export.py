@@ -255,13 +255,21 @@ def evaluate_export(export_dir: str, builder, metrics: Sequence[tf.keras.metrics
     loss: (labels, scores) -> scalar loss of a batch.
 
   Returns:
-    {metric name: value} and "loss": the mean of the batches' losses.
+    {metric name: value} and "loss": the mean of the batches' losses
+    (unweighted by their sizes, unlike Keras' evaluate). Lists are scored
+    whole, even where `valid_list_size` cuts them for validation.
+
+  Raises:
+    ValueError: the serialized and parsed batches do not pair up.
   """
   serve = tf.saved_model.load(export_dir).signatures["serving_default"]
   losses = []
   batches = tf.data.Dataset.zip(
       (builder.build_serialized_valid_dataset(), builder.build_raw_valid_dataset(all_lists=True)))
   for serialized, (_, labels) in batches:
+    if serialized.shape[0] != labels.shape[0]:
+      raise ValueError(f"evaluate_export: a batch of {serialized.shape[0]} serialized lists "
+                       f"beside {labels.shape[0]} parsed ones: the two readings differ")
     scores = serve(**{SERVING_INPUT: serialized})[OUTPUT_KEY]
     # The export pads to the batch's longest list, the dataset to valid_list_size.
     width = tf.shape(labels)[1]

@@ -145,6 +145,10 @@ class PipelineExport:
     """
     latest = os.path.join(self._hparams.model_dir, "export", "latest_model")
     best = self._best_exporter(callbacks)
+    if self._keeps_best and best is None:
+      print(
+          "early stopping (keep_best): no epoch was exported as the best (a NaN metric?); "
+          "latest_model is the last epoch's model", flush=True)
     if self._keeps_best and best is not None:  # One host (EarlyStopping): its best export.
       return export_lib.copy_export(best.path, latest, ignore=[best.STATE_FILE],
                                     before_rename=lambda _: self._faults.reach("export"))

@@ -14,9 +14,11 @@ from mxrec_pipeline.keras.pipeline import RANKING_METRICS
 
 CONFIG_DIR = pathlib.Path(__file__).resolve().parents[2] / "configs"
 
-# Overrides that make any config a few-second run.
+# Overrides that make any config a few-second run (one run: no early stopping's selection and
+# retrain; tests that want it set it again).
 TINY_PIPELINE = [
-    "pipeline.num_epochs=1", "pipeline.num_train_steps=2", "pipeline.export_best_model=false"
+    "pipeline.num_epochs=1", "pipeline.num_train_steps=2", "pipeline.export_best_model=false",
+    "pipeline.early_stopping=null"
 ]
 
 

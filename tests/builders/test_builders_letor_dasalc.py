@@ -64,12 +64,20 @@ def test_trains_exports_and_serves(tmp_path, capsys):
   train = lib.write_wide_letor(tmp_path / "train.txt", WIDTH, [5, 7, 3, 6], 25, seed=1)
   valid = lib.write_wide_letor(tmp_path / "vali.txt", WIDTH, [4, 9, 3], 25, seed=2, first_qid=100)
   overrides = [
-      f"data.train_path={train}", f"data.valid_path={valid}", f"data.elwc_dir={tmp_path / 'elwc'}",
-      "data.baseline_feature=25", f"pipeline.model_dir={tmp_path / 'run'}",
-      "model.hidden_layer_dims=[8]", "model.attention_head_size=4", "model.ensemble_size=2",
-      "dataset.train_batch_size=2", "dataset.list_size=6"
+      f"data.train_path={train}",
+      f"data.valid_path={valid}",
+      f"data.elwc_dir={tmp_path / 'elwc'}",
+      "data.baseline_feature=25",
+      f"pipeline.model_dir={tmp_path / 'run'}",
+      "model.hidden_layer_dims=[8]",
+      "model.attention_head_size=4",
+      "model.ensemble_size=2",
+      "dataset.train_batch_size=2",
+      "dataset.list_size=6",
+      "pipeline.early_stopping={patience: 1}"  # The shipped config's retrain, at its smallest.
   ]
   metrics = lib.train_cli(capsys, CONFIG, overrides)
+  assert metrics["early_stopping"]["retrained_epochs"] == 1
   lib.assert_metrics_file(metrics)
   (valid_elwc,) = [str(p) for p in (tmp_path / "elwc").glob("vali.*.tfrecord")]
   lists = lib.serialized_lists(valid_elwc)

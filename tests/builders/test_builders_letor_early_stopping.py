@@ -23,82 +23,115 @@ from mxrec_pipeline.data import elwc
 from mxrec_pipeline.data import letor_prep
 from mxrec_pipeline.evaluation import evaluate_scores
 from mxrec_pipeline.util import faults
-from mxrec_pipeline.util import initialize
 
 pytestmark = pytest.mark.slow
 
 CONFIG = str(lib.CONFIG_DIR / "mslr_dnn.yaml")
+MAX_EPOCHS = 6
 
 
 @pytest.fixture
 def data(tmp_path):
-  train = lib.write_letor(tmp_path / "train.txt", 40, 6, first_qid=1, seed=1)
+  train = lib.write_letor(tmp_path / "train.txt", 24, 6, first_qid=1, seed=1)
   valid = lib.write_letor(tmp_path / "vali.txt", 10, 6, first_qid=100, seed=2)
   return [
       f"data.train_path={train}", f"data.valid_path={valid}", f"data.elwc_dir={tmp_path / 'elwc'}",
-      "data.holdout_min_queries=5", "pipeline.num_train_steps=null", "pipeline.num_epochs=12",
-      "pipeline.seed=3", "model.hidden_layer_dims=[8]", "dataset.list_size=6",
-      "lambdamart.n_estimators=60", "lambdamart.early_stopping_rounds=5",
+      "data.holdout_min_queries=4", "pipeline.num_train_steps=null",
+      f"pipeline.num_epochs={MAX_EPOCHS}", "pipeline.seed=3", "model.hidden_layer_dims=[8]",
+      "dataset.list_size=6", "lambdamart.n_estimators=60", "lambdamart.early_stopping_rounds=5",
       "lambdamart.min_child_samples=2"
   ]
 
 
-def _rerun(capsys, overrides):
-  initialize.terminate_config_initializer()
-  tf.keras.backend.clear_session()
-  return lib.train_cli(capsys, CONFIG, overrides)
+def _cli_run(overrides, model_dir, fault=None):
+  """`mxrec-pipeline train CONFIG` in a child process (a fault kills it): (process, metrics)."""
+  env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+  env.pop(faults.ENV, None)
+  if fault is not None:
+    env[faults.ENV] = fault
+  args = ["--verbose", "0"]
+  for override in overrides + [f"pipeline.model_dir={model_dir}"]:
+    args += ["--set", override]
+  done = subprocess.run([sys.executable, "-m", "mxrec_pipeline.cli", "train", CONFIG, *args],
+                        capture_output=True, text=True, timeout=600, env=env, check=False)
+  metrics = model_dir / "metrics.json"
+  return done, json.loads(metrics.read_text()) if metrics.is_file() else None
 
 
-def test_retrain_trains_every_query_for_the_selected_epochs(tmp_path, data, capsys):
-  model_dir = tmp_path / "model"
-  overrides = data + [
-      f"pipeline.model_dir={model_dir}", "pipeline.early_stopping={patience: 2, then: retrain}"
-  ]
-  metrics = lib.train_cli(capsys, CONFIG, overrides)
+def test_retrain_killed_rerun_and_rerun_again(tmp_path, data):
+  """then: retrain through the CLI: what it trains, a kill in the selection, a finished rerun."""
+  overrides = data + ["pipeline.early_stopping={patience: 2, then: retrain}"]
+  done, metrics = _cli_run(overrides, tmp_path / "reference")
+  assert done.returncode == 0, done.stderr[-3000:]
   stopping = metrics["early_stopping"]
   best, run = stopping["best_epoch"], stopping["epochs_run"]
-  assert 1 <= best <= run == min(12, best + 2)
+  assert 1 <= best <= run == min(MAX_EPOCHS, best + 2)
+  assert stopping["stopped_early"] == (run < MAX_EPOCHS)
   assert stopping["retrained_epochs"] == best and stopping["then"] == "retrain"
   assert sorted(stopping["holdout"]) == ["mrr", "ndcg@1", "ndcg@10", "ndcg@5"]
-  # The selection run stopped after `run` epochs; the model trained `best` epochs on all.
-  assert (model_dir / "selection" / "checkpoints" / f"ckpt-{run}.index").is_file()
-  assert (model_dir / "checkpoints" / f"ckpt-{best}.index").is_file()
-  assert not (model_dir / "checkpoints" / f"ckpt-{best + 1}.index").exists()
-  # 5 of the 40 queries held out (at least holdout_min_queries); 35 train the selection.
-  assert metrics["lambdamart_info"]["early_stopping"]["holdout_lists"] == 5
-  assert metrics["lambdamart_info"]["early_stopping"]["refit"] is True
-  assert metrics["lambdamart_info"]["train_lists"] == 40  # The refit's lists.
+  # The selection stopped after `run` epochs; the model then trained `best` epochs on all.
+  reference = tmp_path / "reference"
+  assert (reference / "selection" / "checkpoints" / f"ckpt-{run}.index").is_file()
+  assert (reference / "checkpoints" / f"ckpt-{best}.index").is_file()
+  assert not (reference / "checkpoints" / f"ckpt-{best + 1}.index").exists()
+  # 4 of the 24 queries held out (at least holdout_min_queries); 20 train the selection.
+  info = metrics["lambdamart_info"]
+  assert info["early_stopping"]["holdout_lists"] == 4 and info["early_stopping"]["refit"]
+  assert info["train_lists"] == 24  # The refit's lists.
   # The served model is the retrained one: its export scores the metrics reported.
   valid = next((tmp_path / "elwc").glob("vali.*.tfrecord"))
-  served = _served_metrics(model_dir / "export" / "latest_model", valid)
+  served = _served_metrics(reference / "export" / "latest_model", valid)
   assert served["ndcg@10"] == pytest.approx(metrics["model"]["ndcg@10"], abs=1e-5)
 
-  # The same command again trains nothing and reports the same.
-  again = _rerun(capsys, overrides)
-  assert again["model"] == pytest.approx(metrics["model"], abs=1e-6)
-  assert again["early_stopping"] == metrics["early_stopping"]
+  # Killed in the selection's epoch 2 (5 steps an epoch), the same command ends as uninterrupted.
+  model_dir = tmp_path / "model"
+  killed, _ = _cli_run(overrides, model_dir, fault="train_batch:7")
+  assert killed.returncode == -signal.SIGKILL
+  assert not (model_dir / "checkpoints").exists()  # The retrain had not begun.
+  again, resumed = _cli_run(overrides, model_dir)
+  assert again.returncode == 0, again.stderr[-3000:]
+  assert "Resumed from" in again.stdout
+  assert resumed["model"] == metrics["model"]
+  assert resumed["early_stopping"] == metrics["early_stopping"]
+  exports = [d / "export" / "latest_model" / "variables" for d in (reference, model_dir)]
+  assert filecmp.cmp(*(e / "variables.data-00000-of-00001" for e in exports), shallow=False)
+
+  # The finished job rerun: the selection had stopped, the retrain is done; nothing trains.
+  finished, rerun = _cli_run(overrides, model_dir)
+  assert finished.returncode == 0, finished.stderr[-3000:]
+  assert "nothing left to train" in finished.stdout
+  assert rerun["model"] == metrics["model"]
 
 
-def test_keep_best_serves_the_best_epoch_scored_on_the_validation_split(tmp_path, data, capsys):
+def test_keep_best_serves_the_best_epoch_standardized_without_the_data(tmp_path, data, capsys):
   model_dir = tmp_path / "model"
   metrics = lib.train_cli(
-      capsys, CONFIG, data +
-      [f"pipeline.model_dir={model_dir}", "pipeline.early_stopping={patience: 2, then: keep_best}"])
+      capsys, CONFIG, data + [
+          f"pipeline.model_dir={model_dir}",
+          "pipeline.early_stopping={patience: 2, then: keep_best}", "model.standardize=true"
+      ])
   stopping = metrics["early_stopping"]
-  assert stopping["epochs_run"] == min(12, stopping["best_epoch"] + 2)
+  assert stopping["epochs_run"] == min(MAX_EPOCHS, stopping["best_epoch"] + 2)
   assert "retrained_epochs" not in stopping and not (model_dir / "selection").exists()
   best = json.loads(
       (model_dir / "export" / "best_model_by_metric" / "best_metric.json").read_text())
   assert best["epoch"] == stopping["best_epoch"]
   # The held-out NDCG@10 of the best epoch is what the selection saw ...
   assert stopping["holdout"]["ndcg@10"] == pytest.approx(best["value"], abs=1e-5)
-  # ... while the model's metrics are latest_model (the best epoch's) on the validation split.
-  valid = next((tmp_path / "elwc").glob("vali.*.tfrecord"))
+  # ... while the model's metrics are latest_model (the best epoch's) on the validation split,
+  # scored with the data moved away: the standardization's moments are in the export.
+  (tmp_path / "elwc").rename(tmp_path / "elsewhere")
+  valid = next((tmp_path / "elsewhere").glob("vali.*.tfrecord"))
   served = _served_metrics(model_dir / "export" / "latest_model", valid)
   assert served == pytest.approx(metrics["model"], abs=1e-5)
-  # LambdaMART kept its best round (no refit), trained on the 35 other queries.
+  # LambdaMART kept its best round (no refit), trained on the 20 other queries.
   info = metrics["lambdamart_info"]
-  assert info["train_lists"] == 35 and "refit" not in info["early_stopping"]
+  assert info["train_lists"] == 20 and "refit" not in info["early_stopping"]
+
+
+def test_standardizing_raw_features_is_refused():
+  with pytest.raises(ValueError, match="model.standardize needs model.use_log1p"):
+    mslr_config.MslrModelConfig(standardize=True, use_log1p=False)
 
 
 def test_retrain_without_held_out_queries_is_refused(tmp_path, data, capsys):
@@ -127,8 +160,7 @@ def test_holdout_split_and_moments_of_the_training_queries(tmp_path):
   }
   assert len(qids["holdout"]) == 5 and len(qids["train_without_holdout"]) == 35
   assert sorted(qids["holdout"] + qids["train_without_holdout"]) == sorted(qids["train"])
-  rest = next((tmp_path / "elwc").glob("train.*.rest.txt"))
-  mean, std = letor_prep.feature_moments([rest], 136)
+  mean, std = letor_prep.feature_moments([train], 136, exclude_qids=qids["holdout"])
   np.testing.assert_allclose(ranker.moments[0], mean)
   np.testing.assert_allclose(ranker.moments[1], std)
   # Another seed, another holdout; the same seed, the same files (cached).
@@ -136,20 +168,6 @@ def test_holdout_split_and_moments_of_the_training_queries(tmp_path):
       mslr_config.MslrDataConfig(**{**vars(data), "holdout_seed": 1}))
   assert other.holdout != paths.holdout
   assert mslr.MslrDnn().prepare_data(data) == paths
-
-
-def test_standardized_features_are_constants_of_the_export(tmp_path, data, capsys):
-  model_dir = tmp_path / "model"
-  metrics = lib.train_cli(
-      capsys, CONFIG, data + [
-          f"pipeline.model_dir={model_dir}", "model.standardize=true", "model.use_batch_norm=false",
-          "pipeline.num_epochs=2"
-      ])
-  # The export scores as in training without the data: moved aside, it still serves.
-  os.rename(tmp_path / "elwc", tmp_path / "elsewhere")
-  valid = next((tmp_path / "elsewhere").glob("vali.*.tfrecord"))
-  served = _served_metrics(model_dir / "export" / "latest_model", valid)
-  assert served["ndcg@10"] == pytest.approx(metrics["model"]["ndcg@10"], abs=1e-5)
 
 
 def _served_metrics(export_dir, valid_path) -> dict:
@@ -162,37 +180,3 @@ def _served_metrics(export_dir, valid_path) -> dict:
   dataset = tf.data.Dataset.from_tensors(
       ({"examples": records}, tf.constant([row + [-1.0] * (width - len(row)) for row in labels])))
   return evaluate_scores(dataset, lambda f: serve(examples=f["examples"])["scores"])
-
-
-def _cli_run(args, fault=None):
-  env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
-  env.pop(faults.ENV, None)
-  if fault is not None:
-    env[faults.ENV] = fault
-  return subprocess.run([sys.executable, "-m", "mxrec_pipeline.cli", "train", CONFIG, *args],
-                        capture_output=True, text=True, timeout=600, env=env, check=False)
-
-
-def test_killed_in_the_selection_the_same_command_ends_as_an_uninterrupted_job(tmp_path, data):
-  overrides = data + [
-      "pipeline.early_stopping={patience: 2, then: retrain}", "pipeline.num_epochs=6",
-      "lambdamart.enabled=false"
-  ]
-
-  def args(model_dir):
-    return ["--verbose", "0"
-           ] + [a for o in overrides + [f"pipeline.model_dir={model_dir}"] for a in ("--set", o)]
-
-  reference = _cli_run(args(tmp_path / "reference"))
-  assert reference.returncode == 0, reference.stderr[-3000:]
-  killed = _cli_run(args(tmp_path / "model"), fault="train_batch:7")  # In the selection's epoch 2.
-  assert killed.returncode == -signal.SIGKILL
-  assert not (tmp_path / "model" / "checkpoints").exists()  # The retrain had not begun.
-  again = _cli_run(args(tmp_path / "model"))
-  assert again.returncode == 0, again.stderr[-3000:]
-  assert "Resumed from" in again.stdout
-  want, got = (
-      json.loads((tmp_path / d / "metrics.json").read_text()) for d in ("reference", "model"))
-  assert got["model"] == want["model"] and got["early_stopping"] == want["early_stopping"]
-  exports = [tmp_path / d / "export" / "latest_model" / "variables" for d in ("reference", "model")]
-  assert filecmp.cmp(*(e / "variables.data-00000-of-00001" for e in exports), shallow=False)

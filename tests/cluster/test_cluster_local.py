@@ -178,7 +178,7 @@ def test_train_local_cluster_runs_the_same_command_without_tensorflow(tmp_path):
   config = str(REPO / "configs" / "mslr_dnn.yaml")
   args = [
       "train", config, "--local-cluster", "workers=3", "--fresh", "--set",
-      f"pipeline.model_dir={tmp_path / 'run'}"
+      f"pipeline.model_dir={tmp_path / 'run'}", "--set", "pipeline.early_stopping=null"
   ]
   process = subprocess.run([sys.executable, "-c", CLI_WRAPPER, *args], capture_output=True,
                            text=True, timeout=120, check=True)
@@ -187,10 +187,23 @@ def test_train_local_cluster_runs_the_same_command_without_tensorflow(tmp_path):
       "code": 0, "tensorflow": False, "calls": [[[
           sys.executable, "-m", "mxrec_pipeline.cli", "train", config, "--verbose=2", "--fresh",
           "--set", f"pipeline.model_dir={tmp_path / 'run'}", "--set",
-          "pipeline.strategy=MultiWorkerMirroredStrategy"
+          "pipeline.early_stopping=null", "--set", "pipeline.strategy=MultiWorkerMirroredStrategy"
       ], 3,
                                                  str(tmp_path / "run" / "local_cluster")]]
   }
+
+
+def test_local_cluster_refuses_early_stopping_once_without_starting_tasks(tmp_path):
+  config = str(REPO / "configs" / "mslr_dnn.yaml")  # It sets pipeline.early_stopping.
+  args = [
+      "train", config, "--local-cluster", "workers=2", "--set",
+      f"pipeline.model_dir={tmp_path / 'run'}"
+  ]
+  process = subprocess.run([sys.executable, "-c", CLI_WRAPPER, *args], capture_output=True,
+                           text=True, timeout=120, check=True)
+  result = json.loads(process.stdout.strip().splitlines()[-1])
+  assert result == {"code": 2, "calls": [], "tensorflow": False}
+  assert "`early_stopping` runs on one host" in process.stderr
 
 
 LAUNCHER = """

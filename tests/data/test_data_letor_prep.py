@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 
+from mxrec_pipeline.data import elwc
 from mxrec_pipeline.data import letor
 from mxrec_pipeline.data import letor_prep
 
@@ -29,30 +30,39 @@ def test_holdout_size(n, fraction, min_queries, expected):
   assert letor_prep.holdout_size(n, fraction, min_queries) == expected
 
 
-def test_split_holdout_keeps_every_line_once_in_query_order(tmp_path):
-  src = _letor(tmp_path / "train.txt", 40)
-  rest, held = tmp_path / "rest.txt", tmp_path / "held.txt"
-  assert letor_prep.split_holdout(src, rest, held, 0.1, 5, seed=3) == (35, 5)
-  rest_lines, held_lines = rest.read_text().splitlines(), held.read_text().splitlines()
-  assert sorted(rest_lines + held_lines) == sorted(src.read_text().splitlines())
-  held_qids = [line.split()[1] for line in held_lines]
-  assert len(set(held_qids)) == 5 and len(held_lines) == 15
-  # Lines of a query stay together, in the source order.
-  order = [line for line in src.read_text().splitlines() if line in set(held_lines)]
-  assert held_lines == order
+def _qids(path):
+  return [
+      int(r.context.features.feature[letor.QID_FEATURE].int64_list.value[0])
+      for r in elwc.read_elwc_tfrecord(path)
+  ]
+
+
+def test_split_holdout_keeps_every_list_once_in_order(tmp_path):
+  src = tmp_path / "train.tfrecord"
+  letor.letor_to_elwc(_letor(tmp_path / "train.txt", 40), src, 3)
+  rest, held = tmp_path / "rest.tfrecord", tmp_path / "held.tfrecord"
+  qids = letor_prep.split_holdout(src, rest, held, 0.1, 5, seed=3)
+  assert qids == _qids(held) and len(qids) == 5  # At least 5 of 40 (10 % is 4).
+  assert len(_qids(rest)) == 35
+  assert sorted(_qids(rest) + qids) == list(range(100, 140))
+  assert _qids(rest) == sorted(_qids(rest))  # The source's order.
+  # The lists are the source's, record for record.
+  records = {
+      r.context.features.feature["qid"].int64_list.value[0]: r.SerializeToString()
+      for r in elwc.read_elwc_tfrecord(src)
+  }
+  assert all(
+      records[q] == r.SerializeToString() for q, r in zip(qids, elwc.read_elwc_tfrecord(held)))
   # Seeded: the same draw again; another seed, another draw.
-  letor_prep.split_holdout(src, rest, tmp_path / "again.txt", 0.1, 5, seed=3)
-  assert (tmp_path / "again.txt").read_text() == held.read_text()
-  letor_prep.split_holdout(src, rest, tmp_path / "other.txt", 0.1, 5, seed=4)
-  assert (tmp_path / "other.txt").read_text() != held.read_text()
-  # Both outputs read as LETOR lists.
-  assert len(letor.read_letor(held, 3)) == 5 and len(letor.read_letor(rest, 3)) == 35
+  assert letor_prep.split_holdout(src, rest, tmp_path / "again", 0.1, 5, seed=3) == qids
+  assert letor_prep.split_holdout(src, rest, tmp_path / "other", 0.1, 5, seed=4) != qids
 
 
-def test_split_holdout_refuses_a_file_of_one_query(tmp_path):
-  src = _letor(tmp_path / "one.txt", 1)
-  with pytest.raises(ValueError, match="one.txt: 1 queries, too few"):
-    letor_prep.split_holdout(src, tmp_path / "r", tmp_path / "h", 0.1, 1, seed=0)
+def test_split_holdout_of_one_list_holds_none_out(tmp_path):
+  src = tmp_path / "one.tfrecord"
+  letor.letor_to_elwc(_letor(tmp_path / "one.txt", 1), src, 3)
+  assert letor_prep.split_holdout(src, tmp_path / "r", tmp_path / "h", 0.1, 1, seed=0) is None
+  assert not (tmp_path / "r").exists()
 
 
 def test_feature_moments_of_the_log1p_with_missing_features_as_zero(tmp_path):
@@ -65,6 +75,15 @@ def test_feature_moments_of_the_log1p_with_missing_features_as_zero(tmp_path):
   expected_std = t.std(axis=0)
   expected_std[3] = 1.0  # Feature 4 is constant (missing everywhere): std 1.
   np.testing.assert_allclose(std, expected_std)
+
+
+def test_feature_moments_leave_out_the_excluded_queries(tmp_path):
+  src = tmp_path / "t.txt"
+  src.write_text("1 qid:1 1:3\n0 qid:2 1:8\n2 qid:3 1:1\n")
+  mean, _ = letor_prep.feature_moments([src], 1, exclude_qids=[2])
+  np.testing.assert_allclose(mean, [(np.log1p(3) + np.log1p(1)) / 2])
+  with pytest.raises(ValueError, match="no document"):
+    letor_prep.feature_moments([src], 1, exclude_qids=[1, 2, 3])
 
 
 def test_feature_moments_name_a_bad_line(tmp_path):

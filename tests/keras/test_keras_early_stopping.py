@@ -36,6 +36,9 @@ def test_the_rule_stops_patience_epochs_after_the_best():
   assert _run_rule([0.3, 0.5, 0.5, 0.4, 0.9], patience=2) == (4, 2)
   assert _run_rule([0.3, 0.5, 0.5, 0.4, 0.9], patience=3) == (5, 5)
   assert _run_rule([0.1, 0.2, 0.3], patience=1) == (3, 3)
+  # A NaN is no improvement (it would otherwise be a best nothing beats).
+  assert _run_rule([float("nan"), 0.2, 0.3, 0.1, 0.1], patience=2) == (5, 3)
+  assert _run_rule([float("nan")] * 4, patience=2) == (4, 0)
   # Lower is better (the loss).
   assert _run_rule([3.0, 2.0, 2.5, 2.1], patience=2, higher_is_better=False) == (4, 2)
 
