@@ -53,8 +53,8 @@ def train(
   Returns:
     (the served model's metrics on the validation split, keyed as
     RANKING_METRICS plus "loss"; the run's record for metrics.json:
-    {"then", "patience", "best_epoch", "epochs_run", "holdout": metrics on the
-    held-out lists or None, "retrained_epochs"}).
+    {"then", "patience", "best_epoch", "epochs_run", "stopped_early",
+    "holdout": metrics on the held-out lists or None, "retrained_epochs"}).
 
   Raises:
     ValueError: `then: retrain` and the data hold no list out (naming the
@@ -104,7 +104,7 @@ def _replace_pipeline(config: config_lib.JobConfig, **changes) -> config_lib.Job
 
 
 def _stopping(pipeline) -> dict:
-  """{"best_epoch", "epochs_run"} of a trained pipeline's run (its checkpoint's BestMetric)."""
+  """{"best_epoch", "epochs_run", "stopped_early"} of a trained pipeline's run (its checkpoint's)."""
   epochs_run = int(pipeline.checkpoint.epoch.numpy())
   return {
       "best_epoch": int(pipeline.checkpoint.best.epoch.numpy()),
