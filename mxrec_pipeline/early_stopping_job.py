@@ -104,7 +104,7 @@ def _replace_pipeline(config: config_lib.JobConfig, **changes) -> config_lib.Job
 
 
 def _stopping(pipeline) -> dict:
-  """{"best_epoch", "epochs_run", "stopped_early"} of a trained pipeline's run (its checkpoint's)."""
+  """{"best_epoch", "epochs_run", "stopped_early"} of a trained pipeline's run."""
   epochs_run = int(pipeline.checkpoint.epoch.numpy())
   return {
       "best_epoch": int(pipeline.checkpoint.best.epoch.numpy()),
