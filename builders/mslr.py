@@ -35,6 +35,7 @@ from mxrec_pipeline.data import letor
 from mxrec_pipeline.data import letor_prep
 from mxrec_pipeline.data import validation
 from mxrec_pipeline.keras import model as model_lib
+from mxrec_pipeline.util import model_files
 
 FETCHED_TRAIN = "msn1.fold1.train.5k.txt"
 FETCHED_VALID = "msn1.fold1.test.5k.txt"
@@ -154,9 +155,7 @@ def cached_holdout(train_elwc: str, elwc_dir: str | os.PathLike,
   if not qids.is_file():
     held = letor_prep.split_holdout(src, rest, holdout, data.holdout_fraction,
                                     data.holdout_min_queries, data.holdout_seed)
-    tmp = qids.with_suffix(f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps(held), encoding="utf-8")
-    os.replace(tmp, qids)
+    model_files.write_text_atomically(str(qids), json.dumps(held))
   held = json.loads(qids.read_text(encoding="utf-8"))
   return None if held is None else (str(rest), str(holdout), held)
 
@@ -188,9 +187,8 @@ def cached_moments(
   if not out.is_file():
     mean, std = letor_prep.feature_moments([src], num_features, tuple(data.label_range),
                                            data.on_bad_record, exclude_qids)
-    tmp = out.with_suffix(f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps({"mean": mean.tolist(), "std": std.tolist()}), encoding="utf-8")
-    os.replace(tmp, out)
+    model_files.write_text_atomically(str(out),
+                                      json.dumps({"mean": mean.tolist(), "std": std.tolist()}))
   moments = json.loads(out.read_text(encoding="utf-8"))
   return moments["mean"], moments["std"]
 

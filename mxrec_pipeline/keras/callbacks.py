@@ -4,7 +4,6 @@ stopping, eviction."""
 from __future__ import annotations
 
 import json
-import math
 import os
 from typing import Callable
 
@@ -13,7 +12,7 @@ import tensorflow as tf
 from mxrec_pipeline.core import admission
 from mxrec_pipeline.core import feature_process
 from mxrec_pipeline.keras import table_checkpoints
-from mxrec_pipeline.keras.checkpoints import BestMetric, TrainingCheckpoint
+from mxrec_pipeline.keras.checkpoints import BestMetric, TrainingCheckpoint, improves
 from mxrec_pipeline.util import faults as faults_lib
 from mxrec_pipeline.util import initialize
 from mxrec_pipeline.util import model_files
@@ -237,9 +236,7 @@ class BestModelExporter(tf.keras.callbacks.Callback):
     if self.monitor not in logs:
       raise KeyError(f"BestModelExporter: '{self.monitor}' is not in the logs {sorted(logs)}")
     value = float(logs[self.monitor])
-    best = self.best
-    better = not math.isnan(value) and (best is None or
-                                        (value > best if self.higher_is_better else value < best))
+    better = improves(value, self.best, self.higher_is_better)
     self.current = False
     if better:
       written = self.export_fn(self.model, self.path)
@@ -294,9 +291,8 @@ class EarlyStopper(tf.keras.callbacks.Callback):
     if self.monitor not in logs:
       raise KeyError(f"EarlyStopper: '{self.monitor}' is not in the logs {sorted(logs)}")
     if self.track:
-      value, best = float(logs[self.monitor]), self.best.get(self.monitor)
-      if not math.isnan(value) and (best is None or
-                                    (value > best if self.higher_is_better else value < best)):
+      value = float(logs[self.monitor])
+      if improves(value, self.best.get(self.monitor), self.higher_is_better):
         self.best.set(self.monitor, value, epoch + 1)
     if self.stopped(epoch + 1):
       self.stopped_epoch = epoch + 1

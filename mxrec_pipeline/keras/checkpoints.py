@@ -11,6 +11,7 @@ workers, ps tasks) restores through its placement-independent entries:
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import time
@@ -129,6 +130,13 @@ def random_generators(model) -> list:
       layer._random_generator for layer in model.submodules  # pylint: disable=protected-access
       if isinstance(layer, tf.keras.__internal__.layers.BaseRandomLayer)
   ]
+
+
+def improves(value: float, best: float | None, higher_is_better: bool) -> bool:
+  """Whether a validation `value` beats `best` (None: no best yet); NaN never does."""
+  if math.isnan(value):
+    return False
+  return best is None or (value > best if higher_is_better else value < best)
 
 
 class BestMetric:
