@@ -303,11 +303,16 @@ def train(train_batches: Iterable, layout: FeatureLayout, config: LambdaMartConf
   if not layout.columns:
     raise LambdaMartUnavailable(f"no feature it can use (skipped: {list(layout.skipped)})")
   encoder = Encoder(layout)
-  matrix, labels, group = collect(train_batches, encoder)
+
+  def ranking_data(batches):
+    """(lightgbm.Dataset of every list of `batches`, their labels, their group sizes)."""
+    matrix, labels, group = collect(batches, encoder)
+    return lightgbm.Dataset(matrix, labels, group=group,
+                            categorical_feature=layout.categorical_indices or "auto",
+                            params={"verbose": -1}), labels, group
+
+  data, labels, group = ranking_data(train_batches)
   params = lgbm_params(config, seed)
-  data = lightgbm.Dataset(matrix, labels, group=group,
-                          categorical_feature=layout.categorical_indices or "auto",
-                          params={"verbose": -1})
   stops = holdout_batches is not None and config.early_stopping_rounds is not None
   stopping = {}
   try:
@@ -322,10 +327,7 @@ def train(train_batches: Iterable, layout: FeatureLayout, config: LambdaMartConf
           callbacks=[lightgbm.early_stopping(config.early_stopping_rounds, verbose=False)])
       stopping = {"best_round": int(model.best_iteration), "holdout_lists": int(held_group.size)}
       if refit_batches is not None:
-        matrix, labels, group = collect(refit_batches, encoder)
-        data = lightgbm.Dataset(matrix, labels, group=group,
-                                categorical_feature=layout.categorical_indices or "auto",
-                                params={"verbose": -1})
+        data, labels, group = ranking_data(refit_batches)
         model = lightgbm.train(params, data, num_boost_round=max(model.best_iteration, 1))
         stopping["refit"] = True
   except lightgbm.basic.LightGBMError as e:

@@ -35,6 +35,7 @@ import mxrec_pipeline
 from mxrec_pipeline.core import lookup as core_lookup
 from mxrec_pipeline.core.asc import feature_spec as fs
 from mxrec_pipeline.core.asc import helper
+from mxrec_pipeline.keras import datasets
 from mxrec_pipeline.keras.layers import SparseFeature, SparseLookup, set_serving_snapshot
 from mxrec_pipeline.keras.sharded import ShardedLookup
 from mxrec_pipeline.util import atomic_dir
@@ -275,8 +276,8 @@ def evaluate_export(export_dir: str, builder, metrics: Sequence[tf.keras.metrics
     width = tf.shape(labels)[1]
     scores = tf.pad(scores, [[0, 0], [0, tf.maximum(width - tf.shape(scores)[1], 0)]])[:, :width]
     if builder.skip_lists_without_relevant:
-      keep = tf.reduce_any(labels > 0.0, axis=1)
-      scores, labels = tf.boolean_mask(scores, keep), tf.boolean_mask(labels, keep)
+      kept, labels = datasets.lists_with_relevant({"scores": scores}, labels)
+      scores = kept["scores"]
       if int(tf.size(labels)) == 0:
         continue
     for metric in metrics:
