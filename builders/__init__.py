@@ -24,6 +24,9 @@ REGISTRY = RankerRegistry({
     "letor_dasalc": RankerEntry(ranker="builders.letor_dasalc:LetorDasalc",
                                 data_config="builders.mslr_config:MslrDataConfig",
                                 model_config="builders.letor_dasalc_config:DasalcModelConfig"),
+    "letor_leaves": RankerEntry(ranker="builders.letor_leaves:LetorLeaves",
+                                data_config="builders.mslr_config:MslrDataConfig",
+                                model_config="builders.letor_leaves_config:LeavesModelConfig"),
     "book_crossing_listwise": RankerEntry(
         ranker="builders.book_crossing:BookCrossingListwise",
         data_config="builders.book_crossing_config:BookCrossingDataConfig",

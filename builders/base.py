@@ -134,21 +134,29 @@ class RankerBuilder(abc.ABC):
     over the validation files with `elwc.longest_list`).
     """
     context, example, label = self.feature_specs()
-    valid_list_size = (dataset.valid_list_size or paths.valid_list_size or
-                       elwc.longest_list(paths.valid) or None)
-    hparams = pipeline_lib.DatasetHparams(train_input_pattern=paths.train,
-                                          valid_input_pattern=paths.valid,
-                                          train_batch_size=dataset.train_batch_size,
-                                          valid_batch_size=dataset.valid_batch_size,
-                                          list_size=dataset.list_size,
-                                          valid_list_size=valid_list_size)
     features, _ = self.sparse_features(model)
-    return self.dataset_builder_class()(context, example, MASK_FEATURE, label, hparams,
-                                        sparse_features=features)
+    return self.dataset_builder_class()(context, example, MASK_FEATURE, label,
+                                        dataset_hparams(paths, dataset), sparse_features=features)
 
   def dataset_builder_class(self) -> type:
     """The dataset builder class; override to transform labels."""
     return pipeline_lib.SimpleDatasetBuilder
+
+
+def dataset_hparams(paths: DataPaths, dataset: DatasetConfig) -> pipeline_lib.DatasetHparams:
+  """tfr's DatasetHparams of a task's paths and `dataset:` section.
+
+  The validation list size is `dataset.valid_list_size`, else the longest
+  validation list (`paths.valid_list_size`, or one pass over the validation
+  files with `elwc.longest_list`).
+  """
+  valid_list_size = (dataset.valid_list_size or paths.valid_list_size or
+                     elwc.longest_list(paths.valid) or None)
+  return pipeline_lib.DatasetHparams(train_input_pattern=paths.train,
+                                     valid_input_pattern=paths.valid,
+                                     train_batch_size=dataset.train_batch_size,
+                                     valid_batch_size=dataset.valid_batch_size,
+                                     list_size=dataset.list_size, valid_list_size=valid_list_size)
 
 
 class ItemMeans:

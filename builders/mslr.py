@@ -71,24 +71,36 @@ class Log1pConcatPreprocessor(tfr.keras.model.Preprocessor):
     moments: None, or (mean, std): [n] per joined column, subtracted and
       divided by after the transform (constants of the graph, so the export
       holds them); e.g. data/letor_prep.feature_moments.
+    passthrough: Example features returned as they are, beside the joined one.
   """
 
   def __init__(self, feature_names, output_name: str = "features", use_log1p: bool = True,
-               moments: tuple | None = None):
+               moments: tuple | None = None, passthrough=()):
     self._names = list(feature_names)
     self._output_name = output_name
     self._use_log1p = use_log1p
     self._moments = moments
+    self._passthrough = list(passthrough)
 
   def __call__(self, context_inputs, example_inputs, mask):
-    """See tfr's `Preprocessor`. Returns (context_inputs, {output_name: [B, L, n]})."""
+    """See tfr's `Preprocessor`. Returns (context_inputs, {output_name: [B, L, n], passthrough})."""
     del mask
     joined = tf.concat([example_inputs[name] for name in self._names], axis=-1)
     x = signed_log1p(joined) if self._use_log1p else joined
     if self._moments is not None:
       mean, std = (tf.constant(v, tf.float32) for v in self._moments)
       x = (x - mean) / std
-    return dict(context_inputs), {self._output_name: x}
+    return dict(context_inputs), {
+        self._output_name: x, **{name: example_inputs[name] for name in self._passthrough}
+    }
+
+
+def dnn_scorer(model: MslrModelConfig) -> model_lib.DNNScorer:
+  """tfr's DNNScorer of the model config: ReLU hidden layers, batch norm of inputs and layers."""
+  return model_lib.DNNScorer(hidden_layer_dims=list(model.hidden_layer_dims), output_units=1,
+                             activation=tf.nn.relu, input_batch_norm=model.use_batch_norm,
+                             use_batch_norm=model.use_batch_norm,
+                             batch_norm_moment=model.batch_norm_moment, dropout=model.dropout)
 
 
 def cached_elwc(src: str | os.PathLike, elwc_dir: str | os.PathLike, num_features: int,
@@ -141,23 +153,30 @@ def cached_holdout(train_elwc: str, elwc_dir: str | os.PathLike,
                    data: MslrDataConfig) -> tuple[str, str, list[int]] | None:
   """(rest, holdout, held-out qids): the converted training lists split by `data.holdout_*`.
 
-  Split once (letor_prep.split_holdout) and kept beside the conversions, named
-  by the converted file's name (which holds a digest of its source and
-  checks) and the holdout settings; the qids file is written last, so a
-  split killed halfway is redone. None: too few lists to hold any out.
+  `cached_split` with the holdout settings.
+  """
+  return cached_split(train_elwc, elwc_dir, data.holdout_fraction, data.holdout_min_queries,
+                      data.holdout_seed)
+
+
+def cached_split(train_elwc: str, elwc_dir: str | os.PathLike, fraction: float, min_queries: int,
+                 seed: int, part: str = "holdout") -> tuple[str, str, list[int]] | None:
+  """(rest, part, qids of part): converted lists split by letor_prep.split_holdout's draw.
+
+  Split once and kept beside the conversions, named by the converted file's
+  name (which holds a digest of its source and checks), the settings and
+  `part` (the split-off files' name); the qids file is written last, so a
+  split killed halfway is redone. None: too few lists to split any off.
   """
   src = pathlib.Path(train_elwc)
-  key = hashlib.sha256(
-      f"{src.name}|{data.holdout_fraction}|{data.holdout_min_queries}|{data.holdout_seed}".encode(
-      )).hexdigest()[:16]
-  rest, holdout, qids = (pathlib.Path(elwc_dir) / f"{src.stem}.{key}.{part}"
-                         for part in ("rest.tfrecord", "holdout.tfrecord", "holdout.json"))
+  key = hashlib.sha256(f"{src.name}|{fraction}|{min_queries}|{seed}".encode()).hexdigest()[:16]
+  rest, held_file, qids = (pathlib.Path(elwc_dir) / f"{src.stem}.{key}.{name}"
+                           for name in ("rest.tfrecord", f"{part}.tfrecord", f"{part}.json"))
   if not qids.is_file():
-    held = letor_prep.split_holdout(src, rest, holdout, data.holdout_fraction,
-                                    data.holdout_min_queries, data.holdout_seed)
+    held = letor_prep.split_holdout(src, rest, held_file, fraction, min_queries, seed)
     model_files.write_text_atomically(str(qids), json.dumps(held))
   held = json.loads(qids.read_text(encoding="utf-8"))
-  return None if held is None else (str(rest), str(holdout), held)
+  return None if held is None else (str(rest), str(held_file), held)
 
 
 def joined_letor(sources, elwc_dir: str | os.PathLike) -> str:
@@ -321,12 +340,7 @@ class MslrDnn(RankerBuilder):
         input_creator=model_lib.FeatureSpecInputCreator({}, example_spec),
         preprocessor=Log1pConcatPreprocessor(list(example_spec), use_log1p=model.use_log1p,
                                              moments=self.standardizing(model)),
-        scorer=model_lib.DNNScorer(hidden_layer_dims=list(model.hidden_layer_dims), output_units=1,
-                                   activation=tf.nn.relu, input_batch_norm=model.use_batch_norm,
-                                   use_batch_norm=model.use_batch_norm,
-                                   batch_norm_moment=model.batch_norm_moment,
-                                   dropout=model.dropout), mask_feature_name=MASK_FEATURE,
-        name="mslr_dnn")
+        scorer=dnn_scorer(model), mask_feature_name=MASK_FEATURE, name="mslr_dnn")
 
   def build_baseline(self, paths: DataPaths, data: MslrDataConfig):
     """Ranks by one raw feature (BM25 of the whole document by default)."""

@@ -36,6 +36,7 @@ DISABLED = "disabled (lambdamart.enabled: false)"
 # LightGBM's default `label_gain` (2^i - 1) has entries for the grades 0..30.
 MAX_LABEL = 30
 NUMERIC, CATEGORICAL = "numeric", "categorical"
+LIST_ID_FEATURE = "qid"  # The context feature naming a list, for `collect(list_ids=...)`.
 
 
 class LambdaMartUnavailable(Exception):
@@ -237,13 +238,16 @@ def import_lightgbm():
     raise LambdaMartUnavailable(LIGHTGBM_MISSING) from None
 
 
-def collect(batches: Iterable, encoder: Encoder) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def collect(batches: Iterable, encoder: Encoder,
+            list_ids: list | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
   """The documents of every list of a dataset, as LightGBM's ranking input.
 
   Args:
     batches: (features, labels) batches; labels `[batch_size, list_size]`
       float32, padding < 0.
     encoder: Encodes the features; new categorical values get codes.
+    list_ids: None, or a list to which each kept list's id is appended, in
+      order: its context feature LIST_ID_FEATURE ("qid", as LETOR's).
 
   Returns:
     (matrix `[num_documents, num_columns] float32`, labels `[num_documents]
@@ -259,11 +263,14 @@ def collect(batches: Iterable, encoder: Encoder) -> tuple[np.ndarray, np.ndarray
     labels = labels.numpy()
     matrix = encoder.encode(features, labels.shape[1], add_codes=True)
     valid = labels >= 0
+    ids = None if list_ids is None else features[LIST_ID_FEATURE].numpy().reshape(-1)
     for b in range(labels.shape[0]):
       if valid[b].any():
         rows.append(matrix[b][valid[b]])
         grades.append(labels[b][valid[b]])
         group.append(int(valid[b].sum()))
+        if ids is not None:
+          list_ids.append(ids[b].item())
   if not group:
     raise LambdaMartUnavailable("the training file has no labeled document")
   labels = np.concatenate(grades)

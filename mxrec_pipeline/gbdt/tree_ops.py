@@ -16,6 +16,7 @@ Facebook", ADKDD 2014).
 from __future__ import annotations
 
 import dataclasses
+from typing import Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -23,6 +24,8 @@ import tensorflow as tf
 MISSING_TYPES = {"None": 0, "Zero": 1, "NaN": 2}
 # LightGBM's kZeroThreshold (float 1e-35): |x| at most this is zero.
 ZERO_THRESHOLD = float(np.float32(1e-35))
+_NODE_ARRAYS = ("feature", "threshold", "default_left", "missing_type", "left", "right")
+_PAD = {name: -1 if name in ("left", "right") else 0 for name in _NODE_ARRAYS}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,36 +110,75 @@ class TreeArrays:
                                    np.int32), num_features=int(dump["max_feature_idx"]) + 1)
 
 
-def leaf_indices(trees: TreeArrays, x: tf.Tensor) -> tf.Tensor:
+def stack_trees(models: Sequence[TreeArrays], num_trees: int) -> TreeArrays:
+  """Several models' trees as one TreeArrays: model m's tree t is tree m * num_trees + t.
+
+  A model of fewer trees (LightGBM stops adding trees once no split gains) is
+  padded with one-leaf trees, whose every row reaches leaf 0.
+
+  Args:
+    models: The models, each of at most `num_trees` trees.
+    num_trees: Trees per model in the result, > 0.
+
+  Raises:
+    ValueError: no model, or one of more than `num_trees` trees (naming it).
+  """
+  if not models:
+    raise ValueError("stack_trees: no model given")
+  max_nodes = max(m.feature.shape[1] for m in models)
+  parts = {name: [] for name in _NODE_ARRAYS}
+  roots, leaves = [], []
+  for index, model in enumerate(models):
+    if model.num_trees > num_trees:
+      raise ValueError(f"stack_trees: model {index} has {model.num_trees} trees, more than "
+                       f"{num_trees}")
+    pad = ((0, num_trees - model.num_trees), (0, max_nodes - model.feature.shape[1]))
+    for name in _NODE_ARRAYS:
+      parts[name].append(np.pad(getattr(model, name), pad, constant_values=_PAD[name]))
+    roots.append(np.pad(model.root, pad[0], constant_values=~0))
+    leaves.append(np.pad(model.num_leaves, pad[0], constant_values=1))
+  return TreeArrays(**{name: np.concatenate(arrays) for name, arrays in parts.items()},
+                    root=np.concatenate(roots), depth=max(m.depth for m in models),
+                    num_leaves=np.concatenate(leaves),
+                    num_features=max(m.num_features for m in models))
+
+
+def leaf_indices(trees: TreeArrays, x: tf.Tensor, tree_ids: tf.Tensor | None = None) -> tf.Tensor:
   """The leaf each row of `x` reaches in each tree, as `predict(x, pred_leaf=True)`.
 
   Args:
     trees: The model's TreeArrays (constants of the graph).
     x: [num_rows, num_features] float (float32 or float64; compared in
       float64, as LightGBM does), columns in the model's feature order.
+    tree_ids: None (every tree), or [num_rows, n] int32: the trees to walk
+      for each row (e.g. one fold's of stacked models), in [0, num_trees).
 
   Returns:
-    [num_rows, num_trees] int32 leaf indices.
+    [num_rows, num_trees] (or [num_rows, n]) int32 leaf indices.
   """
   x = tf.cast(x, tf.float64)
-  rows = tf.shape(x)[0]
-  consts = {
-      name: tf.constant(getattr(trees, name))
-      for name in ("feature", "threshold", "default_left", "missing_type", "left", "right")
-  }
-  tree = tf.broadcast_to(
-      tf.range(trees.num_trees, dtype=tf.int32)[None, :], [rows, trees.num_trees])
-  node = tf.broadcast_to(tf.constant(trees.root)[None, :], [rows, trees.num_trees])
+  max_nodes = trees.feature.shape[1]
+  # One gather a level: the node's feature, children and missing-value rule packed in a row.
+  rule = trees.default_left.astype(np.int32) | (trees.missing_type.astype(np.int32) << 1)
+  packed = tf.constant(
+      np.stack([trees.feature, trees.left, trees.right, rule], -1).reshape(-1, 4).astype(np.int32))
+  thresholds = tf.constant(trees.threshold.reshape(-1))
+  if tree_ids is None:
+    tree_ids = tf.broadcast_to(
+        tf.range(trees.num_trees, dtype=tf.int32)[None, :], [tf.shape(x)[0], trees.num_trees])
+  tree_ids = tf.cast(tree_ids, tf.int32)
+  node = tf.gather(tf.constant(trees.root), tree_ids)
+  first_node = tree_ids * max_nodes
   for _ in range(trees.depth):
-    at = tf.stack([tree, tf.maximum(node, 0)], axis=-1)
-    value = tf.gather(x, tf.gather_nd(consts["feature"], at), batch_dims=1)
-    missing_type = tf.gather_nd(consts["missing_type"], at)
+    at = first_node + tf.maximum(node, 0)
+    feature, left, right, rule = tf.unstack(tf.gather(packed, at), axis=-1)
+    missing_type = tf.bitwise.right_shift(rule, 1)
+    value = tf.gather(x, feature, batch_dims=1)
     is_nan = tf.math.is_nan(value)
     value = tf.where(is_nan & (missing_type != MISSING_TYPES["NaN"]), tf.zeros_like(value), value)
     missing = ((missing_type == MISSING_TYPES["Zero"]) & (tf.abs(value) <= ZERO_THRESHOLD)) | (
-        (missing_type == MISSING_TYPES["NaN"]) & tf.math.is_nan(value))
-    go_left = tf.where(missing, tf.gather_nd(consts["default_left"], at), value
-                       <= tf.gather_nd(consts["threshold"], at))
-    child = tf.where(go_left, tf.gather_nd(consts["left"], at), tf.gather_nd(consts["right"], at))
-    node = tf.where(node >= 0, child, node)
+        (missing_type == MISSING_TYPES["NaN"]) & is_nan)
+    go_left = tf.where(missing,
+                       tf.bitwise.bitwise_and(rule, 1) == 1, value <= tf.gather(thresholds, at))
+    node = tf.where(node >= 0, tf.where(go_left, left, right), node)
   return tf.bitwise.invert(node)

@@ -2,17 +2,18 @@
 
 `BaseDatasetBuilder` / `SimpleDatasetBuilder` mirror
 `tfr.keras.pipeline.BaseDatasetBuilder` / `SimpleDatasetBuilder`: ELWC batches
-from `tfr.data.build_ranking_dataset`, then get_asc_insert_func for the sparse
-id features (training: new ids get rows), then prefetch, so insertion overlaps
-the training step. `build_train_epochs` streams several epochs on one iterator
-with per-epoch seeds (keras/epochs.py). Re-exported by keras/pipeline.py, where
+from `tfr.data.build_ranking_dataset`, then a `FeatureDeriver`'s features if
+any, then get_asc_insert_func for the sparse id features (training: new ids get
+rows), then prefetch, so insertion overlaps the training step.
+`build_train_epochs` streams several epochs on one iterator with per-epoch
+seeds (keras/epochs.py). Re-exported by keras/pipeline.py, where
 tfr users look for them.
 """
 
 from __future__ import annotations
 
 import copy
-from typing import Sequence
+from typing import Protocol, Sequence
 
 import tensorflow as tf
 import tensorflow_ranking as tfr
@@ -23,6 +24,24 @@ from mxrec_pipeline.keras.epochs import EpochGate, epoch_seed
 from mxrec_pipeline.keras.layers import SparseFeature
 
 DatasetHparams = tfr.keras.pipeline.DatasetHparams
+
+
+class FeatureDeriver(Protocol):
+  """Features computed from a parsed batch before insertion, the same way when serving.
+
+  E.g. gbdt/leaf_ids.LeafIds: tree leaves as id features. The dataset
+  builder calls it on every batch (`training` True for training batches) and
+  the export on every request (False), with stock TF ops only, so the
+  SavedModel computes them too.
+
+  Attributes:
+    feature_names: The features it adds (they may be sparse features).
+  """
+
+  feature_names: Sequence[str]
+
+  def __call__(self, features: dict, training: bool) -> dict:
+    """`features` plus the derived ones."""
 
 
 def lists_with_relevant(features: dict, labels: tf.Tensor, *weights: tf.Tensor):
@@ -86,25 +105,30 @@ class BaseDatasetBuilder(tfr.keras.pipeline.BaseDatasetBuilder):
 
   Args:
     sparse_features: The SparseFeatures to insert (name and table).
+    feature_deriver: None, or a FeatureDeriver whose features are added to
+      every batch before insertion (they may be sparse features).
   """
 
   def __init__(self, context_feature_spec, example_feature_spec, training_only_example_spec,
                mask_feature_name, hparams: DatasetHparams,
-               sparse_features: Sequence[SparseFeature] = (), training_only_context_spec=None):
+               sparse_features: Sequence[SparseFeature] = (), training_only_context_spec=None,
+               feature_deriver: FeatureDeriver | None = None):
     super().__init__(context_feature_spec, example_feature_spec, training_only_example_spec,
                      mask_feature_name, hparams, training_only_context_spec)
     self.sparse_features = list(sparse_features)
+    self.feature_deriver = feature_deriver
     # True when the model looks its tables up by raw ids (tables sharded over
     # workers or ps tasks): no insertion in tf.data. See `with_raw_ids`.
     self.keep_raw_ids = False
     # True: validation batches keep only their lists with a relevant document
     # (`lists_with_relevant`; MetricsConfig.skip_queries_without_relevant).
     self.skip_lists_without_relevant = False
-    known = {**context_feature_spec, **example_feature_spec}
+    known = [*context_feature_spec, *example_feature_spec]
+    known += list(feature_deriver.feature_names) if feature_deriver else []
     for feature in self.sparse_features:
       if feature.name not in known:
         raise ValueError(f"sparse feature '{feature.name}' is not in the context or example "
-                         f"feature spec {sorted(known)}")
+                         f"feature spec or the derived features {sorted(known)}")
 
   def with_raw_ids(self) -> "BaseDatasetBuilder":
     """A copy of this builder whose batches keep raw ids (no insertion in tf.data).
@@ -123,13 +147,23 @@ class BaseDatasetBuilder(tfr.keras.pipeline.BaseDatasetBuilder):
 
   def _insert(self, dataset: tf.data.Dataset, is_training: bool,
               gate: EpochGate | None = None) -> tf.data.Dataset:
-    """`dataset` with its ids inserted (one sequential map), then prefetched.
+    """`dataset` with its derived features added and ids inserted (one sequential map), prefetched.
 
     With `gate` (only when inserting), `dataset` holds (epoch, index in the
     epoch, batch) and the map first holds each epoch's first batch until the
     gate releases it (`EpochGate.hold`), in the same function as the
     insertion.
     """
+    derive = self.feature_deriver
+    if derive is not None:
+
+      def add_derived(features, *rest):
+        return (derive(features, is_training), *rest)
+
+      dataset = dataset.map(
+          add_derived if gate is None else lambda epoch, index, batch:
+          (epoch, index, add_derived(*batch)), num_parallel_calls=tf.data.AUTOTUNE,
+          deterministic=True)
     if self._inserts():
       specs = [fs.FeatureSpec(f.name, table_name=f.table) for f in self.sparse_features]
       insert_ids = helper.get_asc_insert_func(specs, is_training=is_training)
@@ -350,14 +384,19 @@ class SimpleDatasetBuilder(BaseDatasetBuilder):
     context_feature_spec, example_feature_spec, mask_feature_name, label_spec,
     hparams, sample_weight_spec: As in tfr.keras.pipeline.SimpleDatasetBuilder.
     sparse_features: The SparseFeatures to insert.
+    training_only_context_spec: Context features parsed but not served
+      (e.g. a list id a FeatureDeriver reads at training).
+    feature_deriver: As BaseDatasetBuilder's.
   """
 
   def __init__(self, context_feature_spec, example_feature_spec, mask_feature_name: str, label_spec,
                hparams: DatasetHparams, sparse_features: Sequence[SparseFeature] = (),
-               sample_weight_spec=None):
+               sample_weight_spec=None, training_only_context_spec=None,
+               feature_deriver: FeatureDeriver | None = None):
     super().__init__(context_feature_spec, example_feature_spec,
                      dict([label_spec] + ([sample_weight_spec] if sample_weight_spec else [])),
-                     mask_feature_name, hparams, sparse_features)
+                     mask_feature_name, hparams, sparse_features, training_only_context_spec,
+                     feature_deriver)
     self._label_spec = label_spec
     self._sample_weight_spec = sample_weight_spec
 

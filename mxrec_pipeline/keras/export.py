@@ -69,12 +69,16 @@ class ServingModule(tf.Module):
       (its ShardedLookups take raw ids), table name -> keras/sharded.Snapshot
       gathered from every shard: then no id is inserted when serving, the
       layers read these snapshots.
+    feature_deriver: None, or the dataset builder's FeatureDeriver: its
+      features are computed from the raw ones first (training=False).
   """
 
   def __init__(self, model, context_feature_spec, example_feature_spec, mask_feature_name: str,
-               sparse_features: Sequence[SparseFeature], snapshots: Mapping | None = None):
+               sparse_features: Sequence[SparseFeature], snapshots: Mapping | None = None,
+               feature_deriver: datasets.FeatureDeriver | None = None):
     super().__init__(name="mxrec_serving")
     object.__setattr__(self, "_model", model)  # Untracked: see the class docstring.
+    object.__setattr__(self, "_derive", feature_deriver)
     self.model_layers = [
         layer for layer in model.layers if not isinstance(layer, (SparseLookup, ShardedLookup))
     ]
@@ -107,6 +111,8 @@ class ServingModule(tf.Module):
 
   def score(self, features: dict) -> dict:
     """Scores raw features (as tfr's ELWC parsing gives them): {"scores": [B, L]}."""
+    if self._derive is not None:
+      features = self._derive(dict(features), False)
     if self._raw_ids:  # ShardedLookups read raw ids.
       inputs = dict(features)
     else:
@@ -137,9 +143,10 @@ class ServingModule(tf.Module):
 
 
 @contextlib.contextmanager
-def serving_module(model, context_feature_spec, example_feature_spec, mask_feature_name: str,
-                   sparse_features: Sequence[SparseFeature],
-                   snapshots: Mapping | None = None) -> Iterator[ServingModule]:
+def serving_module(
+    model, context_feature_spec, example_feature_spec, mask_feature_name: str,
+    sparse_features: Sequence[SparseFeature], snapshots: Mapping | None = None,
+    feature_deriver: datasets.FeatureDeriver | None = None) -> Iterator[ServingModule]:
   """The ServingModule of `model`, its sparse layers reading the snapshots while open.
 
   What `export_serving_model` saves, usable in this process too:
@@ -148,7 +155,7 @@ def serving_module(model, context_feature_spec, example_feature_spec, mask_featu
   `export_serving_model`'s. On exit the layers read their tables again.
   """
   module = ServingModule(model, context_feature_spec, example_feature_spec, mask_feature_name,
-                         sparse_features, snapshots)
+                         sparse_features, snapshots, feature_deriver)
   sparse_layers = [
       layer for layer in getattr(model, "_sparse_layers", [])
       if layer.feature.table in module.serving_rows
@@ -167,7 +174,8 @@ def serving_module(model, context_feature_spec, example_feature_spec, mask_featu
 def export_serving_model(model, export_dir: str, context_feature_spec, example_feature_spec,
                          mask_feature_name: str, sparse_features: Sequence[SparseFeature],
                          before_rename: Callable[[str], None] | None = None,
-                         snapshots: Mapping | None = None, run_info: dict | None = None) -> str:
+                         snapshots: Mapping | None = None, run_info: dict | None = None,
+                         feature_deriver: datasets.FeatureDeriver | None = None) -> str:
   """Writes a SavedModel that scores raw ids; see the module docstring.
 
   The SavedModel is written to a temporary directory beside `export_dir`,
@@ -188,12 +196,14 @@ def export_serving_model(model, export_dir: str, context_feature_spec, example_f
       `export` fault point).
     run_info: What to record of the run (ModelFitPipeline.run_info): written
       with the project version to `assets.extra/mxrec_pipeline.json`.
+    feature_deriver: The dataset builder's FeatureDeriver, or None: the
+      export computes its features from the raw ones (stock TF ops).
 
   Returns:
     export_dir.
   """
   with serving_module(model, context_feature_spec, example_feature_spec, mask_feature_name,
-                      sparse_features, snapshots) as module:
+                      sparse_features, snapshots, feature_deriver) as module:
     signatures = {
         "serving_default": tf.function(
             module.serve_elwc,
