@@ -16,7 +16,9 @@ Data sets:
              (default configs/movielens_listwise.yaml).
   --letor NAME=TRAIN,VALID  (repeatable) a LETOR train/valid pair, given to
              --rankers as data.train_path / data.valid_path (plus --letor-set).
-A ranker is configs/<name>.yaml; a missing one is skipped with a message.
+A ranker is configs/<name>.yaml, or NAME@KEY=VALUE[@KEY=VALUE..] for that
+config with overrides (a variant, e.g. letor_leaves@model.encoding=disjoint);
+a missing one is skipped with a message.
 The baseline and LambdaMART rows of a data set come from the jobs of its
 first ranker (the others' train the same trees on the same file).
 
@@ -48,7 +50,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 CONFIGS = ROOT / "configs"
 METRICS = ("ndcg@1", "ndcg@5", "ndcg@10", "mrr")
 ROWS = ("model", "baseline", "lambdamart")
-DEFAULT_RANKERS = "mslr_dnn,letor_dasalc"
+DEFAULT_RANKERS = "mslr_dnn,letor_dasalc,letor_leaves,letor_leaves@model.encoding=disjoint"
 DEFAULT_MOVIELENS_RANKERS = "movielens_listwise"
 BUILTIN = ("mslr_5k", "movielens")
 
@@ -110,12 +112,13 @@ def jobs_of(args) -> list[tuple[str, str, pathlib.Path, list[str]]]:
   jobs = []
   for name, names, data_overrides in data_sets:
     for ranker in names:
-      config = CONFIGS / f"{ranker}.yaml"
+      config_name, *variant = ranker.split("@")
+      config = CONFIGS / f"{config_name}.yaml"
       if not config.is_file():
         print(f"skipped {name}/{ranker}: no {config.relative_to(ROOT)}", flush=True)
         continue
       epochs = [f"pipeline.num_epochs={args.epochs}"] if args.epochs else []
-      jobs.append((name, ranker, config, data_overrides + epochs + list(args.set)))
+      jobs.append((name, ranker, config, data_overrides + epochs + list(args.set) + variant))
   return jobs
 
 
