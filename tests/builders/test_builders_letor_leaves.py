@@ -88,6 +88,18 @@ def test_trains_exports_and_serves_with_tensorflow_alone(tmp_path, capsys):
   ndcg = tfr.keras.metrics.NDCGMetric(topn=10)
   ndcg.update_state(labels, tf.constant(scores, tf.float32))
   assert float(ndcg.result()) == pytest.approx(metrics["model"]["ndcg@10"], abs=1e-4)
+  # The raw-feature signature derives the same leaves.
+  example_spec = {
+      f"custom_features_{i}": tf.io.FixedLenFeature([1], tf.float32, 0.0)
+      for i in range(1, WIDTH + 1)
+  }
+  raw = next(
+      iter(
+          tf.data.TFRecordDataset(valid_elwc).batch(
+              3).map(lambda s: tfr.data.parse_from_example_list(
+                  s, example_feature_spec=example_spec, mask_feature_name="example_list_mask"))))
+  predict = tf.saved_model.load(str(run / "export" / "latest_model")).signatures["predict"]
+  np.testing.assert_allclose(predict(**raw)["scores"], scores, rtol=1e-5, atol=1e-6)
   # Rerun with more epochs: it resumes on the trees its table was keyed by.
   initialize.terminate_config_initializer()  # A new process's state, as the CLI would start.
   tf.keras.backend.clear_session()
