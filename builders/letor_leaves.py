@@ -142,9 +142,9 @@ class LetorLeaves(MslrDnn):
     deriver = LeafIds(fitted.tree_arrays(), fitted.num_folds, model.num_trees, model.num_leaves,
                       list(example), fitted.fold_of_list)
     features, _ = self.sparse_features(model)
-    return pipeline_lib.SimpleDatasetBuilder(context, example, MASK_FEATURE, label,
-                                             dataset_hparams(paths,
-                                                             dataset), sparse_features=features,
+    hparams = dataset_hparams(paths, dataset)
+    return pipeline_lib.SimpleDatasetBuilder(context, example, MASK_FEATURE, label, hparams,
+                                             sparse_features=features,
                                              training_only_context_spec=QID_SPEC,
                                              feature_deriver=deriver)
 

@@ -147,7 +147,9 @@ class BaseDatasetBuilder(tfr.keras.pipeline.BaseDatasetBuilder):
 
   def _insert(self, dataset: tf.data.Dataset, is_training: bool,
               gate: EpochGate | None = None) -> tf.data.Dataset:
-    """`dataset` with its derived features added and ids inserted (one sequential map), prefetched.
+    """`dataset` with its derived features added (a parallel map), ids inserted, prefetched.
+
+    Insertion is one sequential map (rows are given in batch order).
 
     With `gate` (only when inserting), `dataset` holds (epoch, index in the
     epoch, batch) and the map first holds each epoch's first batch until the
