@@ -100,6 +100,16 @@ class LetorLeaves(MslrDnn):
   DataConfig = MslrDataConfig
   ModelConfig = LeavesModelConfig
 
+  def partition_paths(self, pattern: str, data) -> DataPaths:
+    """Refused: the trees are fitted once on a whole training file, not per partition.
+
+    Raises:
+      ValueError: always, naming the builder.
+    """
+    raise ValueError(f"{self.name} cannot train continuously (--continuous): its trees are "
+                     "fitted once on a whole training file and key its leaf table; train on "
+                     "a file with `mxrec-pipeline train`")
+
   def sparse_features(self, model: LeavesModelConfig):
     """`leaf_ids` in table `leaves`: folds x trees x leaves rows of `model.leaf_dim`."""
     rows = model.num_models * model.num_trees * model.num_leaves
@@ -123,11 +133,12 @@ class LetorLeaves(MslrDnn):
 
     With `model.encoding` "disjoint" the trees are fitted on
     `model.tree_fraction` of `paths.train`'s lists and the DNN trains on the
-    others.
+    others. The trees are fitted once and read back afterwards (`leaf_models`).
 
     Raises:
+      ValueError: too few training lists to split (disjoint), fewer training
+        lists than folds, or lists sharing a qid.
       LambdaMartUnavailable: lightgbm missing, or LightGBM failed.
-      ValueError: fewer training lists than folds, or too few to split.
     """
     context, example, label = self.feature_specs()
     trees_on = paths.train
@@ -138,6 +149,7 @@ class LetorLeaves(MslrDnn):
         raise ValueError(f"{paths.train}: too few training lists to fit the trees on a "
                          "disjoint part (model.encoding: disjoint); use cross_fit")
       paths, trees_on = dataclasses.replace(paths, train=split[0]), split[1]
+
     fitted = self.leaf_models(trees_on, dataset, model)
     deriver = LeafIds(fitted.tree_arrays(), fitted.num_folds, model.num_trees, model.num_leaves,
                       list(example), fitted.fold_of_list)

@@ -169,7 +169,9 @@ def cached_split(train_elwc: str, elwc_dir: str | os.PathLike, fraction: float, 
   split killed halfway is redone. None: too few lists to split any off.
   """
   src = pathlib.Path(train_elwc)
-  key = hashlib.sha256(f"{src.name}|{fraction}|{min_queries}|{seed}".encode()).hexdigest()[:16]
+  named = "" if part == "holdout" else f"|{part}"  # The holdout's names as before `part`.
+  key = hashlib.sha256(
+      f"{src.name}|{fraction}|{min_queries}|{seed}{named}".encode()).hexdigest()[:16]
   rest, held_file, qids = (pathlib.Path(elwc_dir) / f"{src.stem}.{key}.{name}"
                            for name in ("rest.tfrecord", f"{part}.tfrecord", f"{part}.json"))
   if not qids.is_file():

@@ -42,8 +42,8 @@ class LeafIds:
     name: The derived feature's name.
 
   Raises:
-    ValueError: stacked trees that are not num_folds x num_trees, or
-      columns that do not match the trees' width.
+    ValueError: stacked trees that are not num_folds x num_trees, a tree of
+      more than num_leaves leaves, or fewer columns than the trees split on.
   """
 
   def __init__(self, trees: tree_ops.TreeArrays, num_folds: int, num_trees: int, num_leaves: int,
@@ -52,6 +52,9 @@ class LeafIds:
     if trees.num_trees != num_folds * num_trees:
       raise ValueError(f"LeafIds: {trees.num_trees} trees are not {num_folds} folds x "
                        f"{num_trees} trees")
+    if trees.num_leaves.size and int(trees.num_leaves.max()) > num_leaves:
+      raise ValueError(f"LeafIds: a tree has {int(trees.num_leaves.max())} leaves, more than "
+                       f"num_leaves {num_leaves} (keys of neighbouring trees would collide)")
     if trees.num_features > len(feature_names):
       raise ValueError(f"LeafIds: the trees split on {trees.num_features} columns, "
                        f"{len(feature_names)} features given")

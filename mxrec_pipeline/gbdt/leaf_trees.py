@@ -21,6 +21,7 @@ TensorFlow.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import json
 import os
@@ -126,7 +127,8 @@ def fit(batches: Iterable, example_spec, config: LambdaMartConfig, num_folds: in
     seed: Seed of the folds and LightGBM's.
 
   Raises:
-    ValueError: `num_folds` < 1, or fewer lists than folds.
+    ValueError: `num_folds` < 1, fewer lists than folds, or (folds > 1)
+      lists sharing an id.
     LambdaMartUnavailable: lightgbm missing, no labeled document, labels
       that are not integer grades, or LightGBM's own error.
   """
@@ -136,6 +138,11 @@ def fit(batches: Iterable, example_spec, config: LambdaMartConfig, num_folds: in
   layout = lambdamart.feature_layout({}, example_spec)
   list_ids: list = []
   matrix, labels, group = lambdamart.collect(batches, lambdamart.Encoder(layout), list_ids)
+  if num_folds > 1 and len(set(list_ids)) < len(list_ids):
+    shared = sorted(i for i, n in collections.Counter(list_ids).items() if n > 1)
+    raise ValueError(f"{len(list_ids)} training lists have {len(set(list_ids))} distinct "
+                     f"{lambdamart.LIST_ID_FEATURE}s (shared: {shared[:5]}; -1: missing): "
+                     "cross-fitting deals lists to folds by their id, each list needs its own")
   params = lambdamart.lgbm_params(config, seed)
   fold_of_list = assign_folds(list_ids, num_folds, seed) if num_folds > 1 else {}
   list_fold = np.array([fold_of_list.get(i, -1) for i in list_ids])

@@ -64,8 +64,11 @@ def write_movielens(data_dir: pathlib.Path, num_users: int = 6, ratings_per_user
   return data_dir
 
 
-def train_cli(capsys, config: str, overrides: list[str]) -> dict:
-  """Runs `mxrec-pipeline train` and returns its metrics.json; fails on exit != 0."""
+def train_cli(capsys, config: str, overrides: list[str], keep_output: bool = False) -> dict:
+  """Runs `mxrec-pipeline train` and returns its metrics.json; fails on exit != 0.
+
+  With `keep_output`, the metrics also hold the run's standard output ("stdout").
+  """
   args = ["train", config, "--verbose", "0"]
   for override in TINY_PIPELINE + overrides:
     args += ["--set", override]
@@ -74,7 +77,8 @@ def train_cli(capsys, config: str, overrides: list[str]) -> dict:
   assert code == 0, captured.err[-3000:]
   model_dir = next(o.split("=", 1)[1] for o in overrides if o.startswith("pipeline.model_dir="))
   with open(pathlib.Path(model_dir) / METRICS_FILE, encoding="utf-8") as f:
-    return json.load(f)
+    metrics = json.load(f)
+  return {**metrics, "stdout": captured.out} if keep_output else metrics
 
 
 def cli_error(capsys, args: list[str]) -> str:

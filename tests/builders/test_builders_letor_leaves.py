@@ -110,7 +110,8 @@ def test_trains_exports_and_serves_with_tensorflow_alone(tmp_path, capsys):
 @pytest.mark.slow
 def test_disjoint_trees_train_on_lists_the_dnn_does_not(tmp_path, capsys):
   overrides = _files(tmp_path) + [
-      f"pipeline.model_dir={tmp_path / 'run'}", "model.encoding=disjoint"
+      f"pipeline.model_dir={tmp_path / 'run'}", "model.encoding=disjoint",
+      "lambdamart.enabled=false"
   ]
   metrics = lib.train_cli(capsys, CONFIG, overrides)
   lib.assert_metrics_file(metrics)
@@ -138,3 +139,11 @@ def test_more_folds_than_training_lists_is_refused(tmp_path, capsys):
   overrides = _files(tmp_path) + [f"pipeline.model_dir={tmp_path / 'run'}", "model.num_folds=9"]
   args = ["train", CONFIG] + [a for o in lib.TINY_PIPELINE + overrides for a in ("--set", o)]
   assert "9 folds need at least 9 training lists, got 8" in lib.cli_error(capsys, args)
+
+
+def test_continuous_training_is_refused_naming_the_builder(tmp_path, capsys):
+  args = [
+      "train", CONFIG, "--continuous", "--set", f"pipeline.model_dir={tmp_path / 'run'}", "--set",
+      f"continuous.partitions_dir={tmp_path}", "--set", "pipeline.early_stopping=null"
+  ]
+  assert "letor_leaves cannot train continuously" in lib.cli_error(capsys, args)

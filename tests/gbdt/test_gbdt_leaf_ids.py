@@ -143,3 +143,17 @@ def test_folds_are_seeded_balanced_and_need_enough_lists():
   assert sorted(np.bincount(list(folds.values()))) == [3, 4, 4]
   with pytest.raises(ValueError, match="5 folds need at least 5 training lists, got 4"):
     leaf_trees.assign_folds([1, 2, 3, 4], 5, seed=0)
+
+
+def test_lists_sharing_an_id_are_refused_by_cross_fitting():
+  features, labels, _ = _lists()
+  features["qid"] = tf.fill([12, 1], tf.constant(-1, tf.int64))  # No qid in the data: -1.
+  with pytest.raises(ValueError, match=r"12 training lists have 1 distinct qids \(shared: \[-1\]"):
+    leaf_trees.fit([(features, labels)], SPEC, CONFIG, num_folds=3, seed=0)
+
+
+def test_trees_of_more_leaves_than_the_key_space_are_refused():
+  features, labels, _ = _lists()
+  fitted = leaf_trees.fit([(features, labels)], SPEC, CONFIG, num_folds=1, seed=0)
+  with pytest.raises(ValueError, match="more than num_leaves 2"):
+    LeafIds(fitted.tree_arrays(), 1, CONFIG.n_estimators, 2, NAMES)
