@@ -39,7 +39,7 @@ def data(tmp_path):
       "data.holdout_min_queries=4", "pipeline.num_train_steps=null",
       f"pipeline.num_epochs={MAX_EPOCHS}", "pipeline.seed=3", "model.hidden_layer_dims=[8]",
       "dataset.list_size=6", "lambdamart.n_estimators=60", "lambdamart.early_stopping_rounds=5",
-      "lambdamart.min_child_samples=2"
+      "lambdamart.min_child_samples=2", lib.LETOR_BASELINE_SET
   ]
 
 
@@ -150,7 +150,8 @@ def test_holdout_split_and_moments_of_the_training_queries(tmp_path):
   train = lib.write_letor(tmp_path / "train.txt", 40, 6, first_qid=1, seed=1)
   valid = lib.write_letor(tmp_path / "vali.txt", 10, 6, first_qid=100, seed=2)
   data = mslr_config.MslrDataConfig(train_path=str(train), valid_path=str(valid),
-                                    elwc_dir=str(tmp_path / "elwc"), holdout_min_queries=5)
+                                    elwc_dir=str(tmp_path / "elwc"), holdout_min_queries=5,
+                                    baseline_feature=lib.LETOR_BASELINE)
   ranker = mslr.MslrDnn()
   paths = ranker.prepare_data(data)
   qids = {
@@ -161,7 +162,7 @@ def test_holdout_split_and_moments_of_the_training_queries(tmp_path):
   }
   assert len(qids["holdout"]) == 5 and len(qids["train_without_holdout"]) == 35
   assert sorted(qids["holdout"] + qids["train_without_holdout"]) == sorted(qids["train"])
-  mean, std = letor_prep.feature_moments([train], 136, exclude_qids=qids["holdout"])
+  mean, std = letor_prep.feature_moments([train], lib.LETOR_WIDTH, exclude_qids=qids["holdout"])
   np.testing.assert_allclose(ranker.moments[0], mean)
   np.testing.assert_allclose(ranker.moments[1], std)
   # Another seed, another holdout; the same seed, the same files (cached).

@@ -1,7 +1,7 @@
 """Real 2-worker MultiWorkerMirroredStrategy trainings of a dense ranker on localhost.
 
 `mxrec-pipeline train --local-cluster workers=2` on tiny LETOR files (the
-mslr_dnn builder: 136 dense features, no table) against one process on the same
+mslr_dnn builder: a few dense features, no table) against one process on the same
 global batch; a worker killed mid-run, with and without the launcher.
 """
 
@@ -49,7 +49,7 @@ def _overrides(tmp_path, letor, model_dir, **pipeline):
       f"pipeline.model_dir={model_dir}", "model.hidden_layer_dims=[8]", "model.dropout=0.0",
       "model.use_batch_norm=false", "dataset.train_batch_size=4", "dataset.list_size=8",
       "pipeline.num_epochs=2", "pipeline.num_train_steps=6", "pipeline.collective_timeout_s=60",
-      "pipeline.early_stopping=null"
+      "pipeline.early_stopping=null", builders_testlib.LETOR_BASELINE_SET
   ] + [f"pipeline.{k}={v}" for k, v in pipeline.items()]
   return [a for s in sets for a in ("--set", s)]
 

@@ -71,7 +71,7 @@ def _sets(config: str, data, model_dir: pathlib.Path) -> list[str]:
     train, valid = data["letor"]
     sets += [
         f"data.train_path={train}", f"data.valid_path={valid}",
-        f"data.elwc_dir={data['tmp'] / 'letor_elwc'}"
+        f"data.elwc_dir={data['tmp'] / 'letor_elwc'}", builders_testlib.LETOR_BASELINE_SET
     ]
   if config == "movielens_tiered":
     sets += [

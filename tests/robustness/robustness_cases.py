@@ -37,16 +37,14 @@ _STEP = ("pipeline:\n  model_dir: {tmp}/run\n  num_epochs: 1\n  num_train_steps:
          "  export_best_model: false\n  seed: 1\n")
 MSLR_JOB = (
     "builder: mslr_dnn\ndata:\n  train_path: {tmp}/train.txt\n  valid_path: {tmp}/valid.txt\n"
-    "  elwc_dir: {tmp}/elwc\nmodel:\n  hidden_layer_dims: [4]\ndataset:\n"
-    "  train_batch_size: 2\n  valid_batch_size: 2\n  list_size: 4\n" + _STEP)
+    "  elwc_dir: {tmp}/elwc\n  baseline_feature: 5\nmodel:\n  hidden_layer_dims: [4]\n"
+    "dataset:\n  train_batch_size: 2\n  valid_batch_size: 2\n  list_size: 4\n" + _STEP)
 MOVIELENS_JOB = (
     "builder: movielens_listwise\ndata:\n  data_dir: {tmp}/ml\n  elwc_dir: {tmp}/elwc\n"
     "  max_list_size: null\nmodel:\n  hidden_layer_dims: [4]\n"
     "  device_vocabulary_size: 64\ndataset:\n  train_batch_size: 2\n"
     "  valid_batch_size: 2\n" + _STEP)
-LETOR_LINES = [
-    "2 qid:1 1:0.5 110:3", "0 qid:1 1:1.5 110:1", "1 qid:2 1:2 110:2", "0 qid:2 1:0 110:0"
-]
+LETOR_LINES = ["2 qid:1 1:0.5 5:3", "0 qid:1 1:1.5 5:1", "1 qid:2 1:2 5:2", "0 qid:2 1:0 5:0"]
 ML_USERS = ("user_id:token\tage:token\tgender:token\toccupation:token\tzip_code:token\n"
             "1\t24\tM\ttechnician\t85711\n2\t53\tF\tother\t94043\n")
 ML_ITEMS = ("item_id:token\tmovie_title:token_seq\trelease_year:token\tclass:token_seq\n"
@@ -184,10 +182,10 @@ CASES = [
     _predict("predict NaN score", _lists((0, 1, "weight", -1.0)), 0,
              '{"scores": [[1.0, null], [1.0, 2.0]]}'),
     # Bad data (train): LETOR text of mslr_dnn.
-    _letor("letor NaN feature", ["2 qid:1 1:nan 110:3"] + LETOR_LINES[1:], None, 2,
+    _letor("letor NaN feature", ["2 qid:1 1:nan 5:3"] + LETOR_LINES[1:], None, 2,
            "train.txt:1: feature 'custom_features_1' is nan"),
-    _letor("letor inf feature", None, LETOR_LINES[:3] + ["0 qid:2 1:0 110:-inf"], 2,
-           "valid.txt:4: feature 'custom_features_110' is -inf"),
+    _letor("letor inf feature", None, LETOR_LINES[:3] + ["0 qid:2 1:0 5:-inf"], 2,
+           "valid.txt:4: feature 'custom_features_5' is -inf"),
     _letor("letor NaN label", LETOR_LINES[:1] + ["nan qid:1 1:1"] + LETOR_LINES[2:], None, 2,
            "train.txt:2: label 'utility' is nan"),
     _letor("letor label above range", LETOR_LINES[:2] + ["5 qid:2 1:2"] + LETOR_LINES[3:], None, 2,
