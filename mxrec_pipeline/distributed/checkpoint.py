@@ -103,12 +103,14 @@ def save_shard(directory: str, table, optimizers=(), chunk_rows: int = shard_fil
   The bundle `<directory>/<table>/shard-<i>-of-<W>` holds
 
     keys               [n] int64       the shard's keys
-    rows               [n] int64       their rows in the shard (a restore onto the same
-                                       shard count can keep them: restore_shard's keep_rows)
+    rows               [n] int32       their rows in the shard (a restore onto the same
+                                       shard count can keep them: restore_shard's keep_rows;
+                                       int64 past 2^31 - 1 rows)
     values             [n, dim]        their rows (tiered tables: read from every tier)
     slot/<opt>/<slot>  [n, dim]        each hash optimizer's slots of those rows
     iterations/<opt>   [] int64        each hash optimizer's step count
-    last_seen          [n] int64       admission/eviction state of the keys
+    last_seen          [n] int64       admission/eviction state of the keys (left out when
+                                       no key has one: shard_files.key_state_entries)
     pending_keys, pending_counts, pending_last_seen   [p] int64, keys not admitted yet
     counters           [3] int64       admissions, evictions, latest timestamp
 
@@ -146,14 +148,15 @@ def save_shard(directory: str, table, optimizers=(), chunk_rows: int = shard_fil
       return lambda start, stop: tf.gather(variable, rows[start:stop])
     return lambda start, stop: whole[start:stop, block * shard.dim:(block + 1) * shard.dim]
 
-  last_seen = tf.gather(state["last_seen"], order)
+  key_state = shard_files.key_state_entries(rows, tf.gather(state["last_seen"], order))
   # Per-key tensors, saved in slices of chunk_rows keys (`_slices`): name -> (start, stop) -> part.
   per_key = {
       "keys": lambda start, stop: keys[start:stop],
-      "rows": lambda start, stop: rows[start:stop],
       "values": rows_of(shard.variable, 0),
-      "last_seen": lambda start, stop: last_seen[start:stop],
   }
+  per_key.update({
+      name: lambda start, stop, value=value: value[start:stop] for name, value in key_state.items()
+  })
   tensors = {"counters": state["counters"]}
   tensors.update({name: state[name] for name in shard_files.PENDING})
   slot_rows, steps = optimizer_entries(shard, optimizers, slots, rows_of)

@@ -79,9 +79,10 @@ def _save_shard_delta(directory: str, shard, optimizers) -> str:
 
   values = rows_of(shard.variable, 0)
   tensors = {
-      "keys": keys, "rows": rows, "last_seen": tf.gather(changes["last_seen"], order),
-      "values": values, "counters": changes["counters"], DELETED: tf.sort(changes[DELETED])
+      "keys": keys, "values": values, "counters": changes["counters"],
+      DELETED: tf.sort(changes[DELETED])
   }
+  tensors.update(shard_files.key_state_entries(rows, tf.gather(changes["last_seen"], order)))
   tensors.update({n: changes[n] for n in shard_files.PENDING})
   for entries in checkpoint_lib.optimizer_entries(shard, optimizers, slots, rows_of):
     tensors.update(entries)
@@ -157,5 +158,7 @@ def materialize_chain(full_dir: str, delta_dirs, table_name: str, out_dir: str,
   for prefix in shard_files.saved_shards(full_dir, table_name):
     bundle = os.path.basename(prefix)
     state = merged_shard(full_dir, list(delta_dirs), table_name, bundle, optimizers)
+    tensors = {n: tf.constant(value) for n, value in state.items()}
+    tensors.update(shard_files.key_state_entries(tensors.pop("rows"), tensors.pop("last_seen")))
     checkpoint_lib.write_bundle(os.path.join(out_dir, table_name, bundle),
-                                [(n, "", tf.constant(state[n])) for n in sorted(state)])
+                                [(n, "", tensors[n]) for n in sorted(tensors)])

@@ -24,6 +24,9 @@ from mxrec_pipeline.util import model_files
 
 SHARD_FILE = re.compile(r"shard-(\d+)-of-(\d+)\.index")
 KEY_STATE = ("last_seen",)
+# A key's last-seen time when nothing tracks it (no admission or eviction): bundles whose keys
+# all have it leave `last_seen` out (key_state_entries), readers fill it back in.
+NOT_SEEN = -1
 PENDING = ("pending_keys", "pending_counts", "pending_last_seen")
 # Keys read at a time from a bundle that another shard count re-shards.
 CHUNK_ROWS = 1 << 16
@@ -75,7 +78,10 @@ def read_tensors(prefix: str, table_name: str, names, optional=()) -> dict[str, 
     raise FileNotFoundError(f"table '{table_name}': cannot read shard {prefix}: {e}") from None
   out = {}
   held = reader.get_variable_to_shape_map()
+  unset = "last_seen" in names and "keys" in names and "last_seen" not in held
   for name in [*names, *(n for n in optional if n in held)]:
+    if name == "last_seen" and unset:
+      continue
     try:
       out[name] = reader.get_tensor(name)
     except tf.errors.NotFoundError as e:
@@ -84,7 +90,33 @@ def read_tensors(prefix: str, table_name: str, names, optional=()) -> dict[str, 
     except tf.errors.OpError as e:  # E.g. the data file missing: TF names it.
       raise FileNotFoundError(f"table '{table_name}': cannot read `{name}` of shard {prefix}: "
                               f"{e.message}") from None
+  return _full_key_state(out, unset)
+
+
+def key_state_entries(rows: tf.Tensor, last_seen: tf.Tensor) -> dict[str, tf.Tensor]:
+  """A bundle's per-key state: `rows` as int32 when they fit, `last_seen` only when any is set.
+
+  8 to 16 of the 24 bytes a key's state took (int64 rows and last-seen
+  times), saved by full bundles and deltas alike; `read_tensors` gives them
+  back as int64, NOT_SEEN for an unsaved `last_seen`. Eager.
+
+  Args:
+    rows, last_seen: [n] int64, the keys' rows and last-seen times.
+  """
+  fits = int(tf.size(rows)) == 0 or int(tf.reduce_max(rows)) <= np.iinfo(np.int32).max
+  out = {"rows": tf.cast(rows, tf.int32) if fits else rows}
+  if bool(tf.reduce_any(last_seen != NOT_SEEN)):
+    out["last_seen"] = last_seen
   return out
+
+
+def _full_key_state(tensors: dict[str, np.ndarray], unset: bool) -> dict[str, np.ndarray]:
+  """What key_state_entries left out or narrowed, as the int64 state it came from."""
+  if "rows" in tensors:
+    tensors["rows"] = tensors["rows"].astype(np.int64, copy=False)
+  if unset:
+    tensors["last_seen"] = np.full(tensors["keys"].shape, NOT_SEEN, np.int64)
+  return tensors
 
 
 def saved_key_count(directory: str, table_name: str) -> int:

@@ -146,3 +146,30 @@ def test_a_shard_saved_in_slices_reads_as_the_shard_saved_whole(saved, tmp_path)
     assert sorted(keys.tolist()) == sorted(want)
     for key, row in zip(keys.tolist(), rows):
       np.testing.assert_array_equal(row, want[key])
+
+
+def test_a_bundle_saves_int32_rows_and_no_last_seen_when_no_key_has_one(saved):
+  # No admission or eviction: 12 bytes of state per key (int64 key, int32 row), not 24.
+  directory, _ = saved
+  prefix = checkpoint.saved_shards(directory, "item")[0]
+  dtypes = tf.train.load_checkpoint(prefix).get_variable_to_dtype_map()
+  assert dtypes["keys"] == tf.int64 and dtypes["rows"] == tf.int32 and "last_seen" not in dtypes
+  read = shard_files.read_tensors(prefix, "item", ["keys", "rows", "last_seen"])
+  assert read["rows"].dtype == read["last_seen"].dtype == np.int64
+  np.testing.assert_array_equal(read["last_seen"], np.full(read["keys"].shape, -1))
+
+
+def test_key_state_past_int32_rows_or_with_last_seen_times_is_saved_whole(tmp_path):
+  rows = tf.constant([0, 2**31, 1], tf.int64)
+  last_seen = tf.constant([5, -1, 7], tf.int64)
+  entries = shard_files.key_state_entries(rows, last_seen)
+  assert entries["rows"].dtype == tf.int64 and sorted(entries) == ["last_seen", "rows"]
+  prefix = checkpoint.write_bundle(shard_files.shard_prefix(str(tmp_path), "t", 0, 1),
+                                   [("keys", "", tf.constant([1, 2, 3], tf.int64))] +
+                                   [(n, "", v) for n, v in entries.items()])
+  read = shard_files.read_tensors(prefix, "t", ["keys", "rows", "last_seen"])
+  np.testing.assert_array_equal(read["rows"], rows.numpy())
+  np.testing.assert_array_equal(read["last_seen"], last_seen.numpy())
+  # Rows that fit are narrowed whatever the times.
+  assert shard_files.key_state_entries(tf.constant([3], tf.int64),
+                                       tf.constant([-1], tf.int64))["rows"].dtype == tf.int32
