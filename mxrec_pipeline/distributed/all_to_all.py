@@ -20,7 +20,7 @@ See docs/scaling.md#one-training-step.
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Sequence
 
 import tensorflow as tf
 from tensorflow.python.ops import collective_ops  # pylint: disable=g-direct-tensorflow-import
@@ -110,11 +110,11 @@ def _all_to_all(t, num_shards: int, group_key, forward_key, backward_key, timeou
   return exchange_rows(t)
 
 
-def _largest(count: tf.Tensor, num_shards: int, group_key, instance_key,
+def _largest(values: tf.Tensor, num_shards: int, group_key, instance_key,
              timeout_s: float) -> tf.Tensor:
-  """The largest of every worker's int32 scalar `count`: one all-reduce (max) of 4 bytes."""
-  return collective_ops.all_reduce_v2(count[tf.newaxis], num_shards, group_key, instance_key,
-                                      merge_op="Max", final_op="Id", timeout=timeout_s)[0]
+  """The largest of every worker's int32 [k] `values`, element-wise: one all-reduce (max)."""
+  return collective_ops.all_reduce_v2(values, num_shards, group_key, instance_key, merge_op="Max",
+                                      final_op="Id", timeout=timeout_s)
 
 
 def exchange_lookup(unique_keys: tf.Tensor, lookup_owned: Callable[..., tf.Tensor], num_shards: int,
@@ -122,17 +122,7 @@ def exchange_lookup(unique_keys: tf.Tensor, lookup_owned: Callable[..., tf.Tenso
                     weights: tf.Tensor | None = None) -> tuple[tf.Tensor, exchange.ExchangeBytes]:
   """See exchange.exchange_lookup; the same contract, routed by all-to-alls.
 
-    1. bucket    this worker's distinct keys sorted by owner; counts [W] per owner
-    2. largest   all_reduce(max) of this worker's largest count -> M, the
-                 same on every worker (all_to_all sends equal chunks)
-    3. ids       all_to_all([W, 1 + M] keys): chunk j is the count of keys
-                 for owner j, then those keys, padded -> the keys every
-                 worker asks me, each chunk led by its count
-    4. lookup    the owner's rows of the valid ones
-    5. rows      all_to_all([W, M, dim] rows) -> my keys' rows from their owners
-    backward:    the gradient of an all_to_all is the all_to_all of the
-                 gradient (its own transpose): each owner receives the
-                 gradient of the rows it sent.
+  `exchange_lookup_group` of one table (its steps there).
 
   Args:
     unique_keys, lookup_owned, num_shards, dim, dtype, weights: As
@@ -145,49 +135,163 @@ def exchange_lookup(unique_keys: tf.Tensor, lookup_owned: Callable[..., tf.Tenso
     ([n, dim] rows of unique_keys, ExchangeBytes: ids = W * (1 + M) * 8 (16
     with weights) + 4, rows = gradients = W * M * dim * itemsize).
   """
+  (rows,), counted = exchange_lookup_group([unique_keys], [lookup_owned], num_shards, [dim], dtype,
+                                           keys, timeout_s, [weights])
+  return rows, counted
+
+
+def exchange_lookup_group(
+    unique_keys: Sequence[tf.Tensor], lookup_owned: Sequence[Callable[..., tf.Tensor]],
+    num_shards: int, dims: Sequence[int], dtype: tf.DType, keys: AllToAllKeys,
+    timeout_s: float = 0.0, weights: Sequence[tf.Tensor | None] | None = None
+) -> tuple[list[tf.Tensor], exchange.ExchangeBytes]:
+  """Several tables' lookups of one step in one exchange: 4 collectives, not 4 per table.
+
+    1. bucket    this worker's distinct keys of every table, sorted by owner;
+                 per owner the count of keys and of row values (sum of dims)
+    2. largest   all_reduce(max) of [largest key count M, largest value
+                 count V] (one table: [M], V = M dim) -> the same on every
+                 worker (all_to_all sends equal chunks)
+    3. ids       all_to_all([W, T + M, C] int64): chunk j is the count of
+                 each table's keys for owner j, then those keys table by table
+                 (with their weight with admission: C = 2), padded
+    4. lookup    each table's owner side reads its keys' rows
+    5. rows      all_to_all([W, V] values): each chunk the rows of its keys
+                 back to back, each row as wide as its table -> my keys' rows
+    backward:    the gradient of an all_to_all is the all_to_all of the
+                 gradient (its own transpose): each owner receives the
+                 gradient of the rows it sent, per table.
+  Tables of other dims share the chunks without padding rows to the widest;
+  the chunks' padding is that of the largest per-owner count of all the
+  tables' keys together, relatively less than one table's (docs/scaling.md).
+
+  Args:
+    unique_keys: Per table, [n_t] int64 distinct keys of this worker's batch.
+    lookup_owned: Per table, its owner side (as exchange.exchange_lookup's).
+    num_shards: W, the number of workers (replicas in sync).
+    dims: Per table, its embedding dimension.
+    dtype: The rows' dtype, every table's.
+    keys: The AllToAllKeys the group's collectives take (e.g. its first
+      table's; every worker must use the same one).
+    timeout_s: Timeout of each collective in seconds (0: none).
+    weights: None, or per table None or [n_t] int64 weights (admission
+      sightings) routed with its keys; 8 more bytes per key of every table
+      when any has them.
+
+  Returns:
+    (per table [n_t, dim_t] rows of its unique_keys, the group's
+    ExchangeBytes: ids = W (T + M) 8 C + 4 k, T tables, C the int64
+    columns (key, and weight with admission), k the all-reduced values (2
+    with several tables); rows = gradients = W V itemsize).
+
+  Raises:
+    ValueError: called outside a replica context; lists of other lengths.
+  """
   context = tf.distribute.get_replica_context()
   if context is None or tf.distribute.in_cross_replica_context():
     raise ValueError("exchange_lookup: call it inside strategy.run (a replica context)")
-  n = tf.size(unique_keys, out_type=tf.int32)
-  owners = sharding.owner(unique_keys, num_shards)
+  num_tables = len(unique_keys)
+  weights = [None] * num_tables if weights is None else list(weights)
+  if not num_tables or len(lookup_owned) != num_tables or len(dims) != num_tables or len(
+      weights) != num_tables:
+    raise ValueError(f"exchange_lookup_group: {num_tables} tables' keys, {len(lookup_owned)} "
+                     f"lookups, {len(dims)} dims, {len(weights)} weights")
+  grouped, weighted = num_tables > 1, any(w is not None for w in weights)
+  sizes = [tf.size(u, out_type=tf.int32) for u in unique_keys]
+  all_keys = tf.concat(list(unique_keys), 0)
+  n = tf.size(all_keys, out_type=tf.int32)
+  table_of = tf.concat([tf.fill([size], t) for t, size in enumerate(sizes)], 0)  # [n] int32
+  dim_table = tf.constant(list(dims), tf.int32)
+  owners = sharding.owner(all_keys, num_shards)
   order = tf.argsort(owners, stable=True)
   sorted_owners = tf.gather(owners, order)
   send_counts = tf.math.bincount(owners, minlength=num_shards, maxlength=num_shards, dtype=tf.int32)
   group_key, (largest_key, ids_key, rows_key, grads_key) = keys.next()
-  chunk = tf.maximum(
-      _largest(tf.reduce_max(send_counts), num_shards, group_key, largest_key, timeout_s), 1)  # M
+  if grouped:
+    send_values = tf.math.unsorted_segment_sum(tf.gather(dim_table, table_of), owners, num_shards)
+    largest = _largest(tf.stack([tf.reduce_max(send_counts),
+                                 tf.reduce_max(send_values)]), num_shards, group_key, largest_key,
+                       timeout_s)
+    chunk, width = tf.maximum(largest[0], 1), tf.maximum(largest[1], 1)  # M, V
+  else:
+    largest = _largest(
+        tf.reduce_max(send_counts)[tf.newaxis], num_shards, group_key, largest_key, timeout_s)
+    chunk = tf.maximum(largest[0], 1)
+    width = chunk * dims[0]
   starts = tf.cumsum(send_counts, exclusive=True)
   slots = sorted_owners * chunk + tf.range(n) - tf.gather(starts, sorted_owners)  # [n]
   padded = num_shards * chunk
-  sent = tf.gather(unique_keys, order)
-  if weights is not None:
-    sent = tf.stack([sent, tf.gather(weights, order)], axis=1)  # [n, 2]
-  trailing = tf.shape(sent)[1:]
-  outgoing = tf.scatter_nd(slots[:, tf.newaxis], sent, tf.concat([[padded], trailing], 0))
-  # Each chunk led by its count (a weighted chunk's: [count, 0]).
-  counts = tf.cast(send_counts, sent.dtype)[:, tf.newaxis]
-  if weights is not None:
-    counts = tf.stack([counts, tf.zeros_like(counts)], axis=-1)
-  outgoing = tf.concat(
-      [counts, tf.reshape(outgoing, tf.concat([[num_shards, chunk], trailing], 0))],
-      axis=1)  # [W, 1 + M, ...]
+  columns = [tf.gather(all_keys, order)]
+  if weighted:
+    all_weights = tf.concat([
+        tf.zeros_like(u, tf.int64) if w is None else tf.cast(w, tf.int64)
+        for u, w in zip(unique_keys, weights)
+    ], 0)
+    columns.append(tf.gather(all_weights, order))
+  width_c = len(columns)
+  outgoing = tf.scatter_nd(slots[:, tf.newaxis], tf.stack(columns, axis=1),
+                           tf.stack([padded, width_c]))
+  # Each chunk led by its count of each table's keys, which follow in table order (the stable
+  # sort by owner keeps the tables' order): [count, 0, ...] per table.
+  table_counts = tf.reshape(
+      tf.math.bincount(owners * num_tables + table_of, minlength=num_shards * num_tables,
+                       maxlength=num_shards * num_tables, dtype=tf.int64),
+      [num_shards, num_tables, 1])
+  headers = tf.pad(table_counts, [[0, 0], [0, 0], [0, width_c - 1]])
+  outgoing = tf.concat([headers, tf.reshape(outgoing, [num_shards, chunk, width_c])],
+                       axis=1)  # [W, T + M, C]
   incoming = _all_to_all(outgoing, num_shards, group_key, ids_key, None, timeout_s)
-  received = tf.cast(incoming[:, 0] if weights is None else incoming[:, 0, 0], tf.int32)  # [W]
+  received_counts = tf.cast(incoming[:, :num_tables, 0], tf.int32)  # [W, T]
+  received = tf.reduce_sum(received_counts, axis=1)  # [W]
   valid = tf.reshape(tf.range(chunk)[tf.newaxis] < received[:, tf.newaxis], [-1])
   positions = tf.cast(tf.reshape(tf.where(valid), [-1]), tf.int32)  # In [0, W * M).
-  incoming = tf.gather(tf.reshape(incoming[:, 1:], tf.concat([[padded], trailing], 0)), positions)
-  if weights is None:
-    own_rows = lookup_owned(incoming)
+  asked = tf.gather(tf.reshape(incoming[:, num_tables:], tf.stack([padded, width_c])),
+                    positions)  # [m, C]
+  # Where each asked key's row starts in the replies: its source's chunk of V values, after the
+  # rows of the keys before it in that chunk.
+  if grouped:
+    source = positions // chunk
+    # A key's table: how many of its chunk's table boundaries lie at or before it.
+    bounds = tf.gather(tf.cumsum(received_counts, axis=1), source)  # [m, T]
+    asked_tables = tf.reduce_sum(
+        tf.cast((positions - source * chunk)[:, tf.newaxis] >= bounds, tf.int32), axis=1)
+    before = tf.cumsum(tf.gather(dim_table, asked_tables), exclusive=True)
+    first = tf.math.unsorted_segment_min(before, source, num_shards)
+    reply_at = source * width + before - tf.gather(first, source)
   else:
-    own_rows = lookup_owned(incoming[:, 0], incoming[:, 1])
-  replies = tf.scatter_nd(positions[:, tf.newaxis], own_rows, tf.stack([padded, dim]))
-  answered = _all_to_all(tf.reshape(replies, tf.stack([num_shards, chunk, dim])), num_shards,
-                         group_key, rows_key, grads_key, timeout_s)
-  sorted_rows = tf.gather(tf.reshape(answered, tf.stack([padded, dim])), slots)
-  rows = tf.scatter_nd(order[:, tf.newaxis], sorted_rows, tf.stack([n, dim]))
+    reply_at = positions * dims[0]
+  indices, values = [], []
+  for t in range(num_tables):
+    mine = (slice(None) if not grouped else tf.reshape(tf.where(tf.equal(asked_tables, t)), [-1]))
+    pick = (lambda x: x) if not grouped else (lambda x, mine=mine: tf.gather(x, mine))
+    asked_keys = pick(asked[:, 0])
+    if weights[t] is None:
+      rows = lookup_owned[t](asked_keys)
+    else:
+      rows = lookup_owned[t](asked_keys, pick(asked[:, width_c - 1]))
+    indices.append(tf.reshape(pick(reply_at)[:, tf.newaxis] + tf.range(dims[t]), [-1]))
+    values.append(tf.reshape(rows, [-1]))
+  replies = tf.scatter_nd(
+      tf.concat(indices, 0)[:, tf.newaxis], tf.concat(values, 0), (num_shards * width)[tf.newaxis])
+  answered = tf.reshape(
+      _all_to_all(tf.reshape(replies, tf.stack([num_shards, width])), num_shards, group_key,
+                  rows_key, grads_key, timeout_s), [-1])
+  # Where each of my keys' rows starts in the answers, in all_keys' order.
+  if grouped:
+    sorted_dims = tf.gather(dim_table, tf.gather(table_of, order))
+    value_starts = tf.cumsum(send_values, exclusive=True)
+    at_sorted = (sorted_owners * width + tf.cumsum(sorted_dims, exclusive=True) -
+                 tf.gather(value_starts, sorted_owners))
+  else:
+    at_sorted = slots * dims[0]
+  answer_at = tf.scatter_nd(order[:, tf.newaxis], at_sorted, n[tf.newaxis])
+  out, begin = [], tf.constant(0, tf.int32)
+  for t in range(num_tables):
+    at = answer_at[begin:begin + sizes[t]]
+    out.append(tf.gather(answered, at[:, tf.newaxis] + tf.range(dims[t])))  # [n_t, dim_t]
+    begin += sizes[t]
   padded64 = tf.cast(padded, tf.int64)
-  row_bytes = padded64 * dim * dtype.size
-  key_bytes = exchange.KEY_BYTES * (2 if weights is not None else 1)
-  return rows, exchange.ExchangeBytes(
-      ids=(padded64 + num_shards) * key_bytes + exchange.COUNT_BYTES, rows=row_bytes,
-      gradients=row_bytes)
+  row_bytes = tf.cast(num_shards * width, tf.int64) * dtype.size
+  return out, exchange.ExchangeBytes(
+      ids=(padded64 + num_shards * num_tables) * exchange.KEY_BYTES * width_c +
+      exchange.COUNT_BYTES * (2 if grouped else 1), rows=row_bytes, gradients=row_bytes)

@@ -18,6 +18,7 @@ docs/distributed.md#many-workers-multiworkermirroredstrategy-tables-sharded-by-k
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from typing import Callable, Sequence
 
@@ -284,6 +285,11 @@ class ShardedTable(tf.Module):
       tf.errors.ResourceExhaustedError (at run time): an owner's shard is
         full (naming the table).
     """
+    (out,) = lookup_tables([(self, ids)], training, default_value, timestamp)
+    return out
+
+  def _request(self, ids, training: bool, default_value, batch_time) -> _Request:
+    """This table's part of a step's lookups: its distinct keys and owner side (see lookup)."""
     ids = tf.convert_to_tensor(ids)
     if ids.dtype != self.shard.key_dtype:
       raise ValueError(f"ShardedTable('{self.table_name}'): ids must be "
@@ -293,40 +299,99 @@ class ShardedTable(tf.Module):
                                                               out_idx=tf.int32)
     admitting = training and self.access_threshold > 1
     container = initialize.get_config_initializer().container
-
-    batch_time = None
-    if training and self.eviction_threshold_s >= 0:
-      if timestamp is None:
-        raise ValueError(f"ShardedTable('{self.table_name}'): eviction_threshold_s needs the "
-                         "batch's `timestamp` in training lookups")
-      batch_time = exchange.max_over_workers(tf.cast(timestamp, tf.int64))
+    evicting = training and self.eviction_threshold_s >= 0
 
     def lookup_owned(owned_keys, weights=None):
       rows, restore_owned = admission.insert(container, self.table_name, owned_keys, training,
-                                             counts=weights, timestamp=batch_time)
+                                             counts=weights,
+                                             timestamp=batch_time if evicting else None)
       return lookup.gather_per_id(self.shard.variable, rows, restore_owned, training=training,
                                   default_value=default_value, admitting=admitting)
 
-    weights = tf.cast(occurrences, tf.int64) if admitting else None
-    if self.routing == "all_to_all":
-      unique_emb, counted = all_to_all.exchange_lookup(unique_keys, lookup_owned, self.num_shards,
-                                                       self.dim, self.shard.variable.dtype,
-                                                       self._all_to_all_keys,
-                                                       self._collective_timeout_s, weights)
-    else:
-      unique_emb, counted = exchange.exchange_lookup(unique_keys, lookup_owned, self.num_shards,
-                                                     self.dim, self.shard.variable.dtype, weights)
-    counted = counted.as_vector()
-    if batch_time is not None:  # The timestamps' all-gather.
-      counted += tf.constant([exchange.KEY_BYTES * self.num_shards, 0, 0], tf.int64)
-    with tf.control_dependencies([self.bytes_exchanged.assign_add(counted)]):
-      out = lookup.per_id(unique_emb, tf.reshape(restore, tf.shape(ids)))
-    return out
+    return _Request(self, unique_keys, tf.reshape(restore, tf.shape(ids)), lookup_owned,
+                    tf.cast(occurrences, tf.int64) if admitting else None)
 
   def exchange_stats(self) -> dict[str, int]:
     """Bytes this worker received so far from the table's exchanges: ids, rows, gradients."""
     values = self.bytes_exchanged.numpy()
     return {"ids": int(values[0]), "rows": int(values[1]), "gradients": int(values[2])}
+
+
+@dataclasses.dataclass(frozen=True)
+class _Request:
+  """One table's lookup in a step: its distinct keys, where each id reads, its owner side."""
+
+  table: ShardedTable
+  unique_keys: tf.Tensor  # [n] int64
+  restore: tf.Tensor  # [*ids.shape] int32 into unique_keys
+  lookup_owned: Callable[..., tf.Tensor]
+  weights: tf.Tensor | None  # [n] int64 sightings, with admission
+
+
+def lookup_tables(lookups: Sequence[tuple[ShardedTable, object]], training: bool = True,
+                  default_value=None, timestamp: tf.Tensor | None = None) -> list[tf.Tensor]:
+  """Several tables' lookups of one step; those routed all-to-all share one exchange.
+
+  As `ShardedTable.lookup` for each (table, ids) pair, with the same
+  arguments, but the pairs whose table has routing "all_to_all" (and one rows
+  dtype) go through one all_to_all.exchange_lookup_group: 4 collectives for
+  the step instead of 4 per table, and the chunks' padding of all their keys
+  together (docs/scaling.md). A table may appear in several pairs (features
+  sharing it). Pairs routed by all-gathers run their own exchanges. The
+  group's bytes are counted in its first table's `bytes_exchanged`. Call
+  inside `strategy.run`, on every worker with the same tables in the same
+  order.
+
+  Args:
+    lookups: (ShardedTable, ids) pairs; ids as `ShardedTable.lookup` takes.
+    training, default_value, timestamp: As `ShardedTable.lookup`'s, for
+      every pair (the batch time, when a table evicts, is all-gathered once).
+
+  Returns:
+    Per pair, [*ids.shape, dim] rows, as `ShardedTable.lookup` returns.
+
+  Raises:
+    ValueError: as `ShardedTable.lookup` (naming the table).
+  """
+  batch_time, time_bytes = None, tf.zeros([3], tf.int64)
+  evicting = [t for t, _ in lookups if t.eviction_threshold_s >= 0]
+  if training and evicting:
+    if timestamp is None:
+      raise ValueError(f"ShardedTable('{evicting[0].table_name}'): eviction_threshold_s needs "
+                       "the batch's `timestamp` in training lookups")
+    batch_time = exchange.max_over_workers(tf.cast(timestamp, tf.int64))
+    time_bytes = tf.constant([exchange.KEY_BYTES * evicting[0].num_shards, 0, 0], tf.int64)
+  requests = [table._request(ids, training, default_value, batch_time) for table, ids in lookups]  # pylint: disable=protected-access
+  rows = [None] * len(requests)
+  counted = [tf.zeros([3], tf.int64) for _ in requests]
+  counted[0] += time_bytes
+  groups = {}  # rows dtype -> indices of the all-to-all pairs
+  for i, r in enumerate(requests):
+    if r.table.routing == "all_to_all":
+      groups.setdefault(r.table.variable.dtype, []).append(i)
+    else:
+      rows[i], by_pair = exchange.exchange_lookup(r.unique_keys, r.lookup_owned, r.table.num_shards,
+                                                  r.table.dim, r.table.variable.dtype, r.weights)
+      counted[i] += by_pair.as_vector()
+  for dtype, members in groups.items():
+    first = requests[members[0]].table
+    group_rows, by_group = all_to_all.exchange_lookup_group(
+        [requests[i].unique_keys for i in members],
+        [requests[i].lookup_owned for i in members],
+        first.num_shards,
+        [requests[i].table.dim for i in members],
+        dtype,
+        first._all_to_all_keys,
+        first._collective_timeout_s,  # pylint: disable=protected-access
+        [requests[i].weights for i in members])
+    for i, unique_rows in zip(members, group_rows):
+      rows[i] = unique_rows
+    counted[members[0]] += by_group.as_vector()
+  updates = []
+  for r, c in zip(requests, counted):
+    updates.append(r.table.bytes_exchanged.assign_add(c))
+  with tf.control_dependencies(updates):
+    return [lookup.per_id(unique_rows, r.restore) for unique_rows, r in zip(rows, requests)]
 
 
 def apply_gradients(optimizer, grads_and_tables: Sequence[tuple[object, ShardedTable]]):

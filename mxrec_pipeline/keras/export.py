@@ -38,6 +38,7 @@ from mxrec_pipeline.core.asc import helper
 from mxrec_pipeline.keras import datasets
 from mxrec_pipeline.keras.layers import SparseFeature, SparseLookup, set_serving_snapshot
 from mxrec_pipeline.keras.sharded import ShardedLookup
+from mxrec_pipeline.keras.sharded import ShardedLookupGroup
 from mxrec_pipeline.util import atomic_dir
 from mxrec_pipeline.util import initialize
 from mxrec_pipeline.util import local_variable
@@ -80,7 +81,8 @@ class ServingModule(tf.Module):
     object.__setattr__(self, "_model", model)  # Untracked: see the class docstring.
     object.__setattr__(self, "_derive", feature_deriver)
     self.model_layers = [
-        layer for layer in model.layers if not isinstance(layer, (SparseLookup, ShardedLookup))
+        layer for layer in model.layers
+        if not isinstance(layer, (SparseLookup, ShardedLookup, ShardedLookupGroup))
     ]
     self._context_spec = dict(context_feature_spec)
     self._example_spec = dict(example_feature_spec)

@@ -178,7 +178,8 @@ class ModelBuilder(tfr.keras.model.ModelBuilder):
         and are embedded by SparseLookup. Table name -> ShardedTable
         (keras/sharded.py, MultiWorkerMirroredStrategy) or PSShardedTable
         (keras/ps.py, ParameterServerStrategy): they come in as raw ids,
-        embedded by ShardedLookup.
+        embedded by ShardedLookup layers; over ShardedTables, every feature
+        through one ShardedLookupGroup (one exchange a step).
     """
     context_inputs, example_inputs = self._input_creator()
     mask = tf.keras.Input(shape=(None,), dtype=tf.bool, name=self._mask_feature_name)
@@ -186,6 +187,7 @@ class ModelBuilder(tfr.keras.model.ModelBuilder):
     model_inputs = dict(all_inputs)
     context_features, example_features = dict(context_inputs), dict(example_inputs)
     sparse_layers = []
+    grouped = []  # (ShardedLookup, its features dict): ShardedTables share one exchange.
     unique_rows_inputs = {}
     plan_inputs = {}
     for feature in self.sparse_features:
@@ -197,7 +199,10 @@ class ModelBuilder(tfr.keras.model.ModelBuilder):
         layer = sharded.ShardedLookup(feature, sharded_tables[feature.table],
                                       name=f"sparse_lookup_{feature.name}")
         sparse_layers.append(layer)
-        target[feature.name] = layer(all_inputs[feature.name])
+        if isinstance(layer.table, sharded.ShardedTable):
+          grouped.append((layer, target))  # Looked up below, every feature in one exchange.
+        else:
+          target[feature.name] = layer(all_inputs[feature.name])
         continue
       restore = _restore_input(all_inputs[feature.name], feature.name)
       model_inputs.pop(feature.name)
@@ -216,6 +221,11 @@ class ModelBuilder(tfr.keras.model.ModelBuilder):
       sparse_layers.append(layer)
       plan = (plan_inputs[table],) if table in plan_inputs else ()
       target[feature.name] = layer((restore, unique_rows_inputs[table], *plan))
+    if grouped:
+      group = sharded.ShardedLookupGroup([layer for layer, _ in grouped], name="sharded_lookups")
+      embedded = group({layer.feature.name: all_inputs[layer.feature.name] for layer, _ in grouped})
+      for layer, target in grouped:  # Each in its feature's place: the dicts' order is kept.
+        target[layer.feature.name] = embedded[layer.feature.name]
     context_features, example_features = self.preprocess(context_features, example_features, mask)
     logits = self.score(context_features, example_features, mask)
     model_inputs[self._mask_feature_name] = mask

@@ -4,9 +4,11 @@ Under MultiWorkerMirroredStrategy with more than one worker, the pipeline
 (keras/pipeline.py) shards every table of the model by key over the workers
 (docs/distributed.md "Many workers"): it creates one `ShardedTable` per
 TableSpec with `create_sharded_tables` (outside the strategy's scope: each
-worker's shard is its own variable) and builds the model with `ShardedLookup`
-layers, which take the feature's raw ids (no insertion in tf.data) and call
-`ShardedTable.lookup` inside the Keras train/test step (`strategy.run`). The
+worker's shard is its own variable) and builds the model with one `ShardedLookup`
+layer per feature, which takes the feature's raw ids (no insertion in tf.data);
+`ShardedLookupGroup` looks every feature up in one
+`sharded_table.lookup_tables` call inside the Keras train/test step
+(`strategy.run`), one exchange for the tables routed all-to-all. The
 table gradient comes back to each owner as IndexedSlices on its shard, which
 the hash optimizer applies locally (optimizers/base.py). Single-process
 modules (core, keras/layers.py) stay unaware of sharding.
@@ -29,6 +31,7 @@ from mxrec_pipeline.core import key_index as key_index_lib
 from mxrec_pipeline.distributed import export
 from mxrec_pipeline.distributed.ps_table import PSShardedTable
 from mxrec_pipeline.distributed.sharded_table import ShardedTable
+from mxrec_pipeline.distributed.sharded_table import lookup_tables
 from mxrec_pipeline.keras import layers
 
 
@@ -118,32 +121,89 @@ class ShardedLookup(tf.keras.layers.Layer):
   def call(self, ids, training=None):
     training = bool(training) if training is not None else False
     flat = ids.flat_values if isinstance(ids, tf.RaggedTensor) else ids
-    if self.serving_rows is not None:
-      keys = key_index_lib.to_keys(flat, f"table '{self.feature.table}'")
-      emb = tf.gather(self.serving_rows, self.serving_positions.lookup(keys))
-    elif tf.distribute.in_cross_replica_context() and self._in_scratch_graph():
-      # Keras builds the functional model by tracing `call` on placeholders
-      # in its scratch graph, under the strategy's scope but outside any
-      # replica context: only the output's shape and dtype matter there.
-      emb = tf.zeros(tf.concat([tf.shape(flat), [self.table.dim]], 0), self._rows_dtype)
+    if self.serving_rows is not None or _in_scratch_graph(self):
+      emb = self.local_rows(flat)
     else:
       emb = self.table.lookup(flat, training=training)
+    return self.combine(ids, emb)
+
+  def local_rows(self, flat: tf.Tensor) -> tf.Tensor:
+    """[*flat.shape, dim] rows read without a collective: the serving snapshot's, or zeros.
+
+    Zeros while Keras builds the functional model by tracing `call` on
+    placeholders in its scratch graph, under the strategy's scope but outside
+    any replica context: only the output's shape and dtype matter there.
+    """
+    if self.serving_rows is not None:
+      keys = key_index_lib.to_keys(flat, f"table '{self.feature.table}'")
+      return tf.gather(self.serving_rows, self.serving_positions.lookup(keys))
+    return tf.zeros(tf.concat([tf.shape(flat), [self.table.dim]], 0), self._rows_dtype)
+
+  def combine(self, ids, emb: tf.Tensor) -> tf.Tensor:
+    """The rows of `ids`' flat values, shaped as `ids` and combined by the feature's combiner."""
     if isinstance(ids, tf.RaggedTensor):
       emb = ids.with_flat_values(emb)
     return layers.combine(emb, self.feature.combiner)
-
-  def _in_scratch_graph(self) -> bool:
-    """Whether Keras is tracing `call` for the output's signature only.
-
-    Keras 2.15 (base_layer._infer_output_signature) traces a layer called on
-    symbolic inputs in a FuncGraph named "<layer name>_scratch_graph".
-    """
-    return getattr(tf.compat.v1.get_default_graph(), "name", None) == f"{self.name}_scratch_graph"
 
   def get_config(self):
     config = super().get_config()
     config.update(feature=dataclasses.asdict(self.feature), table=self.feature.table)
     return config
+
+
+class ShardedLookupGroup(tf.keras.layers.Layer):
+  """Embeds every sparse feature of a step through ShardedTables in one exchange.
+
+  Call with {feature name: raw ids} (each as `ShardedLookup` takes it);
+  returns {feature name: embeddings} as each feature's ShardedLookup would.
+  In the train and test steps all the features' ids go through one
+  `distributed.sharded_table.lookup_tables` call: the tables routed
+  all-to-all share one exchange (4 collectives a step, not 4 per feature).
+  Serving (the snapshots set on the per-feature layers by keras/export.py)
+  and Keras' scratch-graph tracing read each feature's layer without a
+  collective.
+
+  Args:
+    lookups: One ShardedLookup per feature, over ShardedTables: the model's
+      sparse layers (their `embeddings`, `feature` and serving snapshots);
+      they are not called in the model's graph themselves.
+  """
+
+  def __init__(self, lookups, **kwargs):
+    super().__init__(**kwargs)
+    # Untracked: the model tracks them as its sparse layers.
+    object.__setattr__(self, "lookups", list(lookups))
+
+  def call(self, inputs, training=None):
+    training = bool(training) if training is not None else False
+    flats = {}
+    for lookup in self.lookups:
+      ids = inputs[lookup.feature.name]
+      flats[lookup.feature.name] = ids.flat_values if isinstance(ids, tf.RaggedTensor) else ids
+    if _in_scratch_graph(self) or any(lookup.serving_rows is not None for lookup in self.lookups):
+      rows = [lookup.local_rows(flats[lookup.feature.name]) for lookup in self.lookups]
+    else:
+      rows = lookup_tables([(lookup.table, flats[lookup.feature.name]) for lookup in self.lookups],
+                           training=training)
+    return {
+        lookup.feature.name: lookup.combine(inputs[lookup.feature.name], emb)
+        for lookup, emb in zip(self.lookups, rows)
+    }
+
+  def get_config(self):
+    config = super().get_config()
+    config.update(features=[dataclasses.asdict(lookup.feature) for lookup in self.lookups])
+    return config
+
+
+def _in_scratch_graph(layer: tf.keras.layers.Layer) -> bool:
+  """Whether Keras is tracing `layer.call` for the output's signature only (no replica context).
+
+  Keras 2.15 (base_layer._infer_output_signature) traces a layer called on
+  symbolic inputs in a FuncGraph named "<layer name>_scratch_graph".
+  """
+  return tf.distribute.in_cross_replica_context() and getattr(
+      tf.compat.v1.get_default_graph(), "name", None) == f"{layer.name}_scratch_graph"
 
 
 def snapshots(tables: Mapping[str, object], staging_dir: str | None = None,

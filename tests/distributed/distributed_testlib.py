@@ -69,6 +69,16 @@ def second_table_ids(ids):
   return ids * 7 + 3
 
 
+# The second table's rows are twice as wide (a grouped exchange carries rows of several widths),
+# folded onto the first's dim (`fold_second`) before the two are added.
+SECOND_DIM = 2 * DIM
+
+
+def fold_second(emb: tf.Tensor) -> tf.Tensor:
+  """[..., SECOND_DIM] second-table rows -> [..., DIM]: the two halves added."""
+  return emb[..., :DIM] + emb[..., DIM:]
+
+
 def step_time(step: int) -> int:
   """Timestamp (seconds) of global batch `step`, for eviction."""
   return 100 + 6 * step
@@ -129,7 +139,7 @@ def reference_run(optimizer_key: str, steps: int, first_step: int = 0, restore: 
                                    emb_initializer=initializer(), device_vocabulary_size=ROWS)
     second = None
     if second_table:
-      second = embedding.create_table(key_dtype=tf.int64, dim=DIM, name=SECOND_TABLE,
+      second = embedding.create_table(key_dtype=tf.int64, dim=SECOND_DIM, name=SECOND_TABLE,
                                       emb_initializer=initializer(), device_vocabulary_size=ROWS)
     optimizer = factory.get_optimizer(optimizer_key, **OPTIMIZERS[optimizer_key])
     dense = make_dense()
@@ -159,7 +169,7 @@ def reference_run(optimizer_key: str, steps: int, first_step: int = 0, restore: 
       with tf.GradientTape() as tape:
         emb = lookup_batch(ids, step)
         if second is not None:
-          emb += embedding.sparse_lookup(second, tf.constant(second_table_ids(ids)))
+          emb += fold_second(embedding.sparse_lookup(second, tf.constant(second_table_ids(ids))))
         loss = loss_of(emb, labels, dense)
       variables = [table.variable] + ([] if second is None else [second.variable])
       grads = tape.gradient(loss, [*dense, *variables])

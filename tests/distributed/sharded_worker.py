@@ -8,7 +8,9 @@ and rows, the dense weights and the bytes exchanged.
 Flags: --optimizer KEY, --access_threshold N (admission),
 --eviction_threshold_s S (eviction after every step), --routing R
 (all_gather or all_to_all), --second_table_routing R (a second table, on
-other keys of the same ids, added to the first's embeddings), --steps N,
+other keys of the same ids, rows twice as wide, folded and added to the first's
+embeddings), --grouped (both tables' lookups in one sharded_table.lookup_tables
+call: the all-to-all ones share one exchange), --steps N,
 --first_step N, --out PATH, --dim D (to make a worker disagree), --timeout_s S
 (collective timeout), --die_at_step N (this worker exits at that step, as a
 crash), --stall_at_step N (this worker stops answering at that step),
@@ -67,6 +69,7 @@ def main():
   parser.add_argument("--eviction_threshold_s", type=int, default=None)
   parser.add_argument("--routing", default="all_gather")
   parser.add_argument("--second_table_routing", default="")
+  parser.add_argument("--grouped", action="store_true")
   parser.add_argument("--lookups_per_group", type=int, default=None)
   args = parser.parse_args()
   if args.lookups_per_group:  # All-to-alls move to the next group key this often.
@@ -85,7 +88,7 @@ def main():
   tables = [table]
   if args.second_table_routing:
     tables.append(
-        sharded_table.ShardedTable(strategy, name=lib.SECOND_TABLE, dim=args.dim,
+        sharded_table.ShardedTable(strategy, name=lib.SECOND_TABLE, dim=2 * args.dim,
                                    device_vocabulary_size=lib.ROWS,
                                    emb_initializer=lib.initializer(),
                                    routing=args.second_table_routing,
@@ -102,9 +105,15 @@ def main():
 
   def step_fn(ids, labels, timestamp):
     with tf.GradientTape() as tape:
-      emb = table.lookup(ids, timestamp=timestamp)
-      for second in tables[1:]:
-        emb += second.lookup(lib.second_table_ids(ids))
+      if args.grouped:
+        emb, second = sharded_table.lookup_tables([(table, ids),
+                                                   (tables[1], lib.second_table_ids(ids))],
+                                                  timestamp=timestamp)
+        emb += lib.fold_second(second)
+      else:
+        emb = table.lookup(ids, timestamp=timestamp)
+        for second in tables[1:]:
+          emb += lib.fold_second(second.lookup(lib.second_table_ids(ids)))
       loss = lib.loss_of(emb, labels, dense)
     grads = tape.gradient(loss, [*dense, *[t.variable for t in tables]])
     dense_opt.apply_gradients(zip(grads[:2], dense))

@@ -134,3 +134,24 @@ def test_string_ids_are_fingerprinted_as_the_core_does():
   keys, _ = table.shard.key_index.export()
   want = key_index.to_keys(tf.constant(["a", "b", "c"])).numpy()
   assert sorted(keys.numpy().tolist()) == sorted(want.tolist())
+
+
+def test_lookup_tables_reads_as_each_table_lookup():
+  # One shard: the all_gather routing; a table twice (two features sharing it), rows 2 and 4 wide.
+  item = _table()
+  user = sharded_table.ShardedTable(tf.distribute.get_strategy(), name="user", dim=4,
+                                    device_vocabulary_size=8,
+                                    emb_initializer=tf.keras.initializers.Constant(0.25))
+  ids = tf.constant([[3, 5], [3, 7]], tf.int64)
+  got = sharded_table.lookup_tables([(item, ids), (user, ids[:, :1]), (item, ids[:1])])
+  assert [g.shape.as_list() for g in got] == [[2, 2, 2], [2, 1, 4], [1, 2, 2]]
+  np.testing.assert_array_equal(got[1].numpy(), np.full([2, 1, 4], 0.25))
+  # Each pair's bytes counted on its table: item's 2 lookups (3 then 2 keys), user's one (1 key).
+  assert item.exchange_stats()["ids"] == (3 * 8 + 8) + (2 * 8 + 8)
+  assert user.exchange_stats() == {"ids": 8 + 8, "rows": 16, "gradients": 16 + 4}
+  evicting = sharded_table.ShardedTable(tf.distribute.get_strategy(), name="clicks", dim=2,
+                                        device_vocabulary_size=8,
+                                        emb_initializer=tf.keras.initializers.Zeros(),
+                                        eviction_threshold_s=10)
+  with pytest.raises(ValueError, match=r"ShardedTable\('clicks'\): eviction_threshold_s needs"):
+    sharded_table.lookup_tables([(user, ids), (evicting, ids)])

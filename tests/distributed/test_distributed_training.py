@@ -79,6 +79,25 @@ def test_two_tables_with_both_routings(tmp_path):
   lib.assert_rows_equal(got, lib.by_key(want["keys2"], want["rows2"]))
 
 
+@pytest.mark.parametrize("num_workers", [2, 4])
+def test_two_tables_in_one_all_to_all_exchange(tmp_path, num_workers):
+  # Both tables' lookups in one lookup_tables call: one exchange of rows 4 and 8 wide, the first
+  # table's keys with their admission counts, the second's without.
+  outs = _train(
+      tmp_path, "lazy_adam", num_workers=num_workers, extra=[
+          "--routing", "all_to_all", "--second_table_routing", "all_to_all", "--grouped",
+          "--access_threshold", "3"
+      ])
+  want = lib.reference_run("lazy_adam", STEPS, second_table=True, access_threshold=3)
+  _check_equal(outs, want)
+  got = {}
+  for shard, out in enumerate(outs):
+    np.testing.assert_array_equal(sharding.owner_numpy(out["keys2"], num_workers), shard)
+    got.update(lib.by_key(out["keys2"], out["rows2"]))
+  lib.assert_rows_equal(got, lib.by_key(want["keys2"], want["rows2"]))
+  _check_grouped_bytes(outs)
+
+
 def test_two_workers_equal_one_process_with_eviction(tmp_path):
   # Batches 6 s apart; keys unseen for 2 batches (12 s > 10 s) are evicted.
   outs = _train(tmp_path, "lazy_adam", extra=["--eviction_threshold_s", "10"])
@@ -120,6 +139,27 @@ def _check_bytes(outs):
     grad_bytes += sum(counts) * row_bytes + workers * 4
   for out in outs:
     np.testing.assert_array_equal(out["bytes"], [ids_bytes, rows_bytes, grad_bytes])
+
+
+def _check_grouped_bytes(outs):
+  """The group's bytes (on the first table): W chunks of the largest count M of both tables'
+  keys (key and weight: 16 B each, after a count per table) and of the largest value count V."""
+  ids_bytes = rows_bytes = 0
+  workers = len(outs)
+  for step in range(STEPS):
+    chunk = width = 0
+    for w in range(workers):
+      ids = lib.worker_slice(step, w, workers)[0]
+      first = sharding.owner_numpy(np.unique(ids), workers)
+      second = sharding.owner_numpy(np.unique(lib.second_table_ids(ids)), workers)
+      counts = np.bincount(first, minlength=workers) + np.bincount(second, minlength=workers)
+      values = (np.bincount(first, minlength=workers) * lib.DIM +
+                np.bincount(second, minlength=workers) * lib.SECOND_DIM)
+      chunk, width = max(chunk, counts.max()), max(width, values.max())
+    ids_bytes += workers * (chunk + 2) * 8 * 2 + 2 * 4
+    rows_bytes += workers * width * 4
+  for out in outs:
+    np.testing.assert_array_equal(out["bytes"], [ids_bytes, rows_bytes, rows_bytes])
 
 
 def _check_all_to_all_bytes(outs, weighted):
