@@ -265,10 +265,13 @@ def exchange_lookup_group(
     mine = (slice(None) if not grouped else tf.reshape(tf.where(tf.equal(asked_tables, t)), [-1]))
     pick = (lambda x: x) if not grouped else (lambda x, mine=mine: tf.gather(x, mine))
     asked_keys = pick(asked[:, 0])
-    if weights[t] is None:
-      rows = lookup_owned[t](asked_keys)
-    else:
-      rows = lookup_owned[t](asked_keys, pick(asked[:, width_c - 1]))
+    # One table after the other: a table looked up twice (features sharing it) inserts its new
+    # keys in the same order every run, so they get the same rows.
+    with tf.control_dependencies(values[-1:]):
+      if weights[t] is None:
+        rows = lookup_owned[t](asked_keys)
+      else:
+        rows = lookup_owned[t](asked_keys, pick(asked[:, width_c - 1]))
     indices.append(tf.reshape(pick(reply_at)[:, tf.newaxis] + tf.range(dims[t]), [-1]))
     values.append(tf.reshape(rows, [-1]))
   replies = tf.scatter_nd(
