@@ -35,6 +35,7 @@ Usage:
   python benchmarks/bench_book_crossing.py                 # seed 1, all variants (~10 min)
   python benchmarks/bench_book_crossing.py --seeds 1 2 3
   python benchmarks/bench_book_crossing.py --variants sparse dense_adam --json out.json
+  python benchmarks/bench_book_crossing.py --variants sparse --profile 30   # where a step goes
   python benchmarks/bench_pipeline.py --only book_crossing  # the same, through bench_pipeline
 """
 
@@ -120,8 +121,14 @@ def _step_timer():
   return StepTimer()
 
 
-def child_train(variant: str, seed: int, model_dir: str) -> dict:
-  """Trains one variant on the Book-Crossing job; returns its figures."""
+def child_train(variant: str, seed: int, model_dir: str, profile_steps: int = 0) -> dict:
+  """Trains one variant on the Book-Crossing job; returns its figures.
+
+  With `profile_steps` > 0 (ours only), that many steps after WARMUP_STEPS are
+  traced by tf.profiler and the result's "profile" holds their time by stage
+  (step_profile.summarize); the traced steps run slower, so such a run's
+  examples/s are not figures.
+  """
   import tensorflow as tf  # pylint: disable=import-outside-toplevel
   import tensorflow_ranking as tfr  # pylint: disable=import-outside-toplevel
   from bench_pipeline import _count_lists_and_examples  # pylint: disable=import-outside-toplevel
@@ -153,10 +160,16 @@ def child_train(variant: str, seed: int, model_dir: str) -> dict:
 
   if variant == "sparse":
 
+    profiler = None
+    if profile_steps:
+      import step_profile  # pylint: disable=import-outside-toplevel
+      profiler = step_profile.profile_callback(f"{model_dir}/profile", epoch=0, steps=profile_steps,
+                                               skip=WARMUP_STEPS)
+
     class Pipeline(pipeline_lib.SimplePipeline):
 
       def build_callbacks(self, model):
-        return super().build_callbacks(model) + [timer]
+        return super().build_callbacks(model) + [timer] + ([profiler] if profiler else [])
 
     model_builder = ranker.build_model_builder(config.model, seed)
     dataset_builder = ranker.build_dataset_builder(paths, config.dataset, config.model)
@@ -255,6 +268,7 @@ def child_train(variant: str, seed: int, model_dir: str) -> dict:
       "export_bytes": _bytes_under(export_dir),
       "examples_per_step": examples_per_step,
       "table_rows": table_rows,
+      "profile": profiler.summary() if variant == "sparse" and profile_steps else None,
   }
 
 
@@ -328,6 +342,10 @@ def main(argv=None) -> int:
   parser.add_argument("--seeds", type=int, nargs="+", default=[1])
   parser.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS))
   parser.add_argument("--json", help="also write the figures to this file")
+  parser.add_argument(
+      "--profile", type=int, default=0, metavar="STEPS",
+      help="trace STEPS steps of ours after the warm-up with tf.profiler and print where a "
+      "step's time goes (step_profile.py); that run's examples/s are not figures")
   parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
   args = parser.parse_args(argv)
   if args.child:
@@ -342,7 +360,10 @@ def main(argv=None) -> int:
   with tempfile.TemporaryDirectory(prefix="bench_book_crossing_") as tmp:
     for seed in args.seeds:
       for variant in args.variants:
-        params = {"variant": variant, "seed": seed, "model_dir": f"{tmp}/{variant}_{seed}"}
+        params = {
+            "variant": variant, "seed": seed, "model_dir": f"{tmp}/{variant}_{seed}",
+            "profile_steps": args.profile if variant == "sparse" else 0
+        }
         r = run_child(["train", json.dumps(params)], script=__file__)
         runs.append(r)
         print(
@@ -350,6 +371,13 @@ def main(argv=None) -> int:
             f"{r['examples_per_s']:,.0f} examples/s  peak RSS {r['peak_rss_bytes'] / 1e6:,.0f} MB",
             flush=True)
   report(runs, time.perf_counter() - start)
+  for r in runs:
+    if r.get("profile"):
+      profile = r["profile"]
+      print(f"\nseed {r['seed']} {r['variant']}: {profile['steps']} traced steps, wall "
+            f"{profile['wall_ms']:.1f} ms (median), op time by stage (ms per step):")
+      for stage, ms in profile["stages"].items():
+        print(f"  {stage:<20}{ms:>7.2f}")
   if args.json:
     pathlib.Path(args.json).write_text(json.dumps(runs, indent=2))
   return 0
