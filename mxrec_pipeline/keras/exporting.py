@@ -185,8 +185,7 @@ class PipelineExport:
     """
     snapshots = self._restored_snapshots() if self._export_source is not None else None
     with export_lib.serving_module(model, *self._serving_features(), snapshots,
-                                   getattr(self._dataset_builder, "feature_deriver",
-                                           None)) as module:
+                                   self._feature_deriver()) as module:
       score = tf.function(lambda features: module.score(features)[export_lib.OUTPUT_KEY])
       yield score
 
@@ -218,11 +217,14 @@ class PipelineExport:
         builder.sparse_features)
 
   def _export_with(self, model, export_to: str, snapshots) -> str:
-    return export_lib.export_serving_model(
-        model, export_to, *self._serving_features(),
-        before_rename=lambda _: self._faults.reach("export"), snapshots=snapshots,
-        run_info=self.run_info(), feature_deriver=getattr(self._dataset_builder, "feature_deriver",
-                                                          None))
+    return export_lib.export_serving_model(model, export_to, *self._serving_features(),
+                                           before_rename=lambda _: self._faults.reach("export"),
+                                           snapshots=snapshots, run_info=self.run_info(),
+                                           feature_deriver=self._feature_deriver())
+
+  def _feature_deriver(self):
+    """The dataset builder's FeatureDeriver (keras/datasets.py), which exports run too, or None."""
+    return getattr(self._dataset_builder, "feature_deriver", None)
 
   def run_info(self) -> dict:
     """What every checkpoint manifest and export records of this run: tables and config.
