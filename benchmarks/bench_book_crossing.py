@@ -18,6 +18,10 @@ same features, scorer, loss, labels, batch size, learning rate and epochs:
       training ids bins (one setting, not a search), then an Embedding
       (builders/movielens_dense.HashedTable).
 
+Beside them, "sparse_tiered": ours with each table's device rows at 10 % of its
+rows, 20 % in host memory and the rest on SSD (TIERED; docs/tiers.md), against
+which the tiered peak RSS and examples/s are compared with ours all on the device.
+
 Per variant, each in its own child process (so peak RSS does not mix):
 training examples/s (batch x mean list length / median step wall time,
 steps after the first WARMUP_STEPS; and over every step), process CPU
@@ -36,6 +40,7 @@ Usage:
   python benchmarks/bench_book_crossing.py --seeds 1 2 3
   python benchmarks/bench_book_crossing.py --variants sparse dense_adam --json out.json
   python benchmarks/bench_book_crossing.py --variants sparse --profile 30   # where a step goes
+  python benchmarks/bench_book_crossing.py --variants sparse sparse_tiered   # host and SSD tiers
   python benchmarks/bench_pipeline.py --only book_crossing  # the same, through bench_pipeline
 """
 
@@ -56,7 +61,12 @@ from bench_pipeline import run_child
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 CONFIG = ROOT / "configs" / "book_crossing_listwise.yaml"
-VARIANTS = ("sparse", "dense_adam", "dense_adagrad", "hashing_adagrad")
+VARIANTS = ("sparse", "sparse_tiered", "dense_adam", "dense_adagrad", "hashing_adagrad")
+OURS = ("sparse", "sparse_tiered")
+# "sparse_tiered": ours with each table's device rows at 10 % of its rows, 20 % in host memory and
+# the rest on SSD (model.device_fraction / host_fraction; docs/tiers.md).
+TIERED = ("model.device_fraction=0.1", "model.host_fraction=0.2")
+TIERED_RSS_GOAL = 0.5  # tiered peak RSS / all on the device, at most (issue #36).
 WARMUP_STEPS = 20  # Steps left out of the median (tracing, first inserts).
 ADAGRAD_LEARNING_RATE = 0.05  # (b)'s learning rate: Adagrad needs a larger one than Adam.
 HASHING_BINS_PER_ID = 2.0  # (c)'s bins per distinct training id of a table.
@@ -139,8 +149,11 @@ def child_train(variant: str, seed: int, model_dir: str, profile_steps: int = 0)
   from mxrec_pipeline.data import book_crossing_lists  # pylint: disable=import-outside-toplevel
   from mxrec_pipeline.keras import pipeline as pipeline_lib  # pylint: disable=import-outside-toplevel
 
-  config = config_lib.load(str(CONFIG),
-                           [f"pipeline.model_dir={model_dir}", f"pipeline.seed={seed}"])
+  overrides = [f"pipeline.model_dir={model_dir}", f"pipeline.seed={seed}"]
+  if variant == "sparse_tiered":
+    os.makedirs(os.path.join(model_dir, "ssd"), exist_ok=True)
+    overrides += [*TIERED, f"model.ssd_data_path=[{os.path.join(model_dir, 'ssd')}]"]
+  config = config_lib.load(str(CONFIG), overrides)
   hparams = config.pipeline
   hparams.export_best_model = False  # Both: one export, the pipeline's final one.
   ranker = book_crossing.BookCrossingListwise()
@@ -158,7 +171,7 @@ def child_train(variant: str, seed: int, model_dir: str, profile_steps: int = 0)
   table_rows = None
   vocabulary_bytes = 0
 
-  if variant == "sparse":
+  if variant in OURS:
 
     profiler = None
     if profile_steps:
@@ -293,6 +306,14 @@ def report(runs: list[dict], seconds: float) -> None:
           f"{mean(v, 'train_cpu_seconds'):>12.1f}{mean(v, 'process_cpu_seconds'):>11.1f}"
           f"{mean(v, 'peak_rss_bytes') / 1e6:>12.0f}{mean(v, 'checkpoint_bytes') / 1e6:>9.1f}"
           f"{mean(v, 'export_bytes') / 1e6:>10.1f}{ndcg(v):>9.4f}")
+  if "sparse" in by_variant and "sparse_tiered" in by_variant:
+    rss = mean("sparse_tiered", "peak_rss_bytes") / mean("sparse", "peak_rss_bytes")
+    speed = mean("sparse_tiered", "examples_per_s") / mean("sparse", "examples_per_s")
+    print(
+        f"\ntiered ({', '.join(TIERED)}, the rest on SSD) / all on the device: peak RSS "
+        f"{rss:.2f}x (goal <= {TIERED_RSS_GOAL}x: {'met' if rss <= TIERED_RSS_GOAL else 'NOT met'})"
+        f", examples/s {speed:.2f}x, NDCG@10 {ndcg('sparse_tiered') - ndcg('sparse'):+.4f}")
+  variants = [v for v in variants if v != "sparse_tiered"]
   if "sparse" not in by_variant or len(variants) < 2:
     print(f"\n{seconds:.0f} s")
     return

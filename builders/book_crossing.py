@@ -17,6 +17,7 @@ See docs/configuration.md for the keys.
 from __future__ import annotations
 
 import json
+import math
 import pathlib
 
 import tensorflow as tf
@@ -124,7 +125,7 @@ class BookCrossingListwise(RankerBuilder):
       combiner = model.combiner if feature == "title_tokens" else "mean"
       features.append(SparseFeature(feature, table, combiner=combiner))
       key_dtype = "string" if spec.dtype == tf.string else "int64"
-      tables.append(TableSpec(table, dims[kind], rows[kind], key_dtype=key_dtype))
+      tables.append(TableSpec(table, dims[kind], key_dtype=key_dtype, **_tiers(model, rows[kind])))
     return features, tables
 
   def build_model_builder(self, model: BookCrossingModelConfig, seed):
@@ -159,3 +160,16 @@ def isbn_means(train_pattern: str) -> tuple[dict[bytes, float], float]:
   _, means, global_mean = item_mean_baseline(train_pattern, "isbn", EXAMPLE_SPEC["isbn"],
                                              LABEL_SPEC)
   return means, global_mean
+
+
+def _tiers(model: BookCrossingModelConfig, rows: int) -> dict:
+  """TableSpec row fields of a table of `rows` rows: all on the device, or tiered by fraction."""
+  if model.device_fraction >= 1.0:
+    return {"device_vocabulary_size": rows}
+  device = math.ceil(model.device_fraction * rows)
+  host = math.ceil(model.host_fraction * rows)
+  return {
+      "device_vocabulary_size": device, "host_vocabulary_size": host,
+      "ssd_vocabulary_size": max(0, rows - device - host),
+      "ssd_data_path": tuple(model.ssd_data_path), "cache_policy": model.cache_policy
+  }

@@ -69,6 +69,14 @@ class BookCrossingModelConfig:
     id_vocabulary_size: Rows of each id table (the most distinct ids it holds).
     attribute_vocabulary_size: Rows of each attribute table.
     cross_vocabulary_size: Rows of each cross's table.
+    device_fraction: Share of each table's rows on the device, in (0, 1]; below
+      1 every table is tiered (docs/tiers.md): ceil(fraction x rows) device
+      rows cache the rest, held in host memory and on SSD.
+    host_fraction: Share of each table's rows in host memory when tiered, in
+      (0, 1 - device_fraction]; the rows left over go to SSD.
+    ssd_data_path: Directories of the tiered tables' SSD files ([]: the
+      current directory, as mxRec).
+    cache_policy: "lru" or "lfu": the tiered tables' device caches' policy.
     crosses: The crosses used, a subset of CROSSES (each its own string-key table).
     combiner: Combiner of the title tokens: mean, sum or sqrtn.
     dot_product: Add the user_id . isbn embedding dot product to the logit.
@@ -88,6 +96,10 @@ class BookCrossingModelConfig:
   id_vocabulary_size: int = 200_000
   attribute_vocabulary_size: int = 100_000
   cross_vocabulary_size: int = 300_000
+  device_fraction: float = 1.0
+  host_fraction: float = 0.0
+  ssd_data_path: list[str] = dataclasses.field(default_factory=list)
+  cache_policy: str = "lru"
   crosses: list[str] = dataclasses.field(default_factory=lambda: list(CROSSES))
   combiner: str = "mean"
   dot_product: bool = True
@@ -104,6 +116,14 @@ class BookCrossingModelConfig:
     if unknown or len(set(self.crosses)) != len(self.crosses):
       raise ValueError(f"model.crosses must be distinct names of {list(CROSSES)}, "
                        f"got {self.crosses}")
+    if not 0.0 < self.device_fraction <= 1.0:
+      raise ValueError(f"model.device_fraction must be in (0, 1], got {self.device_fraction}")
+    if self.device_fraction < 1.0 and not 0.0 < self.host_fraction <= 1.0 - self.device_fraction:
+      raise ValueError(f"model.host_fraction must be in (0, 1 - device_fraction = "
+                       f"{1.0 - self.device_fraction:g}] when model.device_fraction < 1 (tiered "
+                       f"tables need host rows), got {self.host_fraction}")
+    if self.cache_policy not in ("lru", "lfu"):
+      raise ValueError(f"model.cache_policy must be 'lru' or 'lfu', got {self.cache_policy!r}")
     if self.combiner not in COMBINERS:
       raise ValueError(f"model.combiner must be one of {COMBINERS}, got {self.combiner!r}")
     if not self.id_l2 >= 0.0:

@@ -68,6 +68,11 @@ def test_config_crosses_are_the_lists_crosses():
     ({"crosses": ["user_author", "nope"]}, r"model.crosses must be distinct names of"),
     ({"id_vocabulary_size": 0}, r"model.id_vocabulary_size must be positive, got 0"),
     ({"combiner": "max"}, r"model.combiner must be one of"),
+    ({"device_fraction": 0.0}, r"model.device_fraction must be in \(0, 1\], got 0.0"),
+    ({"device_fraction": 1.5}, r"model.device_fraction must be in \(0, 1\], got 1.5"),
+    ({"device_fraction": 0.1}, r"model.host_fraction must be in \(0, 1 - device_fraction = 0.9\]"),
+    ({"device_fraction": 0.5, "host_fraction": 0.6}, r"model.host_fraction must be in"),
+    ({"cache_policy": "fifo"}, r"model.cache_policy must be 'lru' or 'lfu', got 'fifo'"),
 ])
 def test_model_config_checks_name_the_key(values, message):
   with pytest.raises(ValueError, match=message):
@@ -117,6 +122,27 @@ def test_baseline_scores_the_isbn_mean_training_rating(tmp_path):
 
 
 @pytest.mark.slow
+def test_tiered_tables_split_each_tables_rows_by_fraction():
+  model = book_crossing_config.BookCrossingModelConfig(id_vocabulary_size=100,
+                                                       attribute_vocabulary_size=50,
+                                                       cross_vocabulary_size=200,
+                                                       device_fraction=0.1, host_fraction=0.3,
+                                                       ssd_data_path=["/ssd"], cache_policy="lfu")
+  _, tables = book_crossing.BookCrossingListwise().sparse_features(model)
+  by_name = {t.name: t for t in tables}
+  rows = {
+      name: (t.device_vocabulary_size, t.host_vocabulary_size, t.ssd_vocabulary_size)
+      for name, t in by_name.items()
+  }
+  assert rows["isbn"] == (10, 30, 60) and rows["year"] == (5, 15, 30)
+  assert rows["user_author"] == (20, 60, 120)
+  assert all(t.tiered and t.ssd_data_path == ("/ssd",) and t.cache_policy == "lfu" for t in tables)
+  # Host rows alone (no SSD) when the two fractions cover the rows.
+  model.host_fraction = 0.9
+  _, tables = book_crossing.BookCrossingListwise().sparse_features(model)
+  assert {t.ssd_vocabulary_size for t in tables} == {0}
+
+
 def test_trains_exports_and_predicts_the_sample(tmp_path, capsys):
   data_dir = write_book_crossing(tmp_path / "bx")
   overrides = [
@@ -147,3 +173,22 @@ def test_trains_exports_and_predicts_the_sample(tmp_path, capsys):
   scores = model(examples=lib.serialized_lists(valid))["scores"].numpy()
   for row, got in zip(scores, served):
     np.testing.assert_allclose(got, row[:len(got)], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_trains_with_tiered_tables_on_host_and_ssd(tmp_path, capsys):
+  # 30 device rows of 300 per table, 15 in host memory, the rest on SSD.
+  data_dir = write_book_crossing(tmp_path / "bx")
+  overrides = [
+      f"data.data_dir={data_dir}", f"data.elwc_dir={tmp_path / 'elwc'}",
+      f"pipeline.model_dir={tmp_path / 'run'}", "model.hidden_layer_dims=[8]", "model.id_dim=4",
+      "model.attribute_dim=2", "model.cross_dim=2", "model.id_vocabulary_size=300",
+      "model.attribute_vocabulary_size=300", "model.cross_vocabulary_size=300",
+      "model.device_fraction=0.1", "model.host_fraction=0.05",
+      f"model.ssd_data_path=[{tmp_path / 'ssd'}]", "dataset.train_batch_size=4",
+      "lambdamart.enabled=false", *lib.TINY_PIPELINE
+  ]
+  (tmp_path / "ssd").mkdir()
+  metrics = lib.train_cli(capsys, CONFIG, overrides)
+  lib.assert_metrics_file(metrics)
+  assert (tmp_path / "run" / "export" / "latest_model" / "saved_model.pb").is_file()
