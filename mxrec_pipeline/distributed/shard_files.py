@@ -96,9 +96,10 @@ def read_tensors(prefix: str, table_name: str, names, optional=()) -> dict[str, 
 def key_state_entries(rows: tf.Tensor, last_seen: tf.Tensor) -> dict[str, tf.Tensor]:
   """A bundle's per-key state: `rows` as int32 when they fit, `last_seen` only when any is set.
 
-  8 to 16 of the 24 bytes a key's state took (int64 rows and last-seen
-  times), saved by full bundles and deltas alike; `read_tensors` gives them
-  back as int64, NOT_SEEN for an unsaved `last_seen`. Eager.
+  4 or 12 bytes a key instead of 16 (int64 rows and last-seen times; 12 or
+  20 with the int64 key instead of 24), saved by full bundles and deltas
+  alike; `read_tensors` gives them back as int64, NOT_SEEN for an unsaved
+  `last_seen`. Eager.
 
   Args:
     rows, last_seen: [n] int64, the keys' rows and last-seen times.

@@ -353,18 +353,20 @@ def lookup_tables(lookups: Sequence[tuple[ShardedTable, object]], training: bool
   Raises:
     ValueError: as `ShardedTable.lookup` (naming the table).
   """
-  batch_time, time_bytes = None, tf.zeros([3], tf.int64)
-  evicting = [t for t, _ in lookups if t.eviction_threshold_s >= 0]
+  evicting = [i for i, (t, _) in enumerate(lookups) if t.eviction_threshold_s >= 0]
+  counted = [tf.zeros([3], tf.int64) for _ in lookups]
+  batch_time = None
   if training and evicting:
+    first_evicting = lookups[evicting[0]][0]
     if timestamp is None:
-      raise ValueError(f"ShardedTable('{evicting[0].table_name}'): eviction_threshold_s needs "
+      raise ValueError(f"ShardedTable('{first_evicting.table_name}'): eviction_threshold_s needs "
                        "the batch's `timestamp` in training lookups")
     batch_time = exchange.max_over_workers(tf.cast(timestamp, tf.int64))
-    time_bytes = tf.constant([exchange.KEY_BYTES * evicting[0].num_shards, 0, 0], tf.int64)
+    # The timestamps' all-gather, counted on the first evicting table.
+    counted[evicting[0]] += tf.constant([exchange.KEY_BYTES * first_evicting.num_shards, 0, 0],
+                                        tf.int64)
   requests = [table._request(ids, training, default_value, batch_time) for table, ids in lookups]  # pylint: disable=protected-access
   rows = [None] * len(requests)
-  counted = [tf.zeros([3], tf.int64) for _ in requests]
-  counted[0] += time_bytes
   groups = {}  # rows dtype -> indices of the all-to-all pairs
   for i, r in enumerate(requests):
     if r.table.routing == "all_to_all":

@@ -155,3 +155,8 @@ def test_lookup_tables_reads_as_each_table_lookup():
                                         eviction_threshold_s=10)
   with pytest.raises(ValueError, match=r"ShardedTable\('clicks'\): eviction_threshold_s needs"):
     sharded_table.lookup_tables([(user, ids), (evicting, ids)])
+  # The batch time's all-gather (8 B from the one worker) is counted on the evicting table.
+  before = user.exchange_stats()["ids"]
+  sharded_table.lookup_tables([(user, ids), (evicting, ids)], timestamp=tf.constant(5, tf.int64))
+  assert user.exchange_stats()["ids"] - before == 3 * 8 + 8
+  assert evicting.exchange_stats()["ids"] == 8 + 3 * 8 + 8
