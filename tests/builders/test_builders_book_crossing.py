@@ -143,16 +143,20 @@ def test_tiered_tables_split_each_tables_rows_by_fraction():
   assert {t.ssd_vocabulary_size for t in tables} == {0}
 
 
-def test_trains_exports_and_predicts_the_sample(tmp_path, capsys):
+def _tiny_job(tmp_path) -> list[str]:
+  """Overrides of a tiny Book-Crossing job on write_book_crossing's data: 300 rows a table."""
   data_dir = write_book_crossing(tmp_path / "bx")
-  overrides = [
+  return [
       f"data.data_dir={data_dir}", f"data.elwc_dir={tmp_path / 'elwc'}",
       f"pipeline.model_dir={tmp_path / 'run'}", "model.hidden_layer_dims=[8]", "model.id_dim=4",
       "model.attribute_dim=2", "model.cross_dim=2", "model.id_vocabulary_size=300",
       "model.attribute_vocabulary_size=300", "model.cross_vocabulary_size=300",
-      "dataset.train_batch_size=4", "lambdamart.n_estimators=5"
+      "dataset.train_batch_size=4"
   ]
-  metrics = lib.train_cli(capsys, CONFIG, overrides)
+
+
+def test_trains_exports_and_predicts_the_sample(tmp_path, capsys):
+  metrics = lib.train_cli(capsys, CONFIG, _tiny_job(tmp_path) + ["lambdamart.n_estimators=5"])
   lib.assert_metrics_file(metrics)
   stats = json.loads((tmp_path / "elwc" / lists_lib.STATS_FILE).read_text())
   assert stats["users"] == 8 and stats["explicit_without_book_row"] > 0
@@ -178,15 +182,9 @@ def test_trains_exports_and_predicts_the_sample(tmp_path, capsys):
 @pytest.mark.slow
 def test_trains_with_tiered_tables_on_host_and_ssd(tmp_path, capsys):
   # 30 device rows of 300 per table, 15 in host memory, the rest on SSD.
-  data_dir = write_book_crossing(tmp_path / "bx")
-  overrides = [
-      f"data.data_dir={data_dir}", f"data.elwc_dir={tmp_path / 'elwc'}",
-      f"pipeline.model_dir={tmp_path / 'run'}", "model.hidden_layer_dims=[8]", "model.id_dim=4",
-      "model.attribute_dim=2", "model.cross_dim=2", "model.id_vocabulary_size=300",
-      "model.attribute_vocabulary_size=300", "model.cross_vocabulary_size=300",
+  overrides = _tiny_job(tmp_path) + [
       "model.device_fraction=0.1", "model.host_fraction=0.05",
-      f"model.ssd_data_path=[{tmp_path / 'ssd'}]", "dataset.train_batch_size=4",
-      "lambdamart.enabled=false", *lib.TINY_PIPELINE
+      f"model.ssd_data_path=[{tmp_path / 'ssd'}]", "lambdamart.enabled=false", *lib.TINY_PIPELINE
   ]
   (tmp_path / "ssd").mkdir()
   metrics = lib.train_cli(capsys, CONFIG, overrides)
