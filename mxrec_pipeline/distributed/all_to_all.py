@@ -233,10 +233,11 @@ def exchange_lookup_group(
                            tf.stack([padded, width_c]))
   # Each chunk led by its count of each table's keys, which follow in table order (the stable
   # sort by owner keeps the tables' order): [count, 0, ...] per table.
-  table_counts = tf.reshape(
-      tf.math.bincount(owners * num_tables + table_of, minlength=num_shards * num_tables,
-                       maxlength=num_shards * num_tables, dtype=tf.int64),
-      [num_shards, num_tables, 1])
+  by_table = (send_counts if not grouped else tf.math.bincount(owners * num_tables +
+                                                               table_of, minlength=num_shards *
+                                                               num_tables, maxlength=num_shards *
+                                                               num_tables, dtype=tf.int32))
+  table_counts = tf.reshape(tf.cast(by_table, tf.int64), [num_shards, num_tables, 1])
   headers = tf.pad(table_counts, [[0, 0], [0, 0], [0, width_c - 1]])
   outgoing = tf.concat([headers, tf.reshape(outgoing, [num_shards, chunk, width_c])],
                        axis=1)  # [W, T + M, C]
